@@ -1,0 +1,29 @@
+// AdamW as torch.optim.AdamW defines it (decoupled weight decay, bias-corrected moments),
+// and the pieces of global-norm gradient clipping.
+#pragma once
+#include <cstdint>
+
+namespace frugal::cpu {
+
+struct AdamWStep {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0;
+  int64_t step = 1;      // 1-based, for the bias corrections
+  float grad_scale = 1;  // the gradient is multiplied by this first (clipping, averaging)
+};
+
+// param -= lr * wd * param;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+// param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// evaluated as torch's single-tensor path does: scalars (1 - lr wd, lr / (1 - b1^t),
+// sqrt(1 - b2^t)) in double, then per element in fp32 m += (1-b1)(g - m) (lerp),
+// denom = sqrt(v) / sqrt(1 - b2^t) + eps, param -= step_size * (m / denom).
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                  const AdamWStep& s);
+
+// sum of x[i]^2 in fp64 (for the global gradient norm)
+double sum_squares(const float* x, int64_t n);
+
+}  // namespace frugal::cpu

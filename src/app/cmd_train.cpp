@@ -1,0 +1,21 @@
+// `frugal train`: parse the configuration, run the loop.
+#include <iostream>
+
+#include "app/commands.h"
+#include "app/options.h"
+#include "core/log.h"
+#include "train/trainer.h"
+
+namespace frugal {
+
+int cmd_train(const std::vector<std::string>& args) {
+  TrainOptions options = parse_train_options(args);
+  if (options.help) {
+    std::cout << train_options_help();
+    return 0;
+  }
+  run_training(options.config);
+  return 0;
+}
+
+}  // namespace frugal

@@ -1,0 +1,96 @@
+// MPI start-up, subcommand dispatch, and the one place errors become messages and exit codes.
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace frugal {
+
+namespace {
+
+struct Command {
+  int (*run)(const std::vector<std::string>&);
+  const char* summary;
+};
+
+const std::map<std::string, Command>& commands() {
+  static const std::map<std::string, Command> table = {
+      {"train", {cmd_train, "train a model from a .cfg file (launch ranks with mpirun)"}},
+      {"prepare", {cmd_prepare, "tokenize text, directories or JSONL into train/val token files"}},
+  };
+  return table;
+}
+
+void print_usage() {
+  std::printf("usage: frugal <command> [options]   (frugal <command> --help for its options)\n\n");
+  for (const auto& [name, command] : commands())
+    std::printf("  %-10s %s\n", name.c_str(), command.summary);
+  std::printf("\nfrugal %s: trains Llama-family models on hardware too small for them.\n",
+              FRUGAL_VERSION);
+}
+
+// Ends every rank: a user error on one rank must not leave the others waiting in a
+// collective.
+[[noreturn]] void abort_all(int code) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  MPI_Finalize();
+  std::exit(code);
+}
+
+}  // namespace
+
+int run_frugal(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_log_rank(rank);
+
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    if (rank == 0) print_usage();
+    MPI_Finalize();
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    if (rank == 0) std::printf("frugal %s\n", FRUGAL_VERSION);
+    MPI_Finalize();
+    return 0;
+  }
+  auto it = commands().find(argv[1]);
+  if (it == commands().end()) {
+    if (rank == 0) {
+      std::fprintf(stderr, "frugal: unknown command '%s'\n\n", argv[1]);
+      print_usage();
+    }
+    MPI_Finalize();
+    return 2;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  int code = 0;
+  try {
+    code = it->second.run(args);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "frugal: %s\n", e.what());
+    std::fflush(stderr);
+    abort_all(1);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "frugal: out of host memory\n");
+    abort_all(1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "frugal: unexpected error: %s\n", e.what());
+    abort_all(1);
+  }
+  MPI_Finalize();
+  return code;
+}
+
+}  // namespace frugal

@@ -1,0 +1,27 @@
+// Command-line and .cfg parsing (Boost.Program_options) for the training configuration:
+// INI sections map to "section.key", every key can be overridden as --section.key=value,
+// and unknown keys or bad values stop the program before any work.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "train/train_config.h"
+
+namespace frugal {
+
+struct TrainOptions {
+  TrainConfig config;
+  bool help = false;  // --help was given: print train_options_help() and stop
+};
+
+// args: the arguments after the subcommand: [CONFIG.cfg ...] [--config FILE] [--section.key=value
+// ...]
+TrainOptions parse_train_options(const std::vector<std::string>& args);
+std::string train_options_help();
+
+// Byte sizes in configs and flags: "24GiB", "512MiB", "1.5GB", "1024".
+size_t parse_byte_size(const std::string& text, const std::string& key);
+
+}  // namespace frugal

@@ -1,0 +1,27 @@
+// Logging: rank 0 prints, other ranks stay quiet unless asked (FRUGAL_LOG_ALL_RANKS=1 or
+// set_log_all_ranks), so mpirun output stays readable.
+#pragma once
+
+#include <string>
+
+#include "core/error.h"
+
+namespace frugal {
+
+void set_log_rank(int rank);       // called once after MPI starts
+void set_log_all_ranks(bool all);  // every rank prints, prefixed with [rank N]
+void set_log_quiet(bool quiet);    // info lines suppressed (warnings and errors stay)
+
+void log_line(const std::string& line);   // info, to stdout
+void warn_line(const std::string& line);  // "frugal: warning: ...", to stderr, every rank
+
+template <class... Parts>
+void log_info(const Parts&... parts) {
+  log_line(detail::concat(parts...));
+}
+template <class... Parts>
+void log_warn(const Parts&... parts) {
+  warn_line(detail::concat(parts...));
+}
+
+}  // namespace frugal

@@ -1,0 +1,160 @@
+// Tensor buffers and arenas.
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace frugal {
+
+namespace {
+std::string human_bytes(size_t bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  if (bytes >= (size_t(1) << 30))
+    out << double(bytes) / double(size_t(1) << 30) << " GiB";
+  else if (bytes >= (size_t(1) << 20))
+    out << double(bytes) / double(size_t(1) << 20) << " MiB";
+  else
+    out << bytes << " B";
+  return out.str();
+}
+}  // namespace
+
+Arena::Arena(std::string name, Device device, size_t limit_bytes)
+    : name_(std::move(name)), device_(device) {
+  stats_.limit_bytes = limit_bytes;
+}
+
+void* Arena::allocate(size_t bytes, const std::string& what) {
+  if (stats_.limit_bytes && stats_.in_use_bytes + bytes > stats_.limit_bytes)
+    fail("out of memory in ", name_, ": allocating ", human_bytes(bytes), " for ", what, " with ",
+         human_bytes(stats_.in_use_bytes), " in use of a ", human_bytes(stats_.limit_bytes),
+         " limit");
+  void* ptr = raw_allocate(bytes);
+  if (!ptr) fail("out of memory in ", name_, ": allocating ", human_bytes(bytes), " for ", what);
+  stats_.in_use_bytes += bytes;
+  if (stats_.in_use_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.in_use_bytes;
+  return ptr;
+}
+
+void Arena::release(void* ptr, size_t bytes) {
+  raw_release(ptr);
+  stats_.in_use_bytes -= bytes;
+}
+
+void* Arena::raw_allocate(size_t bytes) {
+  // 64-byte alignment: whole cache lines, and any SIMD width.
+  size_t rounded = (bytes + 63) / 64 * 64;
+  return std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+}
+
+void Arena::raw_release(void* ptr) { std::free(ptr); }
+
+Arena& host_arena() {
+  static Arena arena("host memory", Device::cpu);
+  return arena;
+}
+
+// Owns one allocation; not copyable, so exactly one release per allocate.
+struct Tensor::Buffer {
+  Buffer(Arena* arena, void* ptr, size_t bytes) : arena(arena), ptr(ptr), bytes(bytes) {}
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { arena->release(ptr, bytes); }
+  Arena* arena;
+  void* ptr;
+  size_t bytes;
+};
+
+std::string shape_string(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Arena& arena) {
+  for (int64_t d : shape)
+    if (d < 0) fail("tensor shape ", shape_string(shape), " has a negative dimension");
+  Tensor t;
+  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_bytes(dtype);
+  void* ptr = arena.allocate(bytes, "a " + dtype_name(dtype) + " tensor " + shape_string(shape));
+  t.buffer_ = std::make_shared<Buffer>(&arena, ptr, bytes);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Arena& arena) {
+  Tensor t = empty(shape, dtype, arena);
+  t.fill_zero();
+  return t;
+}
+
+Device Tensor::device() const { return arena().device(); }
+
+Arena& Tensor::arena() const {
+  FRUGAL_CHECK(buffer_, "undefined tensor has no arena");
+  return *buffer_->arena;
+}
+
+int64_t Tensor::size(int64_t axis) const {
+  int64_t n = ndim();
+  if (axis < 0) axis += n;
+  FRUGAL_CHECK(axis >= 0 && axis < n, "axis ", axis, " of a tensor of shape ",
+               shape_string(shape_));
+  return shape_[axis];
+}
+
+void* Tensor::raw() const {
+  FRUGAL_CHECK(buffer_, "data of an undefined tensor");
+  return static_cast<char*>(buffer_->ptr) + offset_bytes_;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  FRUGAL_CHECK(shape_numel(shape) == numel(), "view ", shape_string(shape_), " as ",
+               shape_string(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  FRUGAL_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows [", begin, ", ",
+               end, ") of a tensor of shape ", shape_string(shape_));
+  Tensor t = *this;
+  size_t row_bytes = static_cast<size_t>(shape_numel(Shape(shape_.begin() + 1, shape_.end()))) *
+                     dtype_bytes(dtype_);
+  t.offset_bytes_ += static_cast<size_t>(begin) * row_bytes;
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+Tensor Tensor::clone(Arena& arena) const {
+  Tensor t = empty(shape_, dtype_, arena);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::fill_zero() {
+  FRUGAL_CHECK(device() == Device::cpu, "fill_zero of a device tensor goes through ops::");
+  std::memset(raw(), 0, bytes());
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  FRUGAL_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy ", shape_string(src.shape_), " ",
+               dtype_name(src.dtype_), " into ", shape_string(shape_), " ", dtype_name(dtype_));
+  FRUGAL_CHECK(device() == Device::cpu && src.device() == Device::cpu,
+               "copies to or from a device go through ops::");
+  std::memcpy(raw(), src.raw(), bytes());
+}
+
+}  // namespace frugal

@@ -1,0 +1,143 @@
+// The seeded training sampler and the sequential evaluation iterator.
+#include "data/sampler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "data/shuffle.h"
+
+namespace frugal {
+
+namespace {
+
+TokenBatch allocate_batch(int64_t rows, int64_t seq_len) {
+  TokenBatch batch;
+  batch.inputs = Tensor::empty({rows, seq_len}, DType::i32);
+  batch.targets = Tensor::empty({rows, seq_len}, DType::i32);
+  return batch;
+}
+
+// Writes the window starting at token `start` into row `row`: inputs are tokens
+// [start, start + seq_len), targets [start + 1, start + seq_len + 1); positions past the end
+// of the stream get input 0 and target kIgnoreTarget. Returns the number of real targets.
+int64_t fill_row(const TokenView& tokens, int64_t start, int64_t seq_len, int32_t* inputs,
+                 int32_t* targets) {
+  const auto n = static_cast<int64_t>(tokens.size);
+  const int64_t real_inputs = std::clamp<int64_t>(n - start, 0, seq_len);
+  const int64_t real_targets = std::clamp<int64_t>(n - 1 - start, 0, seq_len);
+  if (real_inputs > 0)
+    tokens.copy(static_cast<uint64_t>(start), static_cast<uint64_t>(real_inputs), inputs);
+  std::fill(inputs + real_inputs, inputs + seq_len, 0);
+  if (real_targets > 0)
+    tokens.copy(static_cast<uint64_t>(start + 1), static_cast<uint64_t>(real_targets), targets);
+  std::fill(targets + real_targets, targets + seq_len, kIgnoreTarget);
+  return real_targets;
+}
+
+}  // namespace
+
+// --- BatchSampler -----------------------------------------------------------------------
+
+BatchSampler::BatchSampler(TokenView tokens, const SamplerConfig& config)
+    : tokens_(tokens), config_(config) {
+  if (config.seq_len < 1) fail("sampler: seq_len ", config.seq_len, " must be at least 1");
+  if (config.micro_batch_size < 1)
+    fail("sampler: micro_batch_size ", config.micro_batch_size, " must be at least 1");
+  if (config.world < 1 || config.rank < 0 || config.rank >= config.world)
+    fail("sampler: rank ", config.rank, " is not in [0, world = ", config.world, ")");
+  const auto n = static_cast<int64_t>(tokens.size);
+  if (n < config.seq_len + 1)
+    fail("the training data holds ", n,
+         " tokens, fewer than one window of seq_len + 1 = ", config.seq_len + 1,
+         "; use more text or a shorter seq_len");
+  num_windows_ = (n - 1) / config.seq_len;
+}
+
+double BatchSampler::batches_per_epoch() const {
+  return double(num_windows_) / double(config_.world * config_.micro_batch_size);
+}
+
+const std::vector<int64_t>& BatchSampler::order_of(uint64_t epoch) {
+  for (const CachedOrder& cached : cache_)
+    if (cached.epoch == epoch) return cached.order;
+  CachedOrder& slot = cache_[cache_next_];
+  cache_next_ = 1 - cache_next_;
+  slot.epoch = epoch;
+  slot.order = seeded_permutation(num_windows_, config_.seed, epoch);
+  return slot.order;
+}
+
+TokenBatch BatchSampler::next() {
+  const int64_t rows = config_.micro_batch_size;
+  const int64_t seq_len = config_.seq_len;
+  const auto windows = static_cast<uint64_t>(num_windows_);
+  TokenBatch batch = allocate_batch(rows, seq_len);
+  int32_t* inputs = batch.inputs.data<int32_t>();
+  int32_t* targets = batch.targets.data<int32_t>();
+  for (int64_t i = 0; i < rows; ++i) {
+    // This rank's row i is global row rank * B + i of the batch that starts at `position`.
+    const uint64_t index = state_.position + static_cast<uint64_t>(config_.rank * rows + i);
+    const uint64_t epoch = state_.epoch + index / windows;
+    const int64_t window = order_of(epoch)[index % windows];
+    batch.target_tokens +=
+        fill_row(tokens_, window * seq_len, seq_len, inputs + i * seq_len, targets + i * seq_len);
+  }
+  const uint64_t advanced = state_.position + static_cast<uint64_t>(config_.world * rows);
+  state_.epoch += advanced / windows;
+  state_.position = advanced % windows;
+  return batch;
+}
+
+void BatchSampler::restore(const SamplerState& state) {
+  if (state.position >= static_cast<uint64_t>(num_windows_))
+    fail("sampler state position ", state.position, " is past the ", num_windows_,
+         " windows of an epoch: the checkpoint was made with other data or another seq_len");
+  state_ = state;
+}
+
+// --- EvalIterator -----------------------------------------------------------------------
+
+EvalIterator::EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batch_size, int rank,
+                           int world, int64_t max_batches)
+    : tokens_(tokens),
+      seq_len_(seq_len),
+      micro_batch_size_(micro_batch_size),
+      rank_(rank),
+      world_(world) {
+  if (seq_len < 1) fail("eval: seq_len ", seq_len, " must be at least 1");
+  if (micro_batch_size < 1)
+    fail("eval: micro_batch_size ", micro_batch_size, " must be at least 1");
+  if (world < 1 || rank < 0 || rank >= world)
+    fail("eval: rank ", rank, " is not in [0, world = ", world, ")");
+  const auto n = static_cast<int64_t>(tokens.size);
+  // Windows with at least one target: starts 0, S, 2S, ... below n - 1.
+  num_windows_ = n <= 1 ? 0 : (n - 1 + seq_len - 1) / seq_len;
+  const int64_t global_rows = int64_t{world} * micro_batch_size;
+  num_batches_ = (num_windows_ + global_rows - 1) / global_rows;
+  if (max_batches > 0) num_batches_ = std::min(num_batches_, max_batches);
+}
+
+bool EvalIterator::next(TokenBatch& batch) {
+  if (batch_index_ >= num_batches_) return false;
+  batch = allocate_batch(micro_batch_size_, seq_len_);
+  int32_t* inputs = batch.inputs.data<int32_t>();
+  int32_t* targets = batch.targets.data<int32_t>();
+  const int64_t first =
+      (batch_index_ * world_ + rank_) * micro_batch_size_;  // global window of row 0
+  for (int64_t i = 0; i < micro_batch_size_; ++i) {
+    int32_t* row_inputs = inputs + i * seq_len_;
+    int32_t* row_targets = targets + i * seq_len_;
+    const int64_t window = first + i;
+    if (window < num_windows_) {
+      batch.target_tokens +=
+          fill_row(tokens_, window * seq_len_, seq_len_, row_inputs, row_targets);
+    } else {
+      std::fill(row_inputs, row_inputs + seq_len_, 0);
+      std::fill(row_targets, row_targets + seq_len_, kIgnoreTarget);
+    }
+  }
+  ++batch_index_;
+  return true;
+}
+
+}  // namespace frugal

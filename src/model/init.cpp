@@ -1,0 +1,56 @@
+// Deterministic, sharding-independent parameter initialisation.
+#include <cmath>
+#include <cstdint>
+
+#include "model/parameter_provider.h"
+
+namespace frugal {
+
+namespace {
+
+// SplitMix64: a tiny, well-mixed generator whose output is the same on every platform
+// (std::normal_distribution is not, so Debian and Ubuntu builds would disagree).
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+bool is_norm(const std::string& name) { return name.find("norm") != std::string::npos; }
+
+}  // namespace
+
+void init_parameter_rows(Tensor& rows, const std::string& name, int64_t first_row, uint64_t seed,
+                         float std) {
+  float* out = rows.data<float>();
+  if (is_norm(name)) {
+    for (int64_t i = 0; i < rows.numel(); ++i) out[i] = 1.0f;
+    return;
+  }
+  const int64_t n_rows = rows.ndim() == 0 ? 1 : rows.size(0);
+  const int64_t row_len = n_rows ? rows.numel() / n_rows : 0;
+  const uint64_t name_hash = fnv1a(name);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    uint64_t state = seed ^ name_hash ^ (0xD1B54A32D192ED03ull * uint64_t(first_row + r + 1));
+    float* row = out + r * row_len;
+    for (int64_t j = 0; j < row_len; j += 2) {
+      // Box-Muller on two uniforms in (0, 1].
+      double u1 = (double(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
+      double u2 = double(splitmix64(state) >> 11) * 0x1.0p-53;
+      double radius = std::sqrt(-2.0 * std::log(u1));
+      row[j] = static_cast<float>(std * radius * std::cos(2.0 * M_PI * u2));
+      if (j + 1 < row_len)
+        row[j + 1] = static_cast<float>(std * radius * std::sin(2.0 * M_PI * u2));
+    }
+  }
+}
+
+}  // namespace frugal

@@ -1,0 +1,53 @@
+// One Llama transformer block, forward and backward, written out by hand:
+//   h = x + o_proj(attention(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1))),  n1 = rmsnorm(x)
+//   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                      n2 = rmsnorm(h)
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/checkpoint_policy.h"
+#include "model/llama_config.h"
+#include "ops/ops.h"
+
+namespace frugal {
+
+// A block unit's tensors (weights or their gradients) by role, in UnitSpec order.
+struct BlockWeights {
+  Tensor input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm, gate_proj, up_proj,
+      down_proj;
+  static BlockWeights from_unit(const std::vector<Tensor>& unit);
+};
+
+// What the block needs from outside its weights.
+struct BlockContext {
+  const LlamaConfig* config = nullptr;
+  int64_t batch = 1;  // sequences in the micro-batch; tokens = batch * seq
+  Tensor positions;   // [tokens] i32, the rotary position of each token
+  CheckpointPolicy policy = CheckpointPolicy::none;
+};
+
+// The forward's intermediates. Which ones survive until the backward is the policy's choice;
+// recompute() restores the rest.
+struct BlockActivations {
+  Tensor x;             // input [T, H], always kept
+  Tensor n1, rstd1;     // input norm
+  Tensor q, k, v;       // projections, [T, heads, head_dim]
+  Tensor q_rot, k_rot;  // after rotary
+  ops::Attention attn;  // output [T, heads, head_dim] and log-sum-exp
+  Tensor h;             // residual after attention
+  Tensor n2, rstd2;     // post-attention norm
+  Tensor gate, up;      // MLP projections [T, I]
+  Tensor act;           // silu(gate) * up
+};
+
+// Runs the block on x, returns y; `saved` receives what the policy keeps.
+Tensor block_forward(const Tensor& x, const BlockWeights& w, const BlockContext& ctx,
+                     BlockActivations* saved);
+// Fills in what the policy dropped.
+void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx);
+// Gradients: returns dx, accumulates weight gradients into `grads`. Needs recompute() first.
+Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWeights& w,
+                      BlockWeights& grads, const BlockContext& ctx);
+
+}  // namespace frugal

@@ -1,0 +1,111 @@
+// Llama shape validation and the parameter table.
+#include "model/llama_config.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace frugal {
+
+void LlamaConfig::validate() const {
+  auto positive = [](const char* key, int64_t v) {
+    if (v <= 0) fail("config key 'model.", key, "': value ", v, " must be positive");
+  };
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("vocab_size", vocab_size);
+  positive("max_position_embeddings", max_position_embeddings);
+  if (head_dim < 0) fail("config key 'model.head_dim': value ", head_dim, " must be >= 0");
+  if (head_dim == 0 && hidden_size % num_attention_heads != 0)
+    fail("config key 'model.hidden_size': ", hidden_size,
+         " is not divisible by model.num_attention_heads = ", num_attention_heads);
+  if (num_attention_heads % num_key_value_heads != 0)
+    fail("config key 'model.num_key_value_heads': ", num_key_value_heads,
+         " does not divide model.num_attention_heads = ", num_attention_heads);
+  if (attention_head_dim() % 2 != 0)
+    fail("model head dimension ", attention_head_dim(), " must be even for rotary embeddings");
+  if (!(rope_theta > 0)) fail("config key 'model.rope_theta': value ", rope_theta, " must be > 0");
+  if (!(rms_norm_eps > 0))
+    fail("config key 'model.rms_norm_eps': value ", rms_norm_eps, " must be > 0");
+}
+
+std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
+  const int64_t h = c.hidden_size, d = c.attention_head_dim();
+  const int64_t q_out = c.num_attention_heads * d, kv_out = c.num_key_value_heads * d;
+  std::vector<UnitSpec> units;
+  units.push_back({"embed", {{"model.embed_tokens.weight", {c.vocab_size, h}}}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    UnitSpec u{"layers." + std::to_string(i), {}};
+    u.params.resize(kBlockParamCount);
+    u.params[kInputNorm] = {p + "input_layernorm.weight", {h}};
+    u.params[kQProj] = {p + "self_attn.q_proj.weight", {q_out, h}};
+    u.params[kKProj] = {p + "self_attn.k_proj.weight", {kv_out, h}};
+    u.params[kVProj] = {p + "self_attn.v_proj.weight", {kv_out, h}};
+    u.params[kOProj] = {p + "self_attn.o_proj.weight", {h, q_out}};
+    u.params[kPostAttentionNorm] = {p + "post_attention_layernorm.weight", {h}};
+    u.params[kGateProj] = {p + "mlp.gate_proj.weight", {c.intermediate_size, h}};
+    u.params[kUpProj] = {p + "mlp.up_proj.weight", {c.intermediate_size, h}};
+    u.params[kDownProj] = {p + "mlp.down_proj.weight", {h, c.intermediate_size}};
+    units.push_back(std::move(u));
+  }
+  UnitSpec head{"head", {{"model.norm.weight", {h}}}};
+  if (!c.tie_word_embeddings) head.params.push_back({"lm_head.weight", {c.vocab_size, h}});
+  units.push_back(std::move(head));
+  return units;
+}
+
+nlohmann::json llama_config_to_json(const LlamaConfig& m) {
+  return {{"hidden_size", m.hidden_size},
+          {"intermediate_size", m.intermediate_size},
+          {"num_hidden_layers", m.num_hidden_layers},
+          {"num_attention_heads", m.num_attention_heads},
+          {"num_key_value_heads", m.num_key_value_heads},
+          {"vocab_size", m.vocab_size},
+          {"head_dim", m.attention_head_dim()},
+          {"max_position_embeddings", m.max_position_embeddings},
+          {"rope_theta", m.rope_theta},
+          {"rms_norm_eps", m.rms_norm_eps},
+          {"tie_word_embeddings", m.tie_word_embeddings}};
+}
+
+LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& source) {
+  LlamaConfig c;
+  auto read = [&](const char* key, auto& field, bool required) {
+    if (!j.contains(key)) {
+      if (required) fail(source, ": missing key '", key, "'");
+      return;
+    }
+    try {
+      j.at(key).get_to(field);
+    } catch (const nlohmann::json::exception&) {
+      fail(source, ": key '", key, "' has value ", j.at(key).dump(), " of the wrong type");
+    }
+  };
+  read("hidden_size", c.hidden_size, true);
+  read("intermediate_size", c.intermediate_size, true);
+  read("num_hidden_layers", c.num_hidden_layers, true);
+  read("num_attention_heads", c.num_attention_heads, true);
+  c.num_key_value_heads = c.num_attention_heads;
+  read("num_key_value_heads", c.num_key_value_heads, false);
+  read("vocab_size", c.vocab_size, true);
+  read("max_position_embeddings", c.max_position_embeddings, false);
+  read("rope_theta", c.rope_theta, false);
+  read("rms_norm_eps", c.rms_norm_eps, false);
+  read("tie_word_embeddings", c.tie_word_embeddings, false);
+  if (j.contains("head_dim") && !j.at("head_dim").is_null()) read("head_dim", c.head_dim, false);
+  if (c.head_dim == c.hidden_size / std::max<int64_t>(1, c.num_attention_heads)) c.head_dim = 0;
+  c.validate();
+  return c;
+}
+
+int64_t LlamaConfig::parameter_count() const {
+  int64_t n = 0;
+  for (const UnitSpec& u : llama_units(*this))
+    for (const ParamSpec& p : u.params) n += shape_numel(p.shape);
+  return n;
+}
+
+}  // namespace frugal

@@ -1,0 +1,75 @@
+// The Llama family's shape, with Hugging Face's key names, and the parameter table derived
+// from it: every tensor's HF name and shape, grouped into sharding units (embedding, one per
+// transformer block, final norm + head).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace frugal {
+
+struct LlamaConfig {
+  int64_t hidden_size = 256;
+  int64_t intermediate_size = 688;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 4;
+  int64_t vocab_size = 2048;
+  int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 2048;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+
+  int64_t attention_head_dim() const {
+    return head_dim ? head_dim : hidden_size / num_attention_heads;
+  }
+  // Throws Error naming the key when the shape is impossible (e.g. hidden_size % heads != 0).
+  void validate() const;
+  int64_t parameter_count() const;
+};
+
+// The shape as JSON with Hugging Face's key names (the subset frugal uses); from_json
+// throws Error naming a missing or mistyped key.
+nlohmann::json llama_config_to_json(const LlamaConfig& config);
+LlamaConfig llama_config_from_json(const nlohmann::json& json, const std::string& source);
+
+// One named parameter of the model.
+struct ParamSpec {
+  std::string name;  // Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight"
+  Shape shape;
+};
+
+// A sharding unit: the parameters that are gathered together and released together.
+struct UnitSpec {
+  std::string name;  // "embed", "layers.3", "head"
+  std::vector<ParamSpec> params;
+};
+
+// The order of parameters inside a block unit; BlockWeights relies on it.
+enum BlockParam : int {
+  kInputNorm,
+  kQProj,
+  kKProj,
+  kVProj,
+  kOProj,
+  kPostAttentionNorm,
+  kGateProj,
+  kUpProj,
+  kDownProj,
+  kBlockParamCount
+};
+
+// Units in model order: "embed" (embed_tokens), "layers.0" ... "layers.{L-1}", "head"
+// (final norm, and lm_head unless the embeddings are tied: then the head unit reuses the
+// embed unit's tensor).
+std::vector<UnitSpec> llama_units(const LlamaConfig& config);
+inline int64_t embed_unit() { return 0; }
+inline int64_t block_unit(int64_t layer) { return 1 + layer; }
+inline int64_t head_unit(const LlamaConfig& c) { return 1 + c.num_hidden_layers; }
+
+}  // namespace frugal

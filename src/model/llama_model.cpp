@@ -1,0 +1,160 @@
+// The model's forward and backward over its units; see llama_block.cpp for one block.
+#include "model/llama_model.h"
+
+#include <algorithm>
+
+#include "model/llama_block.h"
+#include "ops/ops.h"
+
+namespace frugal {
+
+Tensor sequence_positions(int64_t batch, int64_t seq) {
+  Tensor positions = Tensor::empty({batch * seq}, DType::i32);
+  int32_t* p = positions.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s) p[b * seq + s] = static_cast<int32_t>(s);
+  return positions;
+}
+
+int64_t counted_targets(const Tensor& targets) {
+  const int32_t* t = targets.data<int32_t>();
+  return std::count_if(t, t + targets.numel(), [](int32_t v) { return v >= 0; });
+}
+
+namespace {
+
+// Index of the final norm and the head matrix inside the head unit.
+constexpr int kFinalNorm = 0;
+constexpr int kLmHead = 1;
+
+BlockContext block_context(const LlamaConfig& config, const Batch& batch, CheckpointPolicy policy) {
+  BlockContext ctx;
+  ctx.config = &config;
+  ctx.batch = batch.batch;
+  ctx.positions = batch.positions;
+  ctx.policy = policy;
+  return ctx;
+}
+
+}  // namespace
+
+Tensor LlamaModel::embed(const Batch& batch, ParameterProvider& params) {
+  std::vector<Tensor> unit = params.gather(embed_unit());
+  Tensor x = ops::embedding(batch.tokens, unit[0]);
+  params.release(embed_unit());
+  return x;
+}
+
+Tensor LlamaModel::head_weight(const std::vector<Tensor>& head_unit, ParameterProvider& params) {
+  return config_.tie_word_embeddings ? params.gather(embed_unit())[0] : head_unit[kLmHead];
+}
+
+Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
+                                  CheckpointPolicy policy, std::vector<BlockActivations>* saved) {
+  const BlockContext ctx = block_context(config_, batch, policy);
+  const int64_t layers = config_.num_hidden_layers;
+  params.prefetch(block_unit(0));
+  for (int64_t i = 0; i < layers; ++i) {
+    params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config_));
+    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)));
+    x = block_forward(x, w, ctx, saved ? &(*saved)[i] : nullptr);
+    params.release(block_unit(i));
+  }
+  return x;
+}
+
+double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& params, float grad_scale,
+                                    CheckpointPolicy policy) {
+  const int64_t layers = config_.num_hidden_layers;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  std::vector<BlockActivations> saved(layers);
+  Tensor x = blocks_forward(embed(batch, params), batch, params, policy, &saved);
+
+  // Head and loss, forward and backward together, a chunk of rows at a time, so the
+  // [tokens, vocab] logits never exist whole.
+  const int64_t head = head_unit(config_);
+  std::vector<Tensor> head_w = params.gather(head);
+  std::vector<Tensor> head_g = params.grads(head);
+  Tensor lm_head = head_weight(head_w, params);
+  Tensor lm_head_grad =
+      config_.tie_word_embeddings ? params.grads(embed_unit())[0] : head_g[kLmHead];
+  Tensor rstd;
+  Tensor xn = ops::rmsnorm(x, head_w[kFinalNorm], eps, &rstd);
+  Tensor d_xn = Tensor::empty(xn.shape());
+  double loss_sum = 0;
+  const int64_t rows = xn.size(0);
+  for (int64_t begin = 0; begin < rows; begin += loss_chunk_rows_) {
+    const int64_t end = std::min(rows, begin + loss_chunk_rows_);
+    Tensor xn_rows = xn.rows(begin, end);
+    Tensor logits = ops::linear(xn_rows, lm_head);
+    Tensor d_logits;
+    loss_sum += ops::cross_entropy(logits, batch.targets.rows(begin, end), grad_scale, &d_logits);
+    d_xn.rows(begin, end).copy_from(ops::linear_backward(d_logits, xn_rows, lm_head, lm_head_grad));
+  }
+  Tensor dx = ops::rmsnorm_backward(d_xn, x, head_w[kFinalNorm], rstd, head_g[kFinalNorm]);
+  params.grads_done(head);
+  if (config_.tie_word_embeddings) {
+    params.grads_done(embed_unit());
+    params.release(embed_unit());
+  }
+  params.release(head);
+
+  // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
+  const BlockContext ctx = block_context(config_, batch, policy);
+  for (int64_t i = layers - 1; i >= 0; --i) {
+    if (i > 0) params.prefetch(block_unit(i - 1));
+    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)));
+    BlockWeights g = BlockWeights::from_unit(params.grads(block_unit(i)));
+    block_recompute(saved[i], w, ctx);
+    dx = block_backward(dx, saved[i], w, g, ctx);
+    saved[i] = BlockActivations{};
+    params.grads_done(block_unit(i));
+    params.release(block_unit(i));
+  }
+
+  std::vector<Tensor> embed_g = params.grads(embed_unit());
+  ops::embedding_backward(embed_g[0], dx, batch.tokens);
+  params.grads_done(embed_unit());
+  params.finish_backward();
+  return loss_sum;
+}
+
+double LlamaModel::forward_loss(const Batch& batch, ParameterProvider& params) {
+  Tensor x = blocks_forward(embed(batch, params), batch, params, CheckpointPolicy::none, nullptr);
+  const int64_t head = head_unit(config_);
+  std::vector<Tensor> head_w = params.gather(head);
+  Tensor lm_head = head_weight(head_w, params);
+  Tensor xn =
+      ops::rmsnorm(x, head_w[kFinalNorm], static_cast<float>(config_.rms_norm_eps), nullptr);
+  double loss_sum = 0;
+  for (int64_t begin = 0; begin < xn.size(0); begin += loss_chunk_rows_) {
+    const int64_t end = std::min(xn.size(0), begin + loss_chunk_rows_);
+    Tensor logits = ops::linear(xn.rows(begin, end), lm_head);
+    loss_sum += ops::cross_entropy(logits, batch.targets.rows(begin, end), 0.0f, nullptr);
+  }
+  if (config_.tie_word_embeddings) params.release(embed_unit());
+  params.release(head);
+  return loss_sum;
+}
+
+Tensor LlamaModel::forward_logits(const Batch& batch, ParameterProvider& params,
+                                  int64_t last_rows) {
+  Tensor x = blocks_forward(embed(batch, params), batch, params, CheckpointPolicy::none, nullptr);
+  const int64_t keep = last_rows > 0 ? std::min(last_rows, batch.seq) : batch.seq;
+  const int64_t hidden = config_.hidden_size;
+  Tensor picked = Tensor::empty({batch.batch * keep, hidden});
+  for (int64_t b = 0; b < batch.batch; ++b)
+    picked.rows(b * keep, (b + 1) * keep)
+        .copy_from(x.rows(b * batch.seq + batch.seq - keep, (b + 1) * batch.seq));
+  const int64_t head = head_unit(config_);
+  std::vector<Tensor> head_w = params.gather(head);
+  Tensor lm_head = head_weight(head_w, params);
+  Tensor logits = ops::linear(
+      ops::rmsnorm(picked, head_w[kFinalNorm], static_cast<float>(config_.rms_norm_eps), nullptr),
+      lm_head);
+  if (config_.tie_word_embeddings) params.release(embed_unit());
+  params.release(head);
+  return logits;
+}
+
+}  // namespace frugal

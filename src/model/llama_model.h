@@ -1,0 +1,58 @@
+// The whole Llama model: embedding, the blocks, final norm, head and loss. Weights come from a
+// ParameterProvider one unit at a time, so the same code runs whole, sharded or quantized.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/checkpoint_policy.h"
+#include "model/llama_config.h"
+#include "model/parameter_provider.h"
+
+namespace frugal {
+
+struct BlockActivations;
+
+// A micro-batch of `batch` sequences of `seq` tokens, flattened to [batch * seq].
+struct Batch {
+  Tensor tokens;     // i32 inputs
+  Tensor targets;    // i32 next tokens; < 0 is masked out of the loss
+  Tensor positions;  // i32 rotary positions (0..seq-1 in each sequence)
+  int64_t batch = 0;
+  int64_t seq = 0;
+};
+
+// Positions 0..seq-1 repeated for each sequence.
+Tensor sequence_positions(int64_t batch, int64_t seq);
+// Number of counted (unmasked) targets.
+int64_t counted_targets(const Tensor& targets);
+
+class LlamaModel {
+ public:
+  explicit LlamaModel(const LlamaConfig& config) : config_(config) { config_.validate(); }
+  const LlamaConfig& config() const { return config_; }
+
+  // Forward and backward of one micro-batch: returns the SUM of the token losses and adds
+  // grad_scale * d(sum)/d(weights) into the provider's gradients.
+  double forward_backward(const Batch& batch, ParameterProvider& params, float grad_scale,
+                          CheckpointPolicy policy);
+  // Forward only: the sum of the token losses.
+  double forward_loss(const Batch& batch, ParameterProvider& params);
+  // Forward only: logits [rows, vocab] of the last `last_rows` positions of each sequence
+  // (all of them when last_rows <= 0).
+  Tensor forward_logits(const Batch& batch, ParameterProvider& params, int64_t last_rows = 0);
+
+  // Rows of logits that the loss computes at once, bounding the [rows, vocab] buffer.
+  void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
+
+ private:
+  Tensor embed(const Batch& batch, ParameterProvider& params);
+  Tensor blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
+                        CheckpointPolicy policy, std::vector<BlockActivations>* saved);
+  Tensor head_weight(const std::vector<Tensor>& head_unit, ParameterProvider& params);
+
+  LlamaConfig config_;
+  int64_t loss_chunk_rows_ = 1024;
+};
+
+}  // namespace frugal

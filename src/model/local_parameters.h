@@ -1,0 +1,36 @@
+// The simplest ParameterProvider: every weight whole on this rank, with a gradient of the same
+// size. One-rank training and inference use it; ZeRO-3 (dist/) shards the same units.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "model/parameter_provider.h"
+
+namespace frugal {
+
+class LocalParameters : public ParameterProvider {
+ public:
+  // Initialised from `seed` (see init_parameter_rows); with_grads = false for inference.
+  LocalParameters(const LlamaConfig& config, uint64_t seed, float init_std, bool with_grads);
+
+  std::vector<Tensor> gather(int64_t unit) override { return units_.at(unit); }
+  void release(int64_t) override {}
+  std::vector<Tensor> grads(int64_t unit) override;
+  void grads_done(int64_t) override {}
+  void zero_grads() override;
+  std::vector<TrainableShard> trainable() override;
+
+  // Every parameter by its Hugging Face name, for checkpoints and export.
+  const std::vector<UnitSpec>& specs() const { return specs_; }
+  Tensor& param(const std::string& name);
+
+ private:
+  std::vector<UnitSpec> specs_;
+  std::vector<std::vector<Tensor>> units_;
+  std::vector<std::vector<Tensor>> grads_;
+};
+
+}  // namespace frugal

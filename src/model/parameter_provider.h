@@ -1,0 +1,51 @@
+// What the model asks of whoever holds its weights. The model does not know whether they are
+// whole (one rank), sharded across ranks (ZeRO-3), quantized or offloaded: it gathers a unit
+// just before it needs it, releases it right after, and hands back the unit's gradients.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace frugal {
+
+// A trainable slice this rank owns and the optimizer updates: the fp32 master values and the
+// gradient that the backward accumulated for them.
+struct TrainableShard {
+  std::string name;  // the full parameter's Hugging Face name
+  Tensor param;
+  Tensor grad;
+};
+
+class ParameterProvider {
+ public:
+  virtual ~ParameterProvider() = default;
+
+  // Hint that `unit` will be gathered soon (ZeRO-3 posts its all-gather now).
+  virtual void prefetch(int64_t /*unit*/) {}
+  // The full weights of `unit`, in UnitSpec order, valid until release(unit).
+  virtual std::vector<Tensor> gather(int64_t unit) = 0;
+  virtual void release(int64_t unit) = 0;
+
+  // Full-size gradient buffers of `unit` to accumulate (+=) into; valid until grads_done.
+  virtual std::vector<Tensor> grads(int64_t unit) = 0;
+  // The backward has finished adding into grads(unit) for this micro-batch (ZeRO-3 starts
+  // the reduce-scatter). May be called more than once per step for a tied unit.
+  virtual void grads_done(int64_t unit) = 0;
+  // All grads_done of this micro-batch have been issued; wait for outstanding reductions.
+  virtual void finish_backward() {}
+
+  // Start of an optimizer step: zero the gradients.
+  virtual void zero_grads() = 0;
+  // This rank's trainable slices, for the optimizer and the gradient norm.
+  virtual std::vector<TrainableShard> trainable() = 0;
+};
+
+// Deterministic initialisation that depends only on (seed, name, row), so that any
+// sharding of the rows produces the same model: norms are ones, every other weight is
+// normal(0, std) with rows drawn from their own counter-based stream.
+void init_parameter_rows(Tensor& rows, const std::string& name, int64_t first_row, uint64_t seed,
+                         float std);
+
+}  // namespace frugal

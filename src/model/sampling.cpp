@@ -1,0 +1,67 @@
+// Greedy and nucleus sampling.
+#include "model/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace frugal {
+
+namespace {
+double uniform01(uint64_t& state) {
+  // SplitMix64, the same generator as initialisation: portable and seedable.
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return double(z >> 11) * 0x1.0p-53;
+}
+}  // namespace
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,
+                     uint64_t& rng_state) {
+  if (options.temperature <= 0)
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  const double max_logit = *std::max_element(logits, logits + vocab);
+  std::vector<double> p(vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i)
+    sum += p[i] = std::exp((logits[i] - max_logit) / options.temperature);
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+  // Keep the smallest prefix whose mass reaches top_p, then draw from it.
+  double kept = 0;
+  int64_t n = 0;
+  while (n < vocab && (n == 0 || kept < options.top_p * sum)) kept += p[order[n++]];
+  double r = uniform01(rng_state) * kept;
+  for (int64_t i = 0; i < n; ++i) {
+    r -= p[order[i]];
+    if (r <= 0) return order[i];
+  }
+  return order[n - 1];
+}
+
+std::vector<int32_t> generate(LlamaModel& model, ParameterProvider& params,
+                              std::vector<int32_t> tokens, const SamplingOptions& options) {
+  uint64_t rng_state = options.seed;
+  const int64_t window = model.config().max_position_embeddings;
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    const int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - window);
+    const int64_t seq = int64_t(tokens.size()) - start;
+    Batch b;
+    b.batch = 1;
+    b.seq = seq;
+    b.tokens = Tensor::empty({seq}, DType::i32);
+    std::copy(tokens.begin() + start, tokens.end(), b.tokens.data<int32_t>());
+    b.targets = Tensor::empty({seq}, DType::i32);
+    b.positions = sequence_positions(1, seq);
+    Tensor logits = model.forward_logits(b, params, 1);
+    int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    tokens.push_back(next);
+    if (next == options.stop_token) break;
+  }
+  return tokens;
+}
+
+}  // namespace frugal

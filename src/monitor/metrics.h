@@ -1,0 +1,33 @@
+// metrics.jsonl: one JSON object per line (per step, per evaluation), flushed as written so
+// a crashed run keeps what it measured; and the progress line a person reads.
+#pragma once
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace frugal {
+
+class MetricsWriter {
+ public:
+  // append = true continues an existing file (resume); false starts a new one.
+  MetricsWriter(const std::string& path, bool append);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const nlohmann::json& record);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// "1h02m", "3m07s", "12s"
+std::string format_duration(double seconds);
+
+// Wall-clock seconds since an arbitrary epoch (steady).
+double now_seconds();
+
+}  // namespace frugal

@@ -1,0 +1,43 @@
+// AdamW over shards: global norm, clip, update.
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace frugal {
+
+bool decays(const std::string& name) { return name.find("norm") == std::string::npos; }
+
+AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Arena& state_arena)
+    : shards_(std::move(shards)), config_(config) {
+  for (const TrainableShard& s : shards_) {
+    m_.push_back(Tensor::zeros(s.param.shape(), DType::f32, state_arena));
+    v_.push_back(Tensor::zeros(s.param.shape(), DType::f32, state_arena));
+  }
+}
+
+AdamW::StepReport AdamW::step(double lr, int64_t step, const GlobalSum& global_sum) {
+  double local = 0;
+  for (const TrainableShard& s : shards_) local += ops::sum_squares(s.grad);
+  StepReport report;
+  report.grad_norm = std::sqrt(global_sum(local));
+  if (config_.grad_clip > 0 && report.grad_norm > config_.grad_clip)
+    report.clip_scale = config_.grad_clip / (report.grad_norm + 1e-6);
+
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    TrainableShard& s = shards_[i];
+    ops::AdamWStep hyper;
+    hyper.lr = static_cast<float>(lr);
+    hyper.beta1 = static_cast<float>(config_.beta1);
+    hyper.beta2 = static_cast<float>(config_.beta2);
+    hyper.eps = static_cast<float>(config_.eps);
+    hyper.weight_decay = decays(s.name) ? static_cast<float>(config_.weight_decay) : 0.0f;
+    hyper.step = step;
+    hyper.grad_scale = static_cast<float>(report.clip_scale);
+    ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper);
+  }
+  return report;
+}
+
+}  // namespace frugal

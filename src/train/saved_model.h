@@ -1,0 +1,24 @@
+// Loading a trained model back from frugal's own checkpoints, for eval, generate and export.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/llama_config.h"
+#include "model/local_parameters.h"
+
+namespace frugal {
+
+struct SavedModel {
+  LlamaConfig config;
+  std::unique_ptr<LocalParameters> params;  // whole weights, no gradients
+  int64_t step = 0;
+  std::string step_dir;        // the checkpoint step directory that was read
+  std::string tokenizer_path;  // the run's tokenizer.model, empty when there is none
+};
+
+// `path` may be a run directory (out_dir of `frugal train`), its ckpt/ directory, or one
+// step directory (ckpt/step_00000400). Checksums are verified; errors name the file.
+SavedModel load_saved_model(const std::string& path);
+
+}  // namespace frugal

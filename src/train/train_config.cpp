@@ -1,0 +1,46 @@
+// Cross-key validation of a training configuration.
+#include "train/train_config.h"
+
+namespace frugal {
+
+void TrainConfig::validate() const {
+  model.validate();
+  auto positive = [](const char* key, int64_t v) {
+    if (v <= 0) fail("config key '", key, "': value ", v, " must be positive");
+  };
+  positive("train.steps", train.steps);
+  positive("train.micro_batch_size", train.micro_batch_size);
+  positive("train.grad_accum_steps", train.grad_accum_steps);
+  positive("train.seq_len", train.seq_len);
+  if (train.eval_every < 0)
+    fail("config key 'train.eval_every': value ", train.eval_every, " must be >= 0");
+  if (train.eval_batches < 0)
+    fail("config key 'train.eval_batches': value ", train.eval_batches, " must be >= 0");
+  if (train.seq_len > model.max_position_embeddings)
+    fail("config key 'train.seq_len': ", train.seq_len,
+         " exceeds model.max_position_embeddings = ", model.max_position_embeddings);
+  if (!(train.lr > 0)) fail("config key 'train.lr': value ", train.lr, " must be > 0");
+  if (train.warmup_steps < 0)
+    fail("config key 'train.warmup_steps': value ", train.warmup_steps, " must be >= 0");
+  if (!(train.min_lr_ratio >= 0 && train.min_lr_ratio <= 1))
+    fail("config key 'train.min_lr_ratio': value ", train.min_lr_ratio, " must lie in [0, 1]");
+  if (!(train.init_std > 0))
+    fail("config key 'train.init_std': value ", train.init_std, " must be > 0");
+  if (!(optim.beta1 >= 0 && optim.beta1 < 1))
+    fail("config key 'optim.beta1': value ", optim.beta1, " must lie in [0, 1)");
+  if (!(optim.beta2 >= 0 && optim.beta2 < 1))
+    fail("config key 'optim.beta2': value ", optim.beta2, " must lie in [0, 1)");
+  if (!(optim.eps > 0)) fail("config key 'optim.eps': value ", optim.eps, " must be > 0");
+  if (!(optim.weight_decay >= 0))
+    fail("config key 'optim.weight_decay': value ", optim.weight_decay, " must be >= 0");
+  if (!(optim.grad_clip >= 0))
+    fail("config key 'optim.grad_clip': value ", optim.grad_clip, " must be >= 0");
+  if (ckpt.every < 0) fail("config key 'ckpt.every': value ", ckpt.every, " must be >= 0");
+  if (ckpt.keep < 1) fail("config key 'ckpt.keep': value ", ckpt.keep, " must be >= 1");
+  if (monitor.log_every < 1)
+    fail("config key 'monitor.log_every': value ", monitor.log_every, " must be >= 1");
+  if (train.sample_tokens < 0)
+    fail("config key 'train.sample_tokens': value ", train.sample_tokens, " must be >= 0");
+}
+
+}  // namespace frugal

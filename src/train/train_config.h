@@ -1,0 +1,68 @@
+// Everything a training run is configured by, one struct per .cfg section. The app layer
+// fills it from .cfg files and --section.key=value overrides (app/options.cpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "model/checkpoint_policy.h"
+#include "model/llama_config.h"
+
+namespace frugal {
+
+struct DataConfig {
+  std::string dir =
+      "data/fortunes";  // made by `frugal prepare`: train.tok, val.tok, tokenizer.model
+};
+
+struct TrainSettings {
+  int64_t steps = 300;
+  uint64_t seed = 1234;
+  std::string out_dir = "out/tiny";
+  double lr = 3e-3;
+  int64_t warmup_steps = 30;
+  double min_lr_ratio = 0.1;  // cosine decays from lr to lr * min_lr_ratio
+  int64_t micro_batch_size = 8;
+  int64_t grad_accum_steps = 1;
+  int64_t seq_len = 128;
+  int64_t eval_every = 50;    // 0: only at the end
+  int64_t eval_batches = 16;  // validation micro-batches per evaluation (0: the whole split)
+  double init_std = 0.02;
+  CheckpointPolicy activation_checkpointing = CheckpointPolicy::none;
+  bool resume = false;
+  int64_t sample_tokens = 48;  // tokens generated at the end as a sample (0: none)
+  std::string sample_prompt = "The ";
+};
+
+struct OptimConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // global-norm clip; 0 disables
+};
+
+struct CkptConfig {
+  int64_t every = 0;  // save every N steps (0: only at the end)
+  int64_t keep = 2;   // committed checkpoints kept (older ones deleted)
+};
+
+struct MonitorConfig {
+  int64_t log_every = 10;  // progress lines; metrics.jsonl gets every step
+};
+
+struct TrainConfig {
+  LlamaConfig model;
+  DataConfig data;
+  TrainSettings train;
+  OptimConfig optim;
+  CkptConfig ckpt;
+  MonitorConfig monitor;
+  // Every key with the value in force ("train.lr" -> "0.003"), for logs and checkpoints.
+  std::map<std::string, std::string> resolved;
+
+  void validate() const;  // throws Error naming the key
+};
+
+}  // namespace frugal
