@@ -2,6 +2,7 @@
 #include "app/options.h"
 
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -13,6 +14,18 @@ namespace frugal {
 
 namespace {
 
+// The shortest text that reads back as the same value ("0.003", not 0.0030000000000000001).
+template <class T>
+std::string text_of(const T& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return value ? "true" : "false";
+  } else {
+    char buf[64];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+    return std::string(buf, end);
+  }
+}
+
 // Records, for each key, how to print the value in force.
 class OptionTable {
  public:
@@ -21,12 +34,9 @@ class OptionTable {
   template <class T>
   void add(po::options_description& section, const std::string& key, T* field,
            const std::string& doc) {
-    section.add_options()(key.c_str(), po::value<T>(field)->default_value(*field), doc.c_str());
-    printers_.emplace_back(key, [field] {
-      std::ostringstream out;
-      out << *field;
-      return out.str();
-    });
+    section.add_options()(key.c_str(), po::value<T>(field)->default_value(*field, text_of(*field)),
+                          doc.c_str());
+    printers_.emplace_back(key, [field] { return text_of(*field); });
   }
 
   void add_string(po::options_description& section, const std::string& key, std::string* field,
@@ -102,6 +112,12 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
         "decoupled weight decay (matrices only; norms are not decayed)");
   t.add(optim, "optim.grad_clip", &c.optim.grad_clip, "clip the global gradient norm (0: off)");
 
+  po::options_description parallel("[parallel] ranks, sharding and offload (ZeRO-3 over every rank)");
+  t.add_string(parallel, "parallel.offload", &c.parallel.offload,
+               "none | optimizer | params: what lives in host memory instead of the device");
+  t.add(parallel, "parallel.timeout_s", &c.parallel.timeout_s,
+        "seconds a collective may wait for the other ranks before the run stops with an error");
+
   po::options_description ckpt("[ckpt] checkpoints");
   t.add(ckpt, "ckpt.every", &c.ckpt.every, "save every N steps (0: only at the end)");
   t.add(ckpt, "ckpt.keep", &c.ckpt.keep, "committed checkpoints to keep");
@@ -110,7 +126,7 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   t.add(monitor, "monitor.log_every", &c.monitor.log_every,
         "print a progress line every N steps (metrics.jsonl gets every step)");
 
-  all.add(model).add(data).add(train).add(optim).add(ckpt).add(monitor);
+  all.add(model).add(data).add(train).add(optim).add(parallel).add(ckpt).add(monitor);
 }
 
 // "config key 'train.lr': the argument ('abc') for option 'train.lr' is invalid"
@@ -118,6 +134,7 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   if (auto* named = dynamic_cast<const po::error_with_option_name*>(&e)) {
     std::string key = named->get_option_name();
     while (!key.empty() && key[0] == '-') key.erase(0, 1);
+    key = key.substr(0, key.find('='));
     if (dynamic_cast<const po::unknown_option*>(&e))
       fail("unknown config key '", key, "' (see `frugal train --help` for every key)");
     if (!key.empty()) fail("config key '", key, "': ", e.what());
@@ -125,9 +142,36 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   fail(e.what());
 }
 
+// "--section.key value" becomes "--section.key=value", and when a key is given more than
+// once the last one wins (so a script can append overrides to a user's command line).
+std::vector<std::string> last_override_wins(const std::vector<std::string>& args) {
+  std::vector<std::string> merged;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool dotted_key = a.rfind("--", 0) == 0 && a.find('.') != std::string::npos &&
+                            a.find('=') == std::string::npos;
+    if (dotted_key && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
+      merged.push_back(a + "=" + args[++i]);
+    else
+      merged.push_back(a);
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < merged.size(); ++i) {
+    const std::string& a = merged[i];
+    const size_t eq = a.find('=');
+    bool overridden = false;
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos)
+      for (size_t j = i + 1; j < merged.size(); ++j)
+        overridden = overridden || merged[j].rfind(a.substr(0, eq + 1), 0) == 0;
+    if (!overridden) out.push_back(a);
+  }
+  return out;
+}
+
 }  // namespace
 
-TrainOptions parse_train_options(const std::vector<std::string>& args) {
+TrainOptions parse_train_options(const std::vector<std::string>& raw_args) {
+  const std::vector<std::string> args = last_override_wins(raw_args);
   TrainOptions out;
   TrainConfig& c = out.config;
   OptionTable table(c);

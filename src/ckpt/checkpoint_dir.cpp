@@ -100,14 +100,24 @@ std::optional<int64_t> CheckpointDir::latest() const {
   return step;
 }
 
-CheckpointDir::Loaded CheckpointDir::load_rank(int64_t step, int rank) const {
-  H5Reader reader(rank_file(step, rank));
-  Loaded loaded;
+namespace {
+nlohmann::json read_manifest(const H5Reader& reader) {
   try {
-    loaded.manifest = nlohmann::json::parse(reader.attribute(kManifest));
+    return nlohmann::json::parse(reader.attribute(kManifest));
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint file '", reader.path(), "': manifest is not valid JSON: ", e.what());
   }
+}
+}  // namespace
+
+nlohmann::json CheckpointDir::manifest(int64_t step) const {
+  return read_manifest(H5Reader(rank_file(step, 0)));
+}
+
+CheckpointDir::Loaded CheckpointDir::load_rank(int64_t step, int rank) const {
+  H5Reader reader(rank_file(step, rank));
+  Loaded loaded;
+  loaded.manifest = read_manifest(reader);
   for (const std::string& name : reader.tensor_names())
     loaded.tensors.push_back({name, reader.read_tensor(name)});
   return loaded;

@@ -42,6 +42,8 @@ class CheckpointDir {
   };
   // Reads and checksum-verifies this rank's file of `step`.
   Loaded load_rank(int64_t step, int rank) const;
+  // The manifest of `step` (from rank 0's file).
+  nlohmann::json manifest(int64_t step) const;
 
  private:
   std::string root_;

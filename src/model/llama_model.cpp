@@ -63,15 +63,13 @@ Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvide
   return x;
 }
 
-double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& params, float grad_scale,
-                                    CheckpointPolicy policy) {
-  const int64_t layers = config_.num_hidden_layers;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  std::vector<BlockActivations> saved(layers);
-  Tensor x = blocks_forward(embed(batch, params), batch, params, policy, &saved);
-
+Tensor LlamaModel::head_forward_backward(const Tensor& x, const Batch& batch,
+                                         ParameterProvider& params, float grad_scale,
+                                         double* loss_sum) {
   // Head and loss, forward and backward together, a chunk of rows at a time, so the
-  // [tokens, vocab] logits never exist whole.
+  // [tokens, vocab] logits never exist whole. The head's weights and whole gradients live
+  // only inside this function.
+  const float eps = static_cast<float>(config_.rms_norm_eps);
   const int64_t head = head_unit(config_);
   std::vector<Tensor> head_w = params.gather(head);
   std::vector<Tensor> head_g = params.grads(head);
@@ -81,23 +79,39 @@ double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& param
   Tensor rstd;
   Tensor xn = ops::rmsnorm(x, head_w[kFinalNorm], eps, &rstd);
   Tensor d_xn = Tensor::empty(xn.shape());
-  double loss_sum = 0;
+  *loss_sum = 0;
   const int64_t rows = xn.size(0);
   for (int64_t begin = 0; begin < rows; begin += loss_chunk_rows_) {
     const int64_t end = std::min(rows, begin + loss_chunk_rows_);
     Tensor xn_rows = xn.rows(begin, end);
     Tensor logits = ops::linear(xn_rows, lm_head);
     Tensor d_logits;
-    loss_sum += ops::cross_entropy(logits, batch.targets.rows(begin, end), grad_scale, &d_logits);
-    d_xn.rows(begin, end).copy_from(ops::linear_backward(d_logits, xn_rows, lm_head, lm_head_grad));
+    *loss_sum +=
+        ops::cross_entropy(logits, batch.targets.rows(begin, end), grad_scale, &d_logits);
+    d_xn.rows(begin, end).copy_from(
+        ops::linear_backward(d_logits, xn_rows, lm_head, lm_head_grad));
   }
   Tensor dx = ops::rmsnorm_backward(d_xn, x, head_w[kFinalNorm], rstd, head_g[kFinalNorm]);
+  head_w.clear();
+  head_g.clear();
+  lm_head = lm_head_grad = Tensor();
   params.grads_done(head);
   if (config_.tie_word_embeddings) {
     params.grads_done(embed_unit());
     params.release(embed_unit());
   }
   params.release(head);
+  return dx;
+}
+
+double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& params, float grad_scale,
+                                    CheckpointPolicy policy) {
+  const int64_t layers = config_.num_hidden_layers;
+  std::vector<BlockActivations> saved(layers);
+  Tensor x = blocks_forward(embed(batch, params), batch, params, policy, &saved);
+
+  double loss_sum = 0;
+  Tensor dx = head_forward_backward(x, batch, params, grad_scale, &loss_sum);
 
   // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
   const BlockContext ctx = block_context(config_, batch, policy);
@@ -108,12 +122,15 @@ double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& param
     block_recompute(saved[i], w, ctx);
     dx = block_backward(dx, saved[i], w, g, ctx);
     saved[i] = BlockActivations{};
+    w = g = BlockWeights{};  // drop our references before the provider frees the unit
     params.grads_done(block_unit(i));
     params.release(block_unit(i));
   }
 
-  std::vector<Tensor> embed_g = params.grads(embed_unit());
-  ops::embedding_backward(embed_g[0], dx, batch.tokens);
+  {
+    std::vector<Tensor> embed_g = params.grads(embed_unit());
+    ops::embedding_backward(embed_g[0], dx, batch.tokens);
+  }
   params.grads_done(embed_unit());
   params.finish_backward();
   return loss_sum;

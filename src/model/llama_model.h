@@ -49,6 +49,9 @@ class LlamaModel {
   Tensor embed(const Batch& batch, ParameterProvider& params);
   Tensor blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                         CheckpointPolicy policy, std::vector<BlockActivations>* saved);
+  // Final norm, head and loss forward and backward; returns d(loss)/d(x).
+  Tensor head_forward_backward(const Tensor& x, const Batch& batch, ParameterProvider& params,
+                               float grad_scale, double* loss_sum);
   Tensor head_weight(const std::vector<Tensor>& head_unit, ParameterProvider& params);
 
   LlamaConfig config_;

@@ -29,7 +29,14 @@ void expect_cpu_f32(const Tensor& t, const char* what) {
                ", expected f32");
 }
 
-Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.arena()); }
+// Results of an operation are activations: they go to the compute arena of the device, never
+// to the arena of an input (which may be gathered weights or offloaded state).
+Arena& compute_arena(const Tensor& like) {
+  FRUGAL_CHECK(like.device() == Device::cpu, "no compute arena for this device yet");
+  return host_arena();
+}
+
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), compute_arena(t)); }
 
 }  // namespace
 
@@ -37,7 +44,7 @@ Tensor embedding(const Tensor& tokens, const Tensor& table) {
   expect_cpu_f32(table, "embedding table");
   FRUGAL_CHECK(tokens.dtype() == DType::i32 && tokens.ndim() == 1, "tokens ",
                shape_string(tokens.shape()));
-  Tensor out = Tensor::empty({tokens.numel(), table.size(1)}, DType::f32, table.arena());
+  Tensor out = Tensor::empty({tokens.numel(), table.size(1)}, DType::f32, compute_arena(table));
   cpu::embedding_forward(out.data<float>(), tokens.data<int32_t>(), table.data<float>(),
                          tokens.numel(), table.size(0), table.size(1));
   return out;
@@ -55,7 +62,7 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd) {
   int64_t dim = x.size(-1), rows = x.numel() / dim;
   expect_shape(w, {dim}, "rmsnorm weight");
   Tensor y = empty_like(x);
-  if (rstd) *rstd = Tensor::empty({rows}, DType::f32, x.arena());
+  if (rstd) *rstd = Tensor::empty({rows}, DType::f32, compute_arena(x));
   cpu::rmsnorm_forward(y.data<float>(), rstd ? rstd->data<float>() : nullptr, x.data<float>(),
                        w.data<float>(), rows, dim, eps);
   return y;
@@ -79,7 +86,7 @@ Tensor linear(const Tensor& x, const Tensor& w) {
   int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   FRUGAL_CHECK(w.ndim() == 2 && w.size(1) == k, "linear weight ", shape_string(w.shape()),
                " against input ", shape_string(x.shape()));
-  Tensor y = Tensor::empty({m, n}, DType::f32, x.arena());
+  Tensor y = Tensor::empty({m, n}, DType::f32, compute_arena(x));
   cpu::linear_forward(y.data<float>(), x.data<float>(), w.data<float>(), m, n, k);
   return y;
 }
@@ -88,7 +95,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   expect_shape(dy, {m, n}, "linear output gradient");
   if (dw.defined()) expect_shape(dw, w.shape(), "linear weight gradient");
-  Tensor dx = Tensor::empty({m, k}, DType::f32, x.arena());
+  Tensor dx = Tensor::empty({m, k}, DType::f32, compute_arena(x));
   cpu::linear_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
                        dy.data<float>(), x.data<float>(), w.data<float>(), m, n, k);
   return dx;
@@ -98,14 +105,14 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta) {
   expect_cpu_f32(x, "rope input");
   FRUGAL_CHECK(x.ndim() == 3 && positions.numel() == x.size(0), "rope of ", shape_string(x.shape()),
                " with ", positions.numel(), " positions");
-  Tensor y = x.clone(x.arena());
+  Tensor y = x.clone(compute_arena(x));
   cpu::rope_forward(y.data<float>(), positions.data<int32_t>(), x.size(0), x.size(1), x.size(2),
                     theta);
   return y;
 }
 
 Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta) {
-  Tensor dx = dy.clone(dy.arena());
+  Tensor dx = dy.clone(compute_arena(dy));
   cpu::rope_backward(dx.data<float>(), positions.data<int32_t>(), dy.size(0), dy.size(1),
                      dy.size(2), theta);
   return dx;
@@ -133,7 +140,7 @@ Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b
   expect_cpu_f32(q, "attention query");
   expect_shape(v, k.shape(), "attention value");
   cpu::AttentionShape s = attention_shape(q, k, batch);
-  Attention a{empty_like(q), Tensor::empty({batch, s.n_heads, s.q_len}, DType::f32, q.arena())};
+  Attention a{empty_like(q), Tensor::empty({batch, s.n_heads, s.q_len}, DType::f32, compute_arena(q))};
   cpu::attention_forward(a.out.data<float>(), a.lse.data<float>(), q.data<float>(), k.data<float>(),
                          v.data<float>(), s);
   return a;
@@ -143,9 +150,9 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                                   const Tensor& v, const Attention& fwd, int64_t batch) {
   expect_shape(dout, q.shape(), "attention output gradient");
   cpu::AttentionShape s = attention_shape(q, k, batch);
-  AttentionGrads g{Tensor::zeros(q.shape(), DType::f32, q.arena()),
-                   Tensor::zeros(k.shape(), DType::f32, k.arena()),
-                   Tensor::zeros(v.shape(), DType::f32, v.arena())};
+  AttentionGrads g{Tensor::zeros(q.shape(), DType::f32, compute_arena(q)),
+                   Tensor::zeros(k.shape(), DType::f32, compute_arena(k)),
+                   Tensor::zeros(v.shape(), DType::f32, compute_arena(v))};
   cpu::attention_backward(g.dq.data<float>(), g.dk.data<float>(), g.dv.data<float>(),
                           dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
                           fwd.out.data<float>(), fwd.lse.data<float>(), s);
@@ -180,7 +187,7 @@ double cross_entropy(const Tensor& logits, const Tensor& targets, float grad_sca
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor y = a.clone(a.arena());
+  Tensor y = a.clone(compute_arena(a));
   add_inplace(y, b);
   return y;
 }

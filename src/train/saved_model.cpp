@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/sharded_reader.h"
 
 namespace fs = std::filesystem;
 
@@ -33,26 +34,19 @@ SavedModel load_saved_model(const std::string& path) {
   if (!step) step = dir.latest();
   if (!step) fail("no committed checkpoint under '", ckpt_root.string(), "'");
 
-  CheckpointDir::Loaded loaded = dir.load_rank(*step, 0);
-  if (!loaded.manifest.contains("model"))
+  const nlohmann::json manifest = dir.manifest(*step);
+  if (!manifest.contains("model") || !manifest.contains("world_size"))
     fail("checkpoint '", dir.rank_file(*step, 0), "' has no model description in its manifest");
   SavedModel saved;
-  saved.config = llama_config_from_json(loaded.manifest.at("model"), dir.rank_file(*step, 0));
+  saved.config = llama_config_from_json(manifest.at("model"), dir.rank_file(*step, 0));
   saved.params = std::make_unique<LocalParameters>(saved.config, 0, 0.0f, false);
   saved.step = *step;
   saved.step_dir = dir.step_dir(*step);
+  // Tensor by tensor, so host memory stays near the model plus one tensor.
+  ShardedTensorReader reader(dir, *step, manifest.at("world_size").get<int>());
   for (const UnitSpec& unit : saved.params->specs())
-    for (const ParamSpec& spec : unit.params) {
-      const std::string name = "model/" + spec.name;
-      const NamedTensor* found = nullptr;
-      for (const NamedTensor& t : loaded.tensors)
-        if (t.name == name) found = &t;
-      if (!found) fail("checkpoint '", dir.rank_file(*step, 0), "' has no tensor '", name, "'");
-      if (found->tensor.shape() != spec.shape)
-        fail("checkpoint '", dir.rank_file(*step, 0), "': tensor '", name, "' has shape ",
-             shape_string(found->tensor.shape()), ", expected ", shape_string(spec.shape));
-      saved.params->param(spec.name).copy_from(found->tensor);
-    }
+    for (const ParamSpec& spec : unit.params)
+      saved.params->param(spec.name).copy_from(reader.read_full("model/" + spec.name, spec.shape));
   if (fs::exists(run_dir / "tokenizer.model"))
     saved.tokenizer_path = (run_dir / "tokenizer.model").string();
   return saved;

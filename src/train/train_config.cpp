@@ -35,6 +35,11 @@ void TrainConfig::validate() const {
     fail("config key 'optim.weight_decay': value ", optim.weight_decay, " must be >= 0");
   if (!(optim.grad_clip >= 0))
     fail("config key 'optim.grad_clip': value ", optim.grad_clip, " must be >= 0");
+  if (parallel.offload != "none" && parallel.offload != "optimizer" && parallel.offload != "params")
+    fail("config key 'parallel.offload': value '", parallel.offload,
+         "' is not one of none, optimizer, params");
+  if (!(parallel.timeout_s > 0))
+    fail("config key 'parallel.timeout_s': value ", parallel.timeout_s, " must be > 0");
   if (ckpt.every < 0) fail("config key 'ckpt.every': value ", ckpt.every, " must be >= 0");
   if (ckpt.keep < 1) fail("config key 'ckpt.keep': value ", ckpt.keep, " must be >= 1");
   if (monitor.log_every < 1)

@@ -43,6 +43,13 @@ struct OptimConfig {
   double grad_clip = 1.0;  // global-norm clip; 0 disables
 };
 
+struct ParallelConfig {
+  // none: everything on the compute device; optimizer: AdamW moments (and the gradient shards
+  // they consume) in host memory; params: the fp32 master shards too.
+  std::string offload = "none";
+  double timeout_s = 300;  // a collective waiting longer ends the run with an error
+};
+
 struct CkptConfig {
   int64_t every = 0;  // save every N steps (0: only at the end)
   int64_t keep = 2;   // committed checkpoints kept (older ones deleted)
@@ -57,6 +64,7 @@ struct TrainConfig {
   DataConfig data;
   TrainSettings train;
   OptimConfig optim;
+  ParallelConfig parallel;
   CkptConfig ckpt;
   MonitorConfig monitor;
   // Every key with the value in force ("train.lr" -> "0.003"), for logs and checkpoints.

@@ -1,29 +1,102 @@
-// The training loop. One optimizer step:
-//   zero grads; for each micro-batch: forward + backward (gradients of the mean loss over the
-//   step's counted tokens); global-norm clip; AdamW; log; maybe evaluate; maybe checkpoint.
+// The training loop on every rank. ZeRO-3 shards the model over all ranks (one rank is the
+// degenerate case of the same code); each rank reads its own rows of every global batch.
 #include "train/trainer.h"
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <thread>
 
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/sharded_reader.h"
 #include "core/log.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "dist/mesh.h"
+#include "dist/zero3_parameters.h"
 #include "model/llama_model.h"
-#include "model/local_parameters.h"
 #include "model/sampling.h"
 #include "monitor/metrics.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "train/train_step.h"
 
 namespace fs = std::filesystem;
 
 namespace frugal {
 
 namespace {
+
+// Where each kind of state lives; separate arenas make the per-rank accounting exact.
+// Offloaded state sits in host memory: on the CPU backend that is the same memory, but it
+// is counted apart, as it is on a GPU.
+struct RunArenas {
+  explicit RunArenas(const std::string& offload)
+      : params(offload == "params" ? "parameter shards (host, offloaded)" : "parameter shards",
+               Device::cpu),
+        grads(offload != "none" ? "gradient shards (host, offloaded)" : "gradient shards",
+              Device::cpu),
+        optimizer(offload != "none" ? "optimizer state (host, offloaded)" : "optimizer state",
+                  Device::cpu),
+        gathered("gathered units", Device::cpu) {}
+  Arena params, grads, optimizer, gathered;
+};
+
+nlohmann::json memory_report(const RunArenas& a) {
+  return {{"parameters_bytes", a.params.stats().in_use_bytes},
+          {"gradients_bytes", a.grads.stats().in_use_bytes},
+          {"optimizer_bytes", a.optimizer.stats().in_use_bytes},
+          {"gathered_peak_bytes", a.gathered.stats().peak_bytes},
+          {"activations_peak_bytes", host_arena().stats().peak_bytes}};
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / 1048576.0);
+  return buf;
+}
+
+// Every rank must run the same configuration: a rank with another seed or shape would
+// silently train a different model, or hang in a collective of another size.
+void check_same_config(Comm& world, const TrainConfig& c) {
+  const std::string mine = nlohmann::json(c.resolved).dump();
+  const std::string first = world.broadcast_string(mine, 0);
+  std::string differences;
+  if (mine != first) {
+    auto reference = nlohmann::json::parse(first).get<std::map<std::string, std::string>>();
+    for (const auto& [key, value] : c.resolved) {
+      auto it = reference.find(key);
+      const std::string other = it == reference.end() ? "(absent)" : it->second;
+      if (other != value)
+        differences += " " + key + " = '" + value + "' (rank 0: '" + other + "');";
+    }
+  }
+  const bool any = world.all_reduce_max(differences.empty() ? 0 : 1) > 0;
+  if (!differences.empty())
+    fail("rank ", world.rank(), " runs a different configuration from rank 0:", differences);
+  if (any) fail("rank ", world.rank(), ": another rank runs a different configuration (see its message)");
+}
+
+// A testing aid: FRUGAL_INJECT_FAULT=exit:RANK:STEP or hang:RANK:STEP makes that rank die or
+// stop answering at that step, to show that the others report it instead of hanging.
+void maybe_inject_fault(int rank, int64_t step) {
+  const char* spec = std::getenv("FRUGAL_INJECT_FAULT");
+  if (!spec) return;
+  char kind[8] = {0};
+  int fault_rank = -1;
+  long long fault_step = -1;
+  if (std::sscanf(spec, "%7[a-z]:%d:%lld", kind, &fault_rank, &fault_step) != 3) return;
+  if (fault_rank != rank || fault_step != step) return;
+  std::fprintf(stderr, "frugal: rank %d: injected fault '%s' at step %lld\n", rank, kind, fault_step);
+  if (std::string(kind) == "exit") std::_Exit(3);
+  if (std::string(kind) == "hang")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
 
 Batch to_model_batch(const TokenBatch& tokens) {
   Batch b;
@@ -35,11 +108,11 @@ Batch to_model_batch(const TokenBatch& tokens) {
   return b;
 }
 
-// Mean validation loss over (at most eval_batches of) the validation split.
+// Mean validation loss over (at most eval_batches per rank of) the validation split.
 double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& val,
-                const TrainConfig& c) {
-  EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, 0, 1,
-                  c.train.eval_batches);
+                const TrainConfig& c, Comm& world) {
+  EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, world.rank(),
+                  world.size(), c.train.eval_batches);
   TokenBatch tokens;
   double loss_sum = 0;
   int64_t counted = 0;
@@ -48,14 +121,15 @@ double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& v
     loss_sum += model.forward_loss(b, params);
     counted += counted_targets(b.targets);
   }
-  if (counted == 0)
-    fail("the validation split of '", c.data.dir,
-         "' holds no window of train.seq_len = ", c.train.seq_len, " + 1 tokens");
-  return loss_sum / double(counted);
+  const double total = world.all_reduce_sum(double(counted));
+  if (total == 0)
+    fail("the validation split of '", c.data.dir, "' holds no window of train.seq_len = ",
+         c.train.seq_len, " + 1 tokens");
+  return world.all_reduce_sum(loss_sum) / total;
 }
 
-void save_checkpoint(const CheckpointDir& dir, int64_t step, LocalParameters& params, AdamW& opt,
-                     const BatchSampler& sampler, const TrainConfig& c) {
+void save_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& params,
+                     AdamW& opt, const BatchSampler& sampler, const TrainConfig& c, Comm& world) {
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < opt.shards().size(); ++i) {
     const TrainableShard& s = opt.shards()[i];
@@ -66,45 +140,57 @@ void save_checkpoint(const CheckpointDir& dir, int64_t step, LocalParameters& pa
   nlohmann::json manifest = {
       {"format", "frugal-checkpoint-1"},
       {"step", step},
-      {"world_size", 1},
+      {"world_size", world.size()},
+      {"rank", world.rank()},
+      {"layout", "rows of each tensor split over the ranks in blocks of ceil(rows / world_size)"},
       {"model", llama_config_to_json(c.model)},
       {"sampler", {{"epoch", sampler.state().epoch}, {"position", sampler.state().position}}},
       {"config", c.resolved}};
-  dir.save_rank(step, 0, tensors, manifest);
-  dir.commit(step, c.ckpt.keep);
-}
-
-int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, LocalParameters& params, AdamW& opt,
-                        BatchSampler& sampler, const TrainConfig& c) {
-  CheckpointDir::Loaded loaded = dir.load_rank(step, 0);
-  if (loaded.manifest.at("model") != llama_config_to_json(c.model))
-    fail("checkpoint step ", step, " in '", dir.step_dir(step), "' has model ",
-         loaded.manifest.at("model").dump(), " but the config asks for ",
-         llama_config_to_json(c.model).dump());
-  auto find = [&](const std::string& name) -> const Tensor& {
-    for (const NamedTensor& t : loaded.tensors)
-      if (t.name == name) return t.tensor;
-    fail("checkpoint '", dir.rank_file(step, 0), "' has no tensor '", name, "'");
-  };
-  for (size_t i = 0; i < opt.shards().size(); ++i) {
-    const TrainableShard& s = opt.shards()[i];
-    Tensor param = s.param;
-    param.copy_from(find("model/" + s.name));
-    opt.first_moment(i).copy_from(find("optim/exp_avg/" + s.name));
-    opt.second_moment(i).copy_from(find("optim/exp_avg_sq/" + s.name));
+  std::string error;
+  try {
+    dir.save_rank(step, world.rank(), tensors, manifest);
+  } catch (const Error& e) {
+    error = e.what();
   }
-  SamplerState state;
-  state.epoch = loaded.manifest.at("sampler").at("epoch").get<uint64_t>();
-  state.position = loaded.manifest.at("sampler").at("position").get<uint64_t>();
-  sampler.restore(state);
-  return loaded.manifest.at("step").get<int64_t>();
+  // Commit only when every rank has its file on disk; otherwise the previous step stays.
+  const bool all_saved = world.all_reduce_max(error.empty() ? 0 : 1) == 0;
+  if (!error.empty()) fail("checkpoint of step ", step, " failed: ", error);
+  if (!all_saved) fail("checkpoint of step ", step, " failed on another rank (see its message)");
+  if (world.rank() == 0) dir.commit(step, c.ckpt.keep);
+  world.barrier();
 }
 
-std::string sci(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2e", v);
-  return buf;
+// Reads this rank's rows of every tensor, whatever the number of ranks that saved them.
+int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& params,
+                        AdamW& opt, BatchSampler& sampler, const TrainConfig& c, Comm& world) {
+  const nlohmann::json manifest = dir.manifest(step);
+  if (manifest.at("model") != llama_config_to_json(c.model))
+    fail("checkpoint step ", step, " in '", dir.step_dir(step), "' has model ",
+         manifest.at("model").dump(), " but the config asks for ",
+         llama_config_to_json(c.model).dump());
+  ShardedTensorReader reader(dir, step, manifest.at("world_size").get<int>());
+  size_t index = 0;
+  for (size_t u = 0; u < params.units().size(); ++u)
+    for (size_t i = 0; i < params.units()[u].params.size(); ++i, ++index) {
+      const ShardLayout& l = params.layout(u, i);
+      const int64_t first = l.first_row(world.rank()), last = l.last_row(world.rank());
+      if (last == first) continue;
+      auto load = [&](const std::string& prefix, Tensor& shard) {
+        shard.rows(0, last - first)
+            .copy_from(reader.read_rows(prefix + l.name, l.shape, first, last)
+                           .view(shard.rows(0, last - first).shape()));
+      };
+      load("model/", params.shard(u, i));
+      load("optim/exp_avg/", opt.first_moment(index));
+      load("optim/exp_avg_sq/", opt.second_moment(index));
+    }
+  SamplerState state;
+  state.epoch = manifest.at("sampler").at("epoch").get<uint64_t>();
+  state.position = manifest.at("sampler").at("position").get<uint64_t>();
+  sampler.restore(state);
+  return manifest.at("step").get<int64_t>();
 }
+
 std::string fixed(double v, int digits) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
@@ -114,6 +200,11 @@ std::string fixed(double v, int digits) {
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& c) {
+  Mesh mesh = make_mesh(1, c.parallel.timeout_s);
+  Comm& world = *mesh.world;
+  const int rank = world.rank();
+  check_same_config(world, c);
+
   // --- data --------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
   for (const char* f : {"train.tok", "val.tok", "tokenizer.model"})
@@ -127,57 +218,68 @@ TrainSummary run_training(const TrainConfig& c) {
     fail("config key 'model.vocab_size': ", c.model.vocab_size,
          " is smaller than the vocabulary of '", c.data.dir, "' (",
          train_tokens.header().vocab_size, ")");
-
   SamplerConfig sampler_config;
   sampler_config.seq_len = c.train.seq_len;
   sampler_config.micro_batch_size = c.train.micro_batch_size;
   sampler_config.seed = c.train.seed;
+  sampler_config.rank = rank;
+  sampler_config.world = world.size();
   BatchSampler sampler(train_tokens.view(), sampler_config);
 
-  // --- model and optimizer -------------------------------------------------------------------
-  fs::create_directories(c.train.out_dir);
+  // --- model, shards, optimizer ----------------------------------------------------------------
+  if (rank == 0) fs::create_directories(c.train.out_dir);
+  RunArenas arenas(c.parallel.offload);
   LlamaModel model(c.model);
-  LocalParameters params(c.model, c.train.seed, static_cast<float>(c.train.init_std), true);
+  Zero3Parameters params(llama_units(c.model), world,
+                         {&arenas.params, &arenas.grads, &arenas.gathered}, c.train.seed,
+                         static_cast<float>(c.train.init_std));
   AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                            c.optim.grad_clip};
-  AdamW optimizer(params.trainable(), adamw_config);
+  AdamW optimizer(params.trainable(), adamw_config, arenas.optimizer);
   LrSchedule schedule{c.train.lr, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio};
   CheckpointDir ckpt_dir((fs::path(c.train.out_dir) / "ckpt").string());
 
   int64_t start_step = 0;
   if (c.train.resume) {
+    world.barrier();  // rank 0 may have just created out_dir
     if (std::optional<int64_t> latest = ckpt_dir.latest()) {
-      start_step = load_checkpoint(ckpt_dir, *latest, params, optimizer, sampler, c);
+      start_step = load_checkpoint(ckpt_dir, *latest, params, optimizer, sampler, c, world);
       log_info("resumed from step ", start_step, " (", ckpt_dir.step_dir(*latest), ")");
     } else {
       log_info("train.resume: no committed checkpoint under ", c.train.out_dir,
                "/ckpt, starting from scratch");
     }
   }
-  MetricsWriter metrics((fs::path(c.train.out_dir) / "metrics.jsonl").string(), start_step > 0);
-  // The run directory is self-contained: eval, generate and export need only it.
-  fs::copy_file(data_dir / "tokenizer.model", fs::path(c.train.out_dir) / "tokenizer.model",
-                fs::copy_options::overwrite_existing);
-  {
+  std::optional<MetricsWriter> metrics;
+  if (rank == 0) {
+    metrics.emplace((fs::path(c.train.out_dir) / "metrics.jsonl").string(), start_step > 0);
+    // The run directory is self-contained: eval, generate and export need only it.
+    fs::copy_file(data_dir / "tokenizer.model", fs::path(c.train.out_dir) / "tokenizer.model",
+                  fs::copy_options::overwrite_existing);
     std::ofstream config_out(fs::path(c.train.out_dir) / "train_config.json");
     config_out << nlohmann::json(c.resolved).dump(2) << "\n";
   }
 
-  const int64_t tokens_per_step =
-      c.train.micro_batch_size * c.train.seq_len * c.train.grad_accum_steps;
+  const int64_t tokens_per_step = c.train.micro_batch_size * c.train.seq_len *
+                                  c.train.grad_accum_steps * world.size();
   log_info("frugal train: model ", c.model.parameter_count(), " parameters (",
            c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
-           c.model.vocab_size, ")");
+           c.model.vocab_size, "); ", world.size(), " rank(s), ZeRO-3, offload ",
+           c.parallel.offload);
+  log_info("memory per rank: parameters ", mib(arenas.params.stats().in_use_bytes),
+           ", gradients ", mib(arenas.grads.stats().in_use_bytes), ", optimizer ",
+           mib(arenas.optimizer.stats().in_use_bytes), ", gathered units up to ",
+           mib(4 * params.largest_unit_bytes()), " (two units' weights and gradients)");
   log_info("data: ", train_tokens.size(), " training tokens, ", val_tokens.size(),
            " validation tokens; ", tokens_per_step, " tokens per step; steps ", start_step + 1,
-           "..", c.train.steps, "; checkpointing ",
+           "..", c.train.steps, "; activation checkpointing ",
            checkpoint_policy_name(c.train.activation_checkpointing));
 
   TrainSummary summary;
-  summary.first_val_loss = evaluate(model, params, val_tokens, c);
+  summary.first_val_loss = evaluate(model, params, val_tokens, c, world);
   log_info("step ", start_step, " | val_loss ", fixed(summary.first_val_loss, 4));
-  if (start_step == 0) metrics.write({{"step", 0}, {"val_loss", summary.first_val_loss}});
+  if (metrics && start_step == 0) metrics->write({{"step", 0}, {"val_loss", summary.first_val_loss}});
   summary.final_val_loss = summary.first_val_loss;
 
   // --- the loop --------------------------------------------------------------------------------
@@ -185,47 +287,47 @@ TrainSummary run_training(const TrainConfig& c) {
   double window_start = loop_start;
   int64_t window_tokens = 0;
   for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
+    maybe_inject_fault(rank, step);
     const double step_start = now_seconds();
     const double lr = schedule.at(step);
-    params.zero_grads();
     std::vector<Batch> micro;
-    int64_t counted = 0;
-    for (int64_t m = 0; m < c.train.grad_accum_steps; ++m) {
+    for (int64_t m = 0; m < c.train.grad_accum_steps; ++m)
       micro.push_back(to_model_batch(sampler.next()));
-      counted += counted_targets(micro.back().targets);
-    }
-    const float grad_scale = 1.0f / float(std::max<int64_t>(1, counted));
-    double loss_sum = 0;
-    for (const Batch& b : micro)
-      loss_sum += model.forward_backward(b, params, grad_scale, c.train.activation_checkpointing);
-    const double loss = loss_sum / double(std::max<int64_t>(1, counted));
-    if (!std::isfinite(loss))
-      fail("training loss became ", loss, " at step ", step,
+    StepResult result = train_step(model, params, optimizer, micro, &world, lr, step,
+                                   c.train.activation_checkpointing);
+    if (!std::isfinite(result.loss))
+      fail("training loss became ", result.loss, " at step ", step,
            "; try a lower train.lr or a stronger optim.grad_clip");
-    AdamW::StepReport report = optimizer.step(lr, step, [](double local) { return local; });
 
     const double step_seconds = now_seconds() - step_start;
     window_tokens += tokens_per_step;
     nlohmann::json record = {{"step", step},
-                             {"loss", loss},
+                             {"loss", result.loss},
                              {"lr", lr},
-                             {"grad_norm", report.grad_norm},
+                             {"grad_norm", result.grad_norm},
                              {"tokens_per_s", double(tokens_per_step) / step_seconds},
-                             {"peak_memory_bytes", host_arena().stats().peak_bytes}};
+                             {"peak_memory_bytes", host_arena().stats().peak_bytes +
+                                                       arenas.gathered.stats().peak_bytes +
+                                                       arenas.params.stats().peak_bytes +
+                                                       arenas.grads.stats().peak_bytes +
+                                                       arenas.optimizer.stats().peak_bytes},
+                             {"memory", memory_report(arenas)}};
     const bool last = step == c.train.steps;
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
-      summary.final_val_loss = evaluate(model, params, val_tokens, c);
+      summary.final_val_loss = evaluate(model, params, val_tokens, c, world);
       record["val_loss"] = summary.final_val_loss;
     }
-    metrics.write(record);
+    if (metrics) metrics->write(record);
 
     if (step % c.monitor.log_every == 0 || last || record.contains("val_loss")) {
       const double now = now_seconds();
       const double rate = window_tokens / std::max(1e-9, now - window_start);
       const double eta = (c.train.steps - step) * (now - loop_start) / double(step - start_step);
+      char lr_text[16];
+      std::snprintf(lr_text, sizeof lr_text, "%.2e", lr);
       std::string line = "step " + std::to_string(step) + "/" + std::to_string(c.train.steps) +
-                         " | loss " + fixed(loss, 4) + " | lr " + sci(lr) + " | grad " +
-                         fixed(report.grad_norm, 3) + " | " + fixed(rate, 0) + " tok/s | ETA " +
+                         " | loss " + fixed(result.loss, 4) + " | lr " + lr_text + " | grad " +
+                         fixed(result.grad_norm, 3) + " | " + fixed(rate, 0) + " tok/s | ETA " +
                          format_duration(eta);
       if (record.contains("val_loss")) line += " | val_loss " + fixed(summary.final_val_loss, 4);
       log_info(line);
@@ -233,19 +335,24 @@ TrainSummary run_training(const TrainConfig& c) {
       window_tokens = 0;
     }
     if (last || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
-      save_checkpoint(ckpt_dir, step, params, optimizer, sampler, c);
+      save_checkpoint(ckpt_dir, step, params, optimizer, sampler, c, world);
       log_info("checkpoint: ", ckpt_dir.step_dir(step));
     }
   }
   summary.steps_done = c.train.steps - start_step;
   const double elapsed = now_seconds() - loop_start;
   summary.tokens_per_s = summary.steps_done * double(tokens_per_step) / std::max(1e-9, elapsed);
+  const nlohmann::json memory = memory_report(arenas);
   log_info("done: ", summary.steps_done, " steps in ", format_duration(elapsed), ", ",
            fixed(summary.tokens_per_s, 0), " tok/s; val_loss ", fixed(summary.first_val_loss, 4),
-           " -> ", fixed(summary.final_val_loss, 4), "; peak host memory ",
-           fixed(host_arena().stats().peak_bytes / 1048576.0, 1), " MiB");
+           " -> ", fixed(summary.final_val_loss, 4));
+  log_info("memory per rank: parameters ", mib(memory["parameters_bytes"]), ", gradients ",
+           mib(memory["gradients_bytes"]), ", optimizer ", mib(memory["optimizer_bytes"]),
+           ", gathered peak ", mib(memory["gathered_peak_bytes"]), ", activations peak ",
+           mib(memory["activations_peak_bytes"]));
 
   if (c.train.sample_tokens > 0) {
+    // Every rank generates (the weights are gathered collectively); rank 0 prints.
     SamplingOptions sampling;
     sampling.max_new_tokens = c.train.sample_tokens;
     sampling.temperature = 0.8f;

@@ -39,12 +39,14 @@ last=$(losses "$work/a/metrics.jsonl" | tail -5 | python_free_mean)
 awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' \
   || { echo "FAIL: loss did not fall ($first -> $last)"; exit 1; }
 
-# Resume: 10 steps, then continue to 20 from the checkpoint = one run of 20 steps.
+# Resume: a run killed after its step-10 checkpoint and resumed = one run of 20 steps.
 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 --train.out_dir="$work/c" >/dev/null
-rm -rf "$work/d"
-"$frugal" train "${common[@]}" --train.steps=10 --train.out_dir="$work/d" >/dev/null
-"$frugal" train "${common[@]}" --train.steps=20 --train.resume=true --train.out_dir="$work/d" \
-  > "$work/d.log"
+rc=0
+FRUGAL_INJECT_FAULT=exit:0:11 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 \
+  --train.out_dir="$work/d" >/dev/null 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: the injected fault did not stop the run"; exit 1; }
+"$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 --train.resume=true \
+  --train.out_dir="$work/d" > "$work/d.log"
 grep -q 'resumed from step 10' "$work/d.log" || { echo "FAIL: did not resume"; cat "$work/d.log"; exit 1; }
 cmp <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") \
   || { echo "FAIL: resumed losses differ from a straight run"; exit 1; }

@@ -1,0 +1,58 @@
+// The collectives frugal uses, behind one interface with two implementations: MPI on host
+// buffers (the CPU backend, and what CI tests) and NCCL on device buffers. Non-blocking
+// calls return a Pending handle; every wait is bounded by a timeout, so a rank that died
+// or hung turns into a clear error on the others instead of a hang.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace frugal {
+
+// A collective or point-to-point operation in flight. wait() completes it (and throws Error
+// on timeout); destroying an unwaited handle waits, so buffers are never freed under an
+// operation.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual void wait() = 0;
+};
+using Pending = std::unique_ptr<PendingOp>;
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "mpi" or "nccl", plus the group, for messages
+
+  // recv = the concatenation of every rank's send, in rank order (recv.numel = size * send.numel).
+  virtual Pending all_gather(const Tensor& send, Tensor& recv) = 0;
+  // recv = this rank's block of the element-wise sum of every rank's send
+  // (send.numel = size * recv.numel).
+  virtual Pending reduce_scatter_sum(const Tensor& send, Tensor& recv) = 0;
+  virtual Pending all_reduce_sum(Tensor& buffer) = 0;
+  virtual Pending send(const Tensor& buffer, int peer, int tag) = 0;
+  virtual Pending recv(Tensor& buffer, int peer, int tag) = 0;
+  virtual void broadcast(Tensor& buffer, int root) = 0;
+  virtual void barrier() = 0;
+
+  // Host scalars, for norms, token counts and agreement checks.
+  virtual double all_reduce_sum(double value) = 0;
+  virtual int64_t all_reduce_max(int64_t value) = 0;
+  virtual std::string broadcast_string(const std::string& value, int root) = 0;
+
+  // Ranks with the same color form a new group, ordered by key.
+  virtual std::unique_ptr<Comm> split(int color, int key) const = 0;
+};
+
+// The MPI implementation over MPI_COMM_WORLD (or a split of it). timeout_s bounds every wait.
+std::unique_ptr<Comm> make_mpi_world_comm(double timeout_s);
+
+// The process-wide rank and size straight from MPI (for logging before a Comm exists).
+int mpi_world_rank();
+int mpi_world_size();
+
+}  // namespace frugal

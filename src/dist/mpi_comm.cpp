@@ -1,0 +1,220 @@
+// Comm over MPI: non-blocking MPI-3 collectives on host buffers, with timed waits.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "dist/comm.h"
+
+namespace frugal {
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8:
+    case DType::e4m3:
+    case DType::e5m2: return MPI_UINT8_T;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;
+  }
+  fail("no MPI type for dtype ", dtype_name(t));
+}
+
+// MPI counts are ints: larger buffers would need chunking, which frugal does not yet do.
+int mpi_count(int64_t n, const char* what) {
+  if (n > int64_t(INT32_MAX)) fail(what, ": ", n, " elements exceed one MPI call's limit");
+  return static_cast<int>(n);
+}
+
+void check_host(const Tensor& t, const char* what) {
+  FRUGAL_CHECK(t.device() == Device::cpu, what, ": the MPI communicator takes host tensors");
+}
+
+class MpiPending : public PendingOp {
+ public:
+  MpiPending(MPI_Request request, std::string what, double timeout_s, int rank)
+      : request_(request), what_(std::move(what)), timeout_s_(timeout_s), rank_(rank) {}
+  ~MpiPending() override {
+    if (request_ != MPI_REQUEST_NULL) {
+      try {
+        wait();
+      } catch (const Error& e) {
+        // A destructor may not throw: report and end the job, as a hung peer would.
+        std::fprintf(stderr, "frugal: %s\n", e.what());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+    }
+  }
+  void wait() override {
+    // Poll with a short sleep instead of MPI_Wait, so that a peer that died or hung becomes an
+    // error after timeout_s instead of a hang.
+    const auto start = std::chrono::steady_clock::now();
+    int done = 0;
+    for (int spins = 0;; ++spins) {
+      MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+      if (done) return;
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_)
+        fail("rank ", rank_, ": ", what_, " waited ", int(waited),
+             " s for the other ranks (parallel.timeout_s); a rank has died, hung, or is running "
+             "a different configuration");
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  MPI_Request request_;
+  std::string what_;
+  double timeout_s_;
+  int rank_;
+};
+
+class MpiComm : public Comm {
+ public:
+  MpiComm(MPI_Comm comm, double timeout_s, std::string group)
+      : comm_(comm), timeout_s_(timeout_s), group_(std::move(group)) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiComm() override {
+    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi:" + group_; }
+
+  Pending all_gather(const Tensor& send, Tensor& recv) override {
+    check_host(send, "all_gather");
+    FRUGAL_CHECK(recv.numel() == send.numel() * size_ && recv.dtype() == send.dtype(),
+                 "all_gather of ", send.numel(), " into ", recv.numel(), " elements on ", size_,
+                 " ranks");
+    MPI_Request r;
+    const int n = mpi_count(send.numel(), "all_gather");
+    MPI_Iallgather(send.raw(), n, mpi_type(send.dtype()), recv.raw(), n, mpi_type(recv.dtype()),
+                   comm_, &r);
+    return pending(r, "all-gather");
+  }
+
+  Pending reduce_scatter_sum(const Tensor& send, Tensor& recv) override {
+    check_host(send, "reduce_scatter");
+    FRUGAL_CHECK(send.numel() == recv.numel() * size_ && recv.dtype() == send.dtype(),
+                 "reduce_scatter of ", send.numel(), " into ", recv.numel(), " elements on ",
+                 size_, " ranks");
+    MPI_Request r;
+    MPI_Ireduce_scatter_block(send.raw(), recv.raw(), mpi_count(recv.numel(), "reduce_scatter"),
+                              mpi_type(send.dtype()), MPI_SUM, comm_, &r);
+    return pending(r, "reduce-scatter");
+  }
+
+  Pending all_reduce_sum(Tensor& buffer) override {
+    check_host(buffer, "all_reduce");
+    MPI_Request r;
+    MPI_Iallreduce(MPI_IN_PLACE, buffer.raw(), mpi_count(buffer.numel(), "all_reduce"),
+                   mpi_type(buffer.dtype()), MPI_SUM, comm_, &r);
+    return pending(r, "all-reduce");
+  }
+
+  Pending send(const Tensor& buffer, int peer, int tag) override {
+    check_host(buffer, "send");
+    MPI_Request r;
+    MPI_Isend(buffer.raw(), mpi_count(buffer.numel(), "send"), mpi_type(buffer.dtype()), peer,
+              tag, comm_, &r);
+    return pending(r, "send to rank " + std::to_string(peer));
+  }
+
+  Pending recv(Tensor& buffer, int peer, int tag) override {
+    check_host(buffer, "recv");
+    MPI_Request r;
+    MPI_Irecv(buffer.raw(), mpi_count(buffer.numel(), "recv"), mpi_type(buffer.dtype()), peer,
+              tag, comm_, &r);
+    return pending(r, "receive from rank " + std::to_string(peer));
+  }
+
+  void broadcast(Tensor& buffer, int root) override {
+    check_host(buffer, "broadcast");
+    MPI_Request r;
+    MPI_Ibcast(buffer.raw(), mpi_count(buffer.numel(), "broadcast"), mpi_type(buffer.dtype()),
+               root, comm_, &r);
+    pending(r, "broadcast")->wait();
+  }
+
+  void barrier() override {
+    MPI_Request r;
+    MPI_Ibarrier(comm_, &r);
+    pending(r, "barrier")->wait();
+  }
+
+  double all_reduce_sum(double value) override {
+    double out = 0;
+    MPI_Request r;
+    MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r);
+    pending(r, "all-reduce")->wait();
+    return out;
+  }
+
+  int64_t all_reduce_max(int64_t value) override {
+    int64_t out = 0;
+    MPI_Request r;
+    MPI_Iallreduce(&value, &out, 1, MPI_INT64_T, MPI_MAX, comm_, &r);
+    pending(r, "all-reduce")->wait();
+    return out;
+  }
+
+  std::string broadcast_string(const std::string& value, int root) override {
+    int64_t length = rank_ == root ? int64_t(value.size()) : 0;
+    MPI_Request r;
+    MPI_Ibcast(&length, 1, MPI_INT64_T, root, comm_, &r);
+    pending(r, "broadcast")->wait();
+    std::string out = rank_ == root ? value : std::string(size_t(length), '\0');
+    MPI_Ibcast(out.data(), mpi_count(length, "broadcast"), MPI_CHAR, root, comm_, &r);
+    pending(r, "broadcast")->wait();
+    return out;
+  }
+
+  std::unique_ptr<Comm> split(int color, int key) const override {
+    MPI_Comm sub;
+    MPI_Comm_split(comm_, color, key, &sub);
+    return std::make_unique<MpiComm>(sub, timeout_s_, group_ + "/" + std::to_string(color));
+  }
+
+ private:
+  Pending pending(MPI_Request r, const std::string& what) {
+    return std::make_unique<MpiPending>(r, what + " on " + name(), timeout_s_, rank_);
+  }
+
+  MPI_Comm comm_;
+  double timeout_s_;
+  std::string group_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_world_comm(double timeout_s) {
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD, timeout_s, "world");
+}
+
+int mpi_world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int mpi_world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+}  // namespace frugal

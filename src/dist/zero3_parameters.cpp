@@ -1,0 +1,178 @@
+// ZeRO-3 sharded parameters: gathers with prefetch, reduce-scatter of gradients.
+#include "dist/zero3_parameters.h"
+
+#include <algorithm>
+
+#include "ops/ops.h"
+
+namespace frugal {
+
+Shape ShardLayout::shard_shape() const {
+  Shape s = shape.empty() ? Shape{1} : shape;
+  s[0] = shard_rows;
+  return s;
+}
+
+Shape ShardLayout::padded_shape() const {
+  Shape s = shape.empty() ? Shape{1} : shape;
+  s[0] = rows_padded;
+  return s;
+}
+
+ShardLayout shard_layout(const ParamSpec& spec, int ranks) {
+  ShardLayout l;
+  l.name = spec.name;
+  l.shape = spec.shape;
+  l.rows = spec.shape.empty() ? 1 : spec.shape[0];
+  l.row_len = l.rows ? shape_numel(spec.shape) / l.rows : 0;
+  l.shard_rows = (l.rows + ranks - 1) / ranks;
+  l.rows_padded = l.shard_rows * ranks;
+  return l;
+}
+
+Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm,
+                                 const Zero3Arenas& arenas, uint64_t seed, float init_std,
+                                 bool with_grads)
+    : units_(std::move(units)), comm_(comm), arenas_(arenas) {
+  const int rank = comm_.rank(), ranks = comm_.size();
+  for (const UnitSpec& unit : units_) {
+    std::vector<ShardLayout> layouts;
+    std::vector<Tensor> shards, grads;
+    for (const ParamSpec& spec : unit.params) {
+      ShardLayout l = shard_layout(spec, ranks);
+      Tensor shard = Tensor::zeros(l.shard_shape(), DType::f32, *arenas_.params);
+      const int64_t first = l.first_row(rank), last = l.last_row(rank);
+      if (last > first) {
+        Tensor real_rows = shard.rows(0, last - first);
+        init_parameter_rows(real_rows, spec.name, first, seed, init_std);
+      }
+      shards.push_back(shard);
+      if (with_grads) grads.push_back(Tensor::zeros(l.shard_shape(), DType::f32, *arenas_.grads));
+      layouts.push_back(l);
+    }
+    layouts_.push_back(std::move(layouts));
+    shards_.push_back(std::move(shards));
+    grad_shards_.push_back(std::move(grads));
+  }
+}
+
+Zero3Parameters::~Zero3Parameters() = default;
+
+Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
+  FRUGAL_CHECK(unit >= 0 && unit < int64_t(units_.size()), "unit ", unit);
+  auto it = gathered_.find(unit);
+  if (it != gathered_.end()) return it->second;
+  Gathered& g = gathered_[unit];
+  // One all-gather per parameter, posted together: each lands a contiguous full matrix,
+  // because a shard is a contiguous block of rows.
+  for (size_t i = 0; i < layouts_[unit].size(); ++i) {
+    g.full.push_back(Tensor::empty(layouts_[unit][i].padded_shape(), DType::f32, *arenas_.gathered));
+    g.ops.push_back(comm_.all_gather(shards_[unit][i], g.full.back()));
+  }
+  return g;
+}
+
+std::vector<Tensor> Zero3Parameters::unpadded(int64_t unit, const std::vector<Tensor>& full) const {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < full.size(); ++i) {
+    const ShardLayout& l = layouts_[unit][i];
+    out.push_back(full[i].rows(0, l.rows).view(l.shape));
+  }
+  return out;
+}
+
+void Zero3Parameters::prefetch(int64_t unit) {
+  if (unit >= 0 && unit < int64_t(units_.size())) post_gather(unit);
+}
+
+std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
+  Gathered& g = post_gather(unit);
+  for (Pending& op : g.ops) op->wait();
+  g.ops.clear();
+  ++g.users;
+  return unpadded(unit, g.full);
+}
+
+void Zero3Parameters::release(int64_t unit) {
+  auto it = gathered_.find(unit);
+  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0, "release of unit ", unit,
+               " that is not gathered");
+  if (--it->second.users == 0) gathered_.erase(it);
+}
+
+std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
+  FRUGAL_CHECK(!grad_shards_.at(unit).empty(), "gradients asked of inference-only parameters");
+  auto it = full_grads_.find(unit);
+  if (it == full_grads_.end()) {
+    std::vector<Tensor> full;
+    for (const ShardLayout& l : layouts_[unit])
+      full.push_back(Tensor::zeros(l.padded_shape(), DType::f32, *arenas_.gathered));
+    it = full_grads_.emplace(unit, std::move(full)).first;
+  }
+  return unpadded(unit, it->second);
+}
+
+void Zero3Parameters::complete_reduction() {
+  if (!in_flight_) return;
+  for (Pending& op : in_flight_->ops) op->wait();
+  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
+    ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
+  in_flight_.reset();
+}
+
+void Zero3Parameters::grads_done(int64_t unit) {
+  auto it = full_grads_.find(unit);
+  FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
+  // One reduction in flight at a time: the previous unit's finishes while this one's
+  // backward ran; finishing it now bounds whole-size gradients to two units.
+  complete_reduction();
+  Reduction r;
+  r.unit = unit;
+  r.full = std::move(it->second);
+  full_grads_.erase(it);
+  for (size_t i = 0; i < r.full.size(); ++i) {
+    r.shard_sum.push_back(
+        Tensor::empty(layouts_[unit][i].shard_shape(), DType::f32, *arenas_.gathered));
+    r.ops.push_back(comm_.reduce_scatter_sum(r.full[i], r.shard_sum[i]));
+  }
+  in_flight_ = std::move(r);
+}
+
+void Zero3Parameters::finish_backward() {
+  complete_reduction();
+  FRUGAL_CHECK(full_grads_.empty(), full_grads_.size(),
+               " units still hold whole gradients at the end of the backward");
+}
+
+void Zero3Parameters::zero_grads() {
+  for (auto& unit : grad_shards_)
+    for (Tensor& g : unit) ops::zero(g);
+}
+
+std::vector<TrainableShard> Zero3Parameters::trainable() {
+  std::vector<TrainableShard> out;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t i = 0; i < units_[u].params.size(); ++i)
+      out.push_back({layouts_[u][i].name, shards_[u][i],
+                     grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i]});
+  return out;
+}
+
+size_t Zero3Parameters::shard_bytes() const {
+  size_t bytes = 0;
+  for (const auto& unit : shards_)
+    for (const Tensor& s : unit) bytes += s.bytes();
+  return bytes;
+}
+
+size_t Zero3Parameters::largest_unit_bytes() const {
+  size_t largest = 0;
+  for (const auto& unit : layouts_) {
+    size_t bytes = 0;
+    for (const ShardLayout& l : unit) bytes += size_t(shape_numel(l.padded_shape())) * 4;
+    largest = std::max(largest, bytes);
+  }
+  return largest;
+}
+
+}  // namespace frugal

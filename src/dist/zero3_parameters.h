@@ -1,0 +1,90 @@
+// ZeRO-3: every rank holds 1/N of every weight (a block of rows, padded so N divides the row
+// count), of its gradient and of its optimizer state. A unit's weights are all-gathered just
+// before use and dropped right after; its gradients are reduce-scattered as soon as its
+// backward ends, so at most two units are ever whole on a rank.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/llama_config.h"
+#include "model/parameter_provider.h"
+
+namespace frugal {
+
+// How one parameter is split: rows [rank * shard_rows, (rank + 1) * shard_rows) of the
+// padded [rows_padded, row_len] matrix live on `rank`. 1-D weights are columns of length 1.
+struct ShardLayout {
+  std::string name;
+  Shape shape;  // the full parameter's shape
+  int64_t rows = 0, row_len = 0, rows_padded = 0, shard_rows = 0;
+
+  Shape shard_shape() const;   // [shard_rows, ...row dims]
+  Shape padded_shape() const;  // [rows_padded, ...row dims]
+  // The real (unpadded) rows of the full parameter that `rank` holds: [first, last).
+  int64_t first_row(int rank) const { return std::min(rows, rank * shard_rows); }
+  int64_t last_row(int rank) const { return std::min(rows, (rank + 1) * shard_rows); }
+};
+ShardLayout shard_layout(const ParamSpec& spec, int ranks);
+
+// Where the buffers of the sharded model live; each arena is its own accounting domain.
+struct Zero3Arenas {
+  Arena* params;    // fp32 master shards
+  Arena* grads;     // gradient shards
+  Arena* gathered;  // whole units in use: gathered weights and full-size gradients
+};
+
+class Zero3Parameters : public ParameterProvider {
+ public:
+  // Shards `units` over `comm`; each rank initialises only its own rows (init_parameter_rows,
+  // so the model equals a one-rank model of the same seed).
+  Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
+                  uint64_t seed, float init_std, bool with_grads = true);
+  ~Zero3Parameters() override;
+
+  void prefetch(int64_t unit) override;
+  std::vector<Tensor> gather(int64_t unit) override;
+  void release(int64_t unit) override;
+  std::vector<Tensor> grads(int64_t unit) override;
+  void grads_done(int64_t unit) override;
+  void finish_backward() override;
+  void zero_grads() override;
+  std::vector<TrainableShard> trainable() override;
+
+  const std::vector<UnitSpec>& units() const { return units_; }
+  const ShardLayout& layout(int64_t unit, size_t i) const { return layouts_[unit][i]; }
+  Tensor& shard(int64_t unit, size_t i) { return shards_[unit][i]; }
+  // Bytes of this rank's shards (padding included) and of the largest whole unit.
+  size_t shard_bytes() const;
+  size_t largest_unit_bytes() const;
+
+ private:
+  struct Gathered {
+    std::vector<Tensor> full;  // [rows_padded, ...] per parameter
+    std::vector<Pending> ops;
+    int users = 0;
+  };
+  struct Reduction {
+    int64_t unit = -1;
+    std::vector<Tensor> full, shard_sum;
+    std::vector<Pending> ops;
+  };
+  Gathered& post_gather(int64_t unit);
+  void complete_reduction();
+  std::vector<Tensor> unpadded(int64_t unit, const std::vector<Tensor>& full) const;
+
+  std::vector<UnitSpec> units_;
+  std::vector<std::vector<ShardLayout>> layouts_;
+  Comm& comm_;
+  Zero3Arenas arenas_;
+  std::vector<std::vector<Tensor>> shards_, grad_shards_;
+  std::map<int64_t, Gathered> gathered_;
+  std::map<int64_t, std::vector<Tensor>> full_grads_;
+  std::optional<Reduction> in_flight_;
+};
+
+}  // namespace frugal

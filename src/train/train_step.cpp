@@ -1,0 +1,28 @@
+// zero grads -> forward/backward per micro-batch -> global norm, clip -> AdamW.
+#include "train/train_step.h"
+
+#include <algorithm>
+
+namespace frugal {
+
+StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optimizer,
+                      const std::vector<Batch>& micro_batches, Comm* comm, double lr,
+                      int64_t step, CheckpointPolicy policy) {
+  auto global_sum = [comm](double local) { return comm ? comm->all_reduce_sum(local) : local; };
+  int64_t local_tokens = 0;
+  for (const Batch& b : micro_batches) local_tokens += counted_targets(b.targets);
+  StepResult result;
+  result.tokens = static_cast<int64_t>(global_sum(double(local_tokens)));
+  // Each rank scales by the GLOBAL token count, so that summing the ranks' gradients (the
+  // reduce-scatter) gives the gradient of the global mean loss.
+  const float grad_scale = 1.0f / float(std::max<int64_t>(1, result.tokens));
+
+  params.zero_grads();
+  double loss_sum = 0;
+  for (const Batch& b : micro_batches) loss_sum += model.forward_backward(b, params, grad_scale, policy);
+  result.loss = global_sum(loss_sum) / double(std::max<int64_t>(1, result.tokens));
+  result.grad_norm = optimizer.step(lr, step, global_sum).grad_norm;
+  return result;
+}
+
+}  // namespace frugal

@@ -1,0 +1,154 @@
+// ZeRO-3 over 1, 2 and 4 MPI ranks equals one rank holding the whole model: the same global
+// batch, seed and steps give the same losses and the same final weights (fp32 tolerance),
+// with sizes that need padding (vocab 37, 3 heads over 1 kv head). And the per-rank memory
+// is what the layout promises: total / N plus padding, and at most two whole units.
+#include <cmath>
+#include <random>
+
+#include "catch_compat.h"
+#include "dist/comm.h"
+#include "dist/zero3_parameters.h"
+#include "model/llama_model.h"
+#include "model/local_parameters.h"
+#include "train/train_step.h"
+
+using namespace frugal;
+
+namespace {
+
+LlamaConfig odd_config(bool tied) {
+  LlamaConfig c;
+  c.hidden_size = 48;
+  c.intermediate_size = 70;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  c.vocab_size = 37;
+  c.max_position_embeddings = 32;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// Sequences [first, first + count) of a fixed global batch of 4 sequences of 13 tokens.
+Batch slice_of_global_batch(int64_t first, int64_t count, int64_t step, int64_t micro) {
+  const int64_t seq = 13;
+  std::mt19937 rng(uint32_t(1000 * step + micro));
+  std::vector<int32_t> tokens(4 * seq), targets(4 * seq);
+  for (int64_t i = 0; i < 4 * seq; ++i) {
+    tokens[i] = int32_t(rng() % 37);
+    targets[i] = i % 7 == 2 ? -1 : int32_t(rng() % 37);
+  }
+  Batch b;
+  b.batch = count;
+  b.seq = seq;
+  b.tokens = Tensor::empty({count * seq}, DType::i32);
+  b.targets = Tensor::empty({count * seq}, DType::i32);
+  std::copy(tokens.begin() + first * seq, tokens.begin() + (first + count) * seq,
+            b.tokens.data<int32_t>());
+  std::copy(targets.begin() + first * seq, targets.begin() + (first + count) * seq,
+            b.targets.data<int32_t>());
+  b.positions = sequence_positions(count, seq);
+  return b;
+}
+
+void check_equivalence(bool tied, CheckpointPolicy policy) {
+  auto comm = make_mpi_world_comm(60);
+  const int rank = comm->rank(), ranks = comm->size();
+  REQUIRE(4 % ranks == 0);
+  const LlamaConfig config = odd_config(tied);
+  LlamaModel model(config);
+  // eps well above the rounding noise of near-zero gradients, which Adam would otherwise
+  // normalise into full-size steps of either sign.
+  const AdamWConfig adamw{0.9, 0.95, 1e-6, 0.1, 0.5};
+
+  // The reference: one rank, whole model, whole batch (computed on every rank alike).
+  LocalParameters whole(config, 5, 0.05f, true);
+  AdamW whole_opt(whole.trainable(), adamw);
+
+  Arena params_arena("test params", Device::cpu), grads_arena("test grads", Device::cpu),
+      gathered_arena("test gathered", Device::cpu), optim_arena("test optim", Device::cpu);
+  Zero3Parameters sharded(llama_units(config), *comm,
+                          {&params_arena, &grads_arena, &gathered_arena}, 5, 0.05f);
+  AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
+
+  const int64_t per_rank = 4 / ranks;
+  for (int64_t step = 1; step <= 4; ++step) {
+    std::vector<Batch> whole_batches, rank_batches;
+    for (int64_t micro = 0; micro < 2; ++micro) {
+      whole_batches.push_back(slice_of_global_batch(0, 4, step, micro));
+      rank_batches.push_back(slice_of_global_batch(rank * per_rank, per_rank, step, micro));
+    }
+    const double lr = 1e-3;
+    StepResult a = train_step(model, whole, whole_opt, whole_batches, nullptr, lr, step, policy);
+    StepResult b = train_step(model, sharded, sharded_opt, rank_batches, comm.get(), lr, step, policy);
+    INFO("step " << step << " on " << ranks << " ranks");
+    CHECK(b.tokens == a.tokens);
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
+  }
+
+  // Final weights: gather every unit (a collective) and compare with the whole model.
+  const std::vector<UnitSpec> units = llama_units(config);
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<Tensor> gathered = sharded.gather(int64_t(u));
+    std::vector<Tensor> reference = whole.gather(int64_t(u));
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      REQUIRE(gathered[i].shape() == reference[i].shape());
+      double worst = 0;
+      for (int64_t j = 0; j < gathered[i].numel(); ++j)
+        worst = std::max(worst, double(std::abs(gathered[i].data<float>()[j] -
+                                                reference[i].data<float>()[j])));
+      INFO(units[u].params[i].name);
+      CHECK(worst < 1e-5);
+    }
+    sharded.release(int64_t(u));
+  }
+
+  // Memory: the parameter shards are ceil(rows / N) rows of each tensor, computed here from
+  // the config alone; gradients and optimizer state likewise (two moments).
+  size_t expected_shard_bytes = 0, largest_unit = 0, second_unit = 0;
+  for (const UnitSpec& unit : units) {
+    size_t unit_bytes = 0;
+    for (const ParamSpec& p : unit.params) {
+      const int64_t rows = p.shape[0], row_len = shape_numel(p.shape) / rows;
+      expected_shard_bytes += size_t((rows + ranks - 1) / ranks * row_len) * 4;
+      unit_bytes += size_t((rows + ranks - 1) / ranks * ranks * row_len) * 4;
+    }
+    if (unit_bytes > largest_unit) {
+      second_unit = largest_unit;
+      largest_unit = unit_bytes;
+    } else {
+      second_unit = std::max(second_unit, unit_bytes);
+    }
+  }
+  CHECK(params_arena.stats().in_use_bytes == expected_shard_bytes);
+  CHECK(grads_arena.stats().in_use_bytes == expected_shard_bytes);
+  CHECK(optim_arena.stats().in_use_bytes == 2 * expected_shard_bytes);
+  // Weights of two units and the gradients of two units, plus reduce-scatter landing
+  // buffers (one shard each); with tied embeddings the head also holds the embedding.
+  const size_t bound = 2 * (largest_unit + second_unit) + (tied ? largest_unit : 0) +
+                       expected_shard_bytes;
+  INFO("gathered peak " << gathered_arena.stats().peak_bytes << " bound " << bound);
+  CHECK(gathered_arena.stats().peak_bytes <= bound);
+  CHECK(gathered_arena.stats().in_use_bytes == 0);
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 equals one rank", "[zero3][mpi]") {
+  SECTION("untied, no checkpointing") { check_equivalence(false, CheckpointPolicy::none); }
+  SECTION("tied embeddings, selective") { check_equivalence(true, CheckpointPolicy::selective); }
+}
+
+TEST_CASE("shard layout pads rows to a multiple of the ranks", "[zero3]") {
+  ShardLayout l = shard_layout({"w", {37, 48}}, 4);
+  CHECK(l.shard_rows == 10);
+  CHECK(l.rows_padded == 40);
+  CHECK(l.first_row(3) == 30);
+  CHECK(l.last_row(3) == 37);
+  ShardLayout v = shard_layout({"norm", {5}}, 4);
+  CHECK(v.shard_rows == 2);
+  CHECK(v.row_len == 1);
+  CHECK(v.first_row(3) == 5);
+  CHECK(v.last_row(3) == 5);  // the last rank holds only padding
+}
