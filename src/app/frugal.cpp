@@ -23,6 +23,9 @@ const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"train", {cmd_train, "train a model from a .cfg file (launch ranks with mpirun)"}},
       {"prepare", {cmd_prepare, "tokenize text, directories or JSONL into train/val token files"}},
+      {"eval", {cmd_eval, "mean next-token loss of a model (HF dir or checkpoint) on a file"}},
+      {"generate", {cmd_generate, "continue a prompt with a model (greedy or sampled, KV cache)"}},
+      {"export", {cmd_export, "write a checkpoint as a Hugging Face directory (safetensors)"}},
   };
   return table;
 }

@@ -1,0 +1,172 @@
+// `frugal generate`: continues a prompt with a model (a Hugging Face directory or a frugal
+// checkpoint), greedy or sampled, with a KV cache.
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "model/kv_cache.h"
+#include "model/llama_model.h"
+#include "model/sampling.h"
+
+namespace frugal {
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct GenerateOptions {
+  std::string hf_dir, ckpt_path, prompt, prompt_ids, tokenizer_path;
+  int64_t max_new_tokens = 32;
+  float temperature = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  bool print_ids = false;
+  bool no_bos = false;
+  bool ignore_eos = false;
+  bool no_cache = false;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::istringstream words(text);
+  std::vector<int32_t> ids;
+  for (std::string word; words >> word;) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || id < 0 || id > INT32_MAX)
+      fail("generate: --prompt-ids: '", word, "' is not a token id");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& args) {
+  GenerateOptions opt;
+  po::options_description named("options");
+  // clang-format off
+  named.add_options()
+      ("help,h", "print this help and exit")
+      ("hf-model", po::value<std::string>(&opt.hf_dir)->value_name("DIR"),
+       "a Hugging Face model directory (config.json, *.safetensors, tokenizer.model)")
+      ("ckpt", po::value<std::string>(&opt.ckpt_path)->value_name("DIR"),
+       "a frugal run directory, its ckpt/ directory, or one step directory")
+      ("prompt", po::value<std::string>(&opt.prompt)->value_name("TEXT"),
+       "the prompt, encoded with the tokenizer as bos + ids")
+      ("prompt-ids", po::value<std::string>(&opt.prompt_ids)->value_name("\"IDS\""),
+       "the prompt as whitespace-separated token ids, used as given (no bos added)")
+      ("max-new-tokens", po::value<int64_t>(&opt.max_new_tokens)->default_value(opt.max_new_tokens)
+           ->value_name("N"),
+       "tokens to generate at most (fewer when eos comes first)")
+      ("temperature", po::value<float>(&opt.temperature)->default_value(opt.temperature)
+           ->value_name("T"),
+       "0: greedy (argmax); > 0: sample from softmax(logits / T)")
+      ("top-p", po::value<float>(&opt.top_p)->default_value(opt.top_p)->value_name("P"),
+       "with T > 0, sample from the smallest set of tokens whose probability reaches P")
+      ("seed", po::value<uint64_t>(&opt.seed)->default_value(opt.seed)->value_name("S"),
+       "seed of the sampler")
+      ("ids", po::bool_switch(&opt.print_ids),
+       "print the token ids (prompt, then the new ones) instead of the text")
+      ("no-bos", po::bool_switch(&opt.no_bos), "do not put bos before a --prompt")
+      ("ignore-eos", po::bool_switch(&opt.ignore_eos),
+       "keep generating after eos (default: stop at the model's eos)")
+      ("no-cache", po::bool_switch(&opt.no_cache),
+       "re-run the whole prefix for every token instead of using the KV cache (same tokens, "
+       "slower; for checking)")
+      ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
+       "tokenizer.model to use (default: the model's own)");
+  // clang-format on
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(named).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    fail("generate: ", e.what(), " (see 'frugal generate --help')");
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: frugal generate (--hf-model DIR | --ckpt DIR) (--prompt TEXT | "
+                 "--prompt-ids \"IDS\") [options]\n\n"
+                 "Prints the prompt and its continuation: the text, or with --ids the token\n"
+                 "ids on one line. Greedy unless --temperature is given; stops at eos or after\n"
+                 "--max-new-tokens. Sequences longer than the model's max_position_embeddings\n"
+                 "keep their last max_position_embeddings tokens.\n\n"
+              << named << "\n";
+    return 0;
+  }
+  if (vm.count("prompt") == vm.count("prompt-ids"))
+    fail(
+        "generate: give exactly one of --prompt TEXT or --prompt-ids \"IDS\" (see 'frugal "
+        "generate --help')");
+  if (opt.max_new_tokens < 0)
+    fail("generate: --max-new-tokens ", opt.max_new_tokens, " must be >= 0");
+  if (!(opt.temperature >= 0)) fail("generate: --temperature ", opt.temperature, " must be >= 0");
+  if (!(opt.top_p > 0 && opt.top_p <= 1))
+    fail("generate: --top-p ", opt.top_p, " is not in (0, 1]");
+  if (!opt.tokenizer_path.empty() && !fs::is_regular_file(opt.tokenizer_path))
+    fail("generate: tokenizer '", opt.tokenizer_path, "' does not exist");
+
+  InferenceModel model = load_inference_model("generate", opt.hf_dir, opt.ckpt_path);
+  const LlamaConfig& c = model.config;
+  const std::string tokenizer_path =
+      opt.tokenizer_path.empty() ? model.tokenizer_path : opt.tokenizer_path;
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!tokenizer_path.empty()) {
+    tokenizer = std::make_unique<Tokenizer>(tokenizer_path);
+    if (tokenizer->vocab_size() > c.vocab_size)
+      fail("generate: tokenizer '", tokenizer_path, "' has ", tokenizer->vocab_size(),
+           " pieces, more than the model's vocab_size ", c.vocab_size);
+  }
+  if (!tokenizer && (vm.count("prompt") || !opt.print_ids))
+    fail("generate: ", model.source, " has no tokenizer.model, needed for ",
+         vm.count("prompt") ? "--prompt" : "printing text",
+         ": pass --tokenizer PATH, or use --prompt-ids and --ids");
+
+  std::vector<int32_t> prompt;
+  if (vm.count("prompt")) {
+    if (!opt.no_bos)
+      prompt.push_back(tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : model.bos_id);
+    const std::vector<int32_t> ids = tokenizer->encode(opt.prompt);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  } else {
+    prompt = parse_ids(opt.prompt_ids);
+  }
+  if (prompt.empty()) fail("generate: the prompt is empty (give text, or keep the bos)");
+  for (int32_t id : prompt)
+    if (id >= c.vocab_size)
+      fail("generate: prompt token id ", id, " is outside the model's vocabulary [0, ",
+           c.vocab_size, ")");
+
+  SamplingOptions sampling;
+  sampling.max_new_tokens = opt.max_new_tokens;
+  sampling.temperature = opt.temperature;
+  sampling.top_p = opt.top_p;
+  sampling.seed = opt.seed;
+  sampling.stop_token = opt.ignore_eos ? -1 : model.eos_id;
+  std::vector<int32_t> tokens;
+  if (opt.no_cache) {
+    LlamaModel llama(c);
+    tokens = generate(llama, *model.params, prompt, sampling);
+  } else {
+    tokens = generate_cached(c, *model.params, prompt, sampling);
+  }
+
+  if (opt.print_ids) {
+    for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];
+    std::cout << std::endl;
+  } else {
+    std::cout << tokenizer->decode(tokens) << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace frugal

@@ -1,0 +1,363 @@
+// Hugging Face directories: config.json <-> LlamaConfig, streamed weight reads, export.
+#include "model/hf_model.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/safetensors.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace frugal {
+
+namespace {
+
+// A key that must hold a JSON string; `what` names the key in messages.
+std::string string_key(const nlohmann::json& j, const char* key, const std::string& source) {
+  if (!j.at(key).is_string())
+    fail(source, ": key '", key, "' has value ", j.at(key).dump(), ", expected a string");
+  return j.at(key).get<std::string>();
+}
+
+bool present(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && !j.at(key).is_null();
+}
+
+// A rope scaling or rope parameters object: only the plain rotary embedding is supported.
+void check_rope_type(const nlohmann::json& rope, const char* key, const std::string& source) {
+  if (!rope.is_object())
+    fail(source, ": key '", key, "' has value ", rope.dump(), ", expected an object or null");
+  std::string type = "default";
+  for (const char* type_key : {"rope_type", "type"})
+    if (present(rope, type_key)) type = string_key(rope, type_key, source);
+  if (type != "default")
+    fail(source, ": ", key, " of type '", type, "' (", rope.dump(),
+         ") is not supported: frugal implements the plain rotary embedding only (rope_type "
+         "'default', rope_scaling null)");
+}
+
+int32_t token_id(const nlohmann::json& j, const char* key) {
+  if (!present(j, key)) return -1;
+  const nlohmann::json& v = j.at(key);
+  if (v.is_number_integer()) return v.get<int32_t>();
+  if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int32_t>();
+  return -1;
+}
+
+}  // namespace
+
+LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) fail(source, ": not a JSON object");
+  // The architecture: what the model class is, and what kind of config this is.
+  const char* supported = "LlamaForCausalLM and MistralForCausalLM (model_type llama, mistral)";
+  if (present(j, "architectures")) {
+    const nlohmann::json& arch = j.at("architectures");
+    if (!arch.is_array() || arch.empty())
+      fail(source, ": key 'architectures' has value ", arch.dump(), ", expected a list");
+    for (const auto& a : arch) {
+      const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
+      if (name != "LlamaForCausalLM" && name != "MistralForCausalLM")
+        fail(source, ": architecture '", name, "' is not supported; frugal runs ", supported);
+    }
+  }
+  if (present(j, "model_type")) {
+    const std::string type = string_key(j, "model_type", source);
+    if (type != "llama" && type != "mistral")
+      fail(source, ": model_type '", type, "' is not supported; frugal runs ", supported);
+  }
+  if (!present(j, "architectures") && !present(j, "model_type"))
+    fail(source, ": has neither 'architectures' nor 'model_type'; frugal runs ", supported);
+
+  // What would change the math, refused rather than silently ignored.
+  for (const char* key : {"hidden_act", "hidden_activation"})
+    if (present(j, key) && string_key(j, key, source) != "silu")
+      fail(source, ": ", key, " '", j.at(key).get<std::string>(),
+           "' is not supported; frugal's MLP is SwiGLU (silu)");
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (present(j, key) && !(j.at(key).is_boolean() && !j.at(key).get<bool>()))
+      fail(source, ": ", key, " = ", j.at(key).dump(),
+           " is not supported; frugal's Llama layers have no biases");
+  if (present(j, "quantization_config"))
+    fail(source,
+         ": quantized checkpoints (quantization_config) are not supported; give the "
+         "unquantized model");
+  if (present(j, "rope_scaling")) check_rope_type(j.at("rope_scaling"), "rope_scaling", source);
+
+  // The shape, through the same reader as frugal's own manifests. Null entries mean "the
+  // default" in Hugging Face's configs.
+  nlohmann::json shape = nlohmann::json::object();
+  for (const char* key :
+       {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "vocab_size", "max_position_embeddings", "rope_theta",
+        "rms_norm_eps", "tie_word_embeddings", "head_dim"})
+    if (present(j, key)) shape[key] = j.at(key);
+  // transformers 5 moved rope_theta (and the scaling) into "rope_parameters".
+  if (present(j, "rope_parameters")) {
+    const nlohmann::json& rope = j.at("rope_parameters");
+    check_rope_type(rope, "rope_parameters", source);
+    if (present(rope, "rope_theta")) shape["rope_theta"] = rope.at("rope_theta");
+  }
+  // Both default to what transformers' LlamaConfig defaults to.
+  if (!shape.contains("tie_word_embeddings")) shape["tie_word_embeddings"] = false;
+  if (!shape.contains("rms_norm_eps")) shape["rms_norm_eps"] = 1e-6;
+  LlamaConfig config = llama_config_from_json(shape, source);
+
+  if (present(j, "sliding_window")) {
+    int64_t window = 0;
+    try {
+      window = j.at("sliding_window").get<int64_t>();
+    } catch (const nlohmann::json::exception&) {
+      fail(source, ": key 'sliding_window' has value ", j.at("sliding_window").dump(),
+           ", expected an integer or null");
+    }
+    if (window > 0 && window < config.max_position_embeddings) {
+      log_warn(source, ": sliding-window attention is not implemented; the context is capped at ",
+               "the window, ", window, " tokens (max_position_embeddings was ",
+               config.max_position_embeddings, ")");
+      config.max_position_embeddings = window;
+    }
+  }
+  return config;
+}
+
+nlohmann::json hf_config_json(const LlamaConfig& c, DType dtype, int32_t bos_token_id,
+                              int32_t eos_token_id) {
+  std::string torch_dtype;
+  switch (dtype) {
+    case DType::f32:
+      torch_dtype = "float32";
+      break;
+    case DType::bf16:
+      torch_dtype = "bfloat16";
+      break;
+    case DType::f16:
+      torch_dtype = "float16";
+      break;
+    default:
+      fail("export: dtype ", dtype_name(dtype), " is not one of f32, bf16");
+  }
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_hidden_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_key_value_heads", c.num_key_value_heads},
+          {"head_dim", c.attention_head_dim()},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"rope_theta", c.rope_theta},
+          {"rope_scaling", nullptr},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"tie_word_embeddings", c.tie_word_embeddings},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"initializer_range", 0.02},
+          {"pretraining_tp", 1},
+          {"use_cache", true},
+          {"bos_token_id", bos_token_id},
+          {"eos_token_id", eos_token_id},
+          // transformers 4 reads "torch_dtype", transformers 5 "dtype".
+          {"torch_dtype", torch_dtype},
+          {"dtype", torch_dtype}};
+}
+
+// --- HfModelDir ---------------------------------------------------------------------------
+
+HfModelDir::HfModelDir(const std::string& dir) : dir_(dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail("Hugging Face model directory '", dir, "' does not exist");
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path))
+    fail("'", dir, "' is not a Hugging Face model directory: it has no config.json");
+  nlohmann::json j;
+  try {
+    std::ifstream in(config_path);
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(config_path, ": not valid JSON: ", e.what());
+  }
+  config_ = llama_config_from_hf_json(j, config_path);
+  bos_token_id_ = token_id(j, "bos_token_id");
+  eos_token_id_ = token_id(j, "eos_token_id");
+  specs_ = llama_units(config_);
+  weights_ = std::make_unique<SafetensorsSet>(dir);
+  validate_tensors();
+}
+
+HfModelDir::~HfModelDir() = default;
+HfModelDir::HfModelDir(HfModelDir&&) noexcept = default;
+HfModelDir& HfModelDir::operator=(HfModelDir&&) noexcept = default;
+
+std::string HfModelDir::tokenizer_path() const {
+  const fs::path p = fs::path(dir_) / "tokenizer.model";
+  return fs::exists(p) ? p.string() : std::string();
+}
+
+const Shape& HfModelDir::expected_shape(const std::string& hf_name) const {
+  for (const UnitSpec& unit : specs_)
+    for (const ParamSpec& p : unit.params)
+      if (p.name == hf_name) return p.shape;
+  fail("'", dir_, "': the model of its config.json has no parameter '", hf_name, "'");
+}
+
+void HfModelDir::validate_tensors() const {
+  for (const UnitSpec& unit : specs_)
+    for (const ParamSpec& p : unit.params) {
+      if (!weights_->has(p.name))
+        fail("'", weights_->description(), "' has no tensor '", p.name, "', which config.json ",
+             "implies (shape ", shape_string(p.shape), ")");
+      const SafetensorsFile& file = weights_->file_of(p.name);
+      const SafetensorsEntry& e = file.entry(p.name);
+      if (e.shape != p.shape)
+        fail("safetensors file '", file.path(), "': tensor '", p.name, "' has shape ",
+             shape_string(e.shape), ", but config.json implies ", shape_string(p.shape));
+      try {
+        safetensors_float_dtype(e.dtype);
+      } catch (const Error& err) {
+        fail("safetensors file '", file.path(), "': tensor '", p.name, "': ", err.what());
+      }
+    }
+}
+
+void HfModelDir::read_rows_into(const std::string& hf_name, int64_t row_begin, int64_t row_end,
+                                const Tensor& out) const {
+  const Shape& shape = expected_shape(hf_name);
+  const SafetensorsFile& file = weights_->file_of(hf_name);
+  if (file.entry(hf_name).shape != shape)
+    fail("safetensors file '", file.path(), "': tensor '", hf_name, "' has shape ",
+         shape_string(file.entry(hf_name).shape), ", but config.json implies ",
+         shape_string(shape));
+  file.read_rows_into(hf_name, row_begin, row_end, out);
+}
+
+Tensor HfModelDir::read_rows(const std::string& hf_name, int64_t row_begin, int64_t row_end,
+                             Arena& arena) const {
+  Shape shape = expected_shape(hf_name);
+  if (row_begin < 0 || row_begin > row_end || row_end > shape[0])
+    fail("'", weights_->file_of(hf_name).path(), "': tensor '", hf_name, "' of shape ",
+         shape_string(shape), ": rows [", row_begin, ", ", row_end, ") are out of range");
+  shape[0] = row_end - row_begin;
+  Tensor out = Tensor::empty(shape, DType::f32, arena);
+  read_rows_into(hf_name, row_begin, row_end, out);
+  return out;
+}
+
+Tensor HfModelDir::read(const std::string& hf_name, Arena& arena) const {
+  return read_rows(hf_name, 0, expected_shape(hf_name)[0], arena);
+}
+
+void HfModelDir::load_into(LocalParameters& params) const {
+  for (const UnitSpec& unit : specs_)
+    for (const ParamSpec& p : unit.params) {
+      Tensor& dst = params.param(p.name);
+      FRUGAL_CHECK(dst.shape() == p.shape, "parameter '", p.name, "' is ",
+                   shape_string(dst.shape()), ", the HF model's is ", shape_string(p.shape));
+      read_rows_into(p.name, 0, p.shape[0], dst);
+    }
+}
+
+std::unique_ptr<LocalParameters> HfModelDir::load() const {
+  // Zero-std initialisation is cheap (norms to one, the rest to zero) and is overwritten.
+  auto params = std::make_unique<LocalParameters>(config_, 0, 0.0f, false);
+  load_into(*params);
+  return params;
+}
+
+// --- export -------------------------------------------------------------------------------
+
+namespace {
+
+void write_json_file(const fs::path& path, const nlohmann::json& j) {
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    out.close();
+    if (!out) fail("export: cannot write '", tmp, "'");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail("export: cannot rename '", tmp, "' to '", path.string(), "': ", ec.message());
+}
+
+}  // namespace
+
+void export_hf(const std::string& dir, const LlamaConfig& config, ParameterProvider& params,
+               const HfExportOptions& options) {
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16)
+    fail("export: dtype ", dtype_name(options.dtype), " is not one of f32, bf16");
+  config.validate();
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!options.tokenizer_path.empty()) {
+    tokenizer = std::make_unique<Tokenizer>(options.tokenizer_path);
+    if (tokenizer->vocab_size() > config.vocab_size)
+      fail("export: tokenizer '", options.tokenizer_path, "' has ", tokenizer->vocab_size(),
+           " pieces, more than the model's vocab_size ", config.vocab_size);
+  }
+  const std::vector<UnitSpec> units = llama_units(config);
+  std::unique_ptr<SafetensorsWriter> writer;
+  if (options.write_files) {
+    if (fs::exists(fs::path(dir) / "model.safetensors.index.json"))
+      fail("export: '", dir, "' holds a sharded model (model.safetensors.index.json), which ",
+           "would shadow the new model.safetensors: export to another directory");
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) fail("export: cannot create directory '", dir, "': ", ec.message());
+    std::vector<SafetensorsWriter::Spec> specs;
+    for (const UnitSpec& unit : units)
+      for (const ParamSpec& p : unit.params) specs.push_back({p.name, p.shape});
+    writer = std::make_unique<SafetensorsWriter>(
+        (fs::path(dir) / "model.safetensors").string(), specs, options.dtype,
+        std::map<std::string, std::string>{{"format", "pt"}});
+  }
+  // Unit by unit, as training gathers them: under ZeRO-3 only one unit is whole at a time.
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<Tensor> weights = params.gather(static_cast<int64_t>(u));
+    FRUGAL_CHECK(weights.size() == units[u].params.size(), "unit ", units[u].name, " gathered ",
+                 weights.size(), " tensors, expected ", units[u].params.size());
+    if (writer)
+      for (size_t i = 0; i < weights.size(); ++i)
+        writer->write(units[u].params[i].name, weights[i]);
+    params.release(static_cast<int64_t>(u));
+  }
+  if (!writer) return;
+  writer->close();
+
+  const fs::path out(dir);
+  write_json_file(out / "config.json", hf_config_json(config, options.dtype, options.bos_token_id,
+                                                      options.eos_token_id));
+  write_json_file(out / "generation_config.json",
+                  {{"bos_token_id", options.bos_token_id}, {"eos_token_id", options.eos_token_id}});
+  if (tokenizer) {
+    const fs::path model_path = out / "tokenizer.model";
+    std::error_code ec;
+    if (!(fs::exists(model_path) && fs::equivalent(options.tokenizer_path, model_path))) {
+      fs::copy_file(options.tokenizer_path, model_path, fs::copy_options::overwrite_existing, ec);
+      if (ec)
+        fail("export: cannot copy '", options.tokenizer_path, "' to '", model_path.string(),
+             "': ", ec.message());
+    }
+    auto piece_or_null = [&](int32_t id) -> nlohmann::json {
+      if (id < 0) return nullptr;
+      return tokenizer->piece(id);
+    };
+    write_json_file(out / "tokenizer_config.json",
+                    {{"tokenizer_class", "LlamaTokenizer"},
+                     {"bos_token", piece_or_null(tokenizer->bos_id())},
+                     {"eos_token", piece_or_null(tokenizer->eos_id())},
+                     {"unk_token", piece_or_null(tokenizer->unk_id())},
+                     {"pad_token", piece_or_null(tokenizer->pad_id())},
+                     {"add_bos_token", true},
+                     {"add_eos_token", false},
+                     {"model_max_length", config.max_position_embeddings},
+                     {"clean_up_tokenization_spaces", false}});
+  }
+}
+
+}  // namespace frugal

@@ -1,0 +1,150 @@
+// The cached forward, one block at a time, and generation on top of it.
+#include "model/kv_cache.h"
+
+#include <algorithm>
+
+#include "model/llama_block.h"
+#include "ops/attention_offset.h"
+#include "ops/ops.h"
+
+namespace frugal {
+
+namespace {
+
+// The head unit holds the final norm, then lm_head unless the embeddings are tied (see
+// llama_units).
+constexpr int kFinalNorm = 0;
+constexpr int kLmHead = 1;
+
+// One block on the new rows x [n, H]: the same math as llama_block.cpp's forward, with the
+// new keys and values appended to the cache before attention.
+Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaConfig& c,
+                            const Tensor& positions, KvCache& cache, int64_t layer) {
+  const int64_t n = x.size(0), d = c.attention_head_dim();
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const auto theta = static_cast<float>(c.rope_theta);
+  Tensor n1 = ops::rmsnorm(x, w.input_norm, eps, nullptr);
+  Tensor q = ops::linear(n1, w.q_proj).view({n, c.num_attention_heads, d});
+  Tensor k = ops::linear(n1, w.k_proj).view({n, c.num_key_value_heads, d});
+  Tensor v = ops::linear(n1, w.v_proj).view({n, c.num_key_value_heads, d});
+  Tensor q_rot = ops::rope(q, positions, theta);
+  Tensor k_rot = ops::rope(k, positions, theta);
+  const int64_t past = cache.length();
+  auto [keys, values] = cache.append(layer, k_rot, v);
+  ops::Attention attn = ops::attention_block(q_rot, keys, values, 1, past);
+  Tensor h = ops::add(x, ops::linear(attn.out.view({n, c.num_attention_heads * d}), w.o_proj));
+  Tensor n2 = ops::rmsnorm(h, w.post_attention_norm, eps, nullptr);
+  Tensor act = ops::swiglu(ops::linear(n2, w.gate_proj), ops::linear(n2, w.up_proj));
+  return ops::add(h, ops::linear(act, w.down_proj));
+}
+
+}  // namespace
+
+KvCache::KvCache(const LlamaConfig& config, int64_t capacity_tokens, Arena& arena)
+    : capacity_(capacity_tokens) {
+  if (capacity_tokens <= 0) fail("KV cache capacity must be positive, got ", capacity_tokens);
+  const Shape shape{capacity_tokens, config.num_key_value_heads, config.attention_head_dim()};
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    keys_.push_back(Tensor::empty(shape, DType::f32, arena));
+    values_.push_back(Tensor::empty(shape, DType::f32, arena));
+  }
+}
+
+size_t KvCache::bytes() const {
+  size_t total = 0;
+  for (size_t i = 0; i < keys_.size(); ++i) total += keys_[i].bytes() + values_[i].bytes();
+  return total;
+}
+
+std::pair<Tensor, Tensor> KvCache::append(int64_t layer, const Tensor& k, const Tensor& v) {
+  FRUGAL_CHECK(layer >= 0 && layer < layers(), "KV cache layer ", layer, " of ", layers());
+  const int64_t n = k.size(0);
+  if (length_ + n > capacity_)
+    fail("KV cache full: ", length_, " cached + ", n, " new tokens exceed its capacity of ",
+         capacity_);
+  Tensor& keys = keys_[layer];
+  Tensor& values = values_[layer];
+  FRUGAL_CHECK(k.shape() == v.shape() && k.ndim() == 3 && k.size(1) == keys.size(1) &&
+                   k.size(2) == keys.size(2),
+               "KV cache append of k ", shape_string(k.shape()), " v ", shape_string(v.shape()),
+               " to a cache of ", shape_string(keys.shape()));
+  keys.rows(length_, length_ + n).copy_from(k);
+  values.rows(length_, length_ + n).copy_from(v);
+  return {keys.rows(0, length_ + n), values.rows(0, length_ + n)};
+}
+
+void KvCache::advance(int64_t tokens) {
+  FRUGAL_CHECK(tokens >= 0 && length_ + tokens <= capacity_, "KV cache advance by ", tokens,
+               " at length ", length_, " of ", capacity_);
+  length_ += tokens;
+}
+
+Tensor forward_cached(const LlamaConfig& config, ParameterProvider& params, KvCache& cache,
+                      const std::vector<int32_t>& tokens, int64_t last_rows) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) fail("forward_cached: no tokens to run");
+  if (cache.length() + n > cache.capacity())
+    fail("KV cache full: ", cache.length(), " cached + ", n, " new tokens exceed its capacity of ",
+         cache.capacity());
+  if (cache.length() + n > config.max_position_embeddings)
+    fail("sequence of ", cache.length() + n, " tokens is longer than the model's context ",
+         "(max_position_embeddings = ", config.max_position_embeddings, ")");
+  Tensor ids = Tensor::empty({n}, DType::i32);
+  std::copy(tokens.begin(), tokens.end(), ids.data<int32_t>());
+  Tensor positions = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i)
+    positions.data<int32_t>()[i] = static_cast<int32_t>(cache.length() + i);
+
+  Tensor x = ops::embedding(ids, params.gather(embed_unit())[0]);
+  params.release(embed_unit());
+  const int64_t layers = config.num_hidden_layers;
+  params.prefetch(block_unit(0));
+  for (int64_t i = 0; i < layers; ++i) {
+    params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config));
+    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)));
+    x = block_forward_cached(x, w, config, positions, cache, i);
+    params.release(block_unit(i));
+  }
+  cache.advance(n);
+
+  const int64_t keep = last_rows > 0 ? std::min(last_rows, n) : n;
+  const int64_t head = head_unit(config);
+  std::vector<Tensor> head_w = params.gather(head);
+  Tensor lm_head = config.tie_word_embeddings ? params.gather(embed_unit())[0] : head_w[kLmHead];
+  Tensor logits = ops::linear(ops::rmsnorm(x.rows(n - keep, n), head_w[kFinalNorm],
+                                           static_cast<float>(config.rms_norm_eps), nullptr),
+                              lm_head);
+  if (config.tie_word_embeddings) params.release(embed_unit());
+  params.release(head);
+  return logits;
+}
+
+std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvider& params,
+                                     std::vector<int32_t> tokens, const SamplingOptions& options) {
+  if (tokens.empty()) fail("generation needs at least one prompt token");
+  if (options.max_new_tokens <= 0) return tokens;
+  const int64_t window = config.max_position_embeddings;
+  const int64_t capacity =
+      std::min<int64_t>(window, static_cast<int64_t>(tokens.size()) + options.max_new_tokens);
+  KvCache cache(config, capacity);
+  uint64_t rng_state = options.seed;
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    const auto size = static_cast<int64_t>(tokens.size());
+    std::vector<int32_t> feed;
+    if (size > window) {
+      // Past the window, generate() re-runs the last `window` tokens at positions 0 ..
+      // window - 1: every cached key moves, so the cache starts over.
+      cache.clear();
+      feed.assign(tokens.end() - window, tokens.end());
+    } else {
+      feed.assign(tokens.begin() + cache.length(), tokens.end());
+    }
+    Tensor logits = forward_cached(config, params, cache, feed, 1);
+    const int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    tokens.push_back(next);
+    if (next == options.stop_token) break;
+  }
+  return tokens;
+}
+
+}  // namespace frugal

@@ -1,0 +1,18 @@
+// Attention of a block of queries against a longer run of keys: the new tokens of a KV-cache
+// step against everything cached so far. Kept apart from ops.h, which holds the operations
+// of training; this one only the inference path needs.
+#pragma once
+
+#include "ops/ops.h"
+
+namespace frugal::ops {
+
+// q [B*Sq, n_heads, D]; k, v [B*Skv, n_kv_heads, D]. Query row i of a sequence sees key row
+// j of that sequence iff j <= i + causal_offset; with Sq == Skv and causal_offset 0 this is
+// ops::attention. For a cache step, causal_offset = the number of cached tokens before the
+// first query (then the last query sees every key). Returns out [B*Sq, n_heads, D] and the
+// log-sum-exp [B, n_heads, Sq].
+Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+                          int64_t causal_offset);
+
+}  // namespace frugal::ops

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Makes the Hugging Face parity fixtures under tests/fixtures/hf/ with transformers.
+
+Two tiny random LlamaForCausalLM models, saved with save_pretrained (float32 safetensors):
+  gqa_untied/          4 query heads over 2 kv heads, untied lm_head, rope_theta 50000,
+                       rms_norm_eps 1e-5 (neither is transformers' default), one file
+  mha_tied_sharded/    3 heads = 3 kv heads, tied embeddings, saved in 2 shards with
+                       model.safetensors.index.json
+and dtypes.safetensors: small tensors in F64/F32/F16/BF16 written by the safetensors library,
+with their values in dtypes.json, to check frugal's conversions against an independent
+writer.
+
+Next to each model:
+  tokens.txt     whitespace-separated token ids, one sequence per line
+  expected.json  {"loss": mean next-token cross-entropy over all predicted positions of all
+                 lines (transformers' own loss, per line times its predicted positions, summed
+                 and divided by the count), "tokens": that count, "line_losses": [...],
+                 "logits_file": "logits.f32", "logits_shape": [rows, vocab] (every position
+                 of every line, lines concatenated, raw little-endian float32),
+                 "prompt": [...], "greedy": prompt + 12 greedy tokens from model.generate,
+                 "greedy_min_margin": the smallest top-1 minus top-2 logit along the way}
+
+The weights are drawn larger than transformers' default init (std 0.02 gives near-uniform
+logits whose argmax a rounding difference could flip), and the norm weights are randomised so
+that a norm applied wrongly shows. The script checks the greedy margins are far above fp32
+noise.
+
+Run (not in CI: CI has no torch):
+  python3 -m venv /work/venv && /work/venv/bin/pip install torch transformers safetensors numpy
+  /work/venv/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf]
+"""
+
+import argparse
+import json
+import os
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+GREEDY_NEW_TOKENS = 12
+
+
+def randomize(model, seed, std):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=gen))
+
+
+def write_json_lines(path, obj):
+    """JSON with one key per line and each value on that line, so that shell tests can grep
+    a key without a JSON parser."""
+    with open(path, "w") as f:
+        f.write("{\n")
+        f.write(",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()))
+        f.write("\n}\n")
+
+
+def token_lines(vocab, lengths, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
+
+
+def make_model(out_dir, name, config, seed, std, lengths, prompt_len, max_shard_size=None):
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    randomize(model, seed, std)
+    path = os.path.join(out_dir, name)
+    shutil.rmtree(path, ignore_errors=True)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+
+    lines = token_lines(config.vocab_size, lengths, seed + 1)
+    with open(os.path.join(path, "tokens.txt"), "w") as f:
+        for line in lines:
+            f.write(" ".join(str(t) for t in line) + "\n")
+
+    loss_sum, count, line_losses, logits_rows = 0.0, 0, [], []
+    with torch.no_grad():
+        for line in lines:
+            ids = torch.tensor([line])
+            out = model(ids, labels=ids)
+            n = len(line) - 1
+            line_losses.append(float(out.loss))
+            loss_sum += float(out.loss) * n
+            count += n
+            logits_rows.append(out.logits[0].float().numpy())
+    logits = np.concatenate(logits_rows).astype("<f4")
+    logits.tofile(os.path.join(path, "logits.f32"))
+
+    prompt = lines[0][:prompt_len]
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([prompt]), max_new_tokens=GREEDY_NEW_TOKENS,
+                                do_sample=False, pad_token_id=config.eos_token_id,
+                                output_logits=True, return_dict_in_generate=True)
+    margins = []
+    for step_logits in greedy.logits:
+        top = torch.topk(step_logits[0].float(), 2).values
+        margins.append(float(top[0] - top[1]))
+    min_margin = min(margins)
+    assert min_margin > 1e-3, f"{name}: greedy margin {min_margin} too small; change the seed"
+
+    expected = {
+        "loss": loss_sum / count,
+        "tokens": count,
+        "line_losses": line_losses,
+        "logits_file": "logits.f32",
+        "logits_shape": list(logits.shape),
+        "prompt": prompt,
+        "greedy": greedy.sequences[0].tolist(),
+        "greedy_min_margin": min_margin,
+    }
+    write_json_lines(os.path.join(path, "expected.json"), expected)
+    print(f"{name}: loss {expected['loss']:.6f} over {count} tokens, greedy {expected['greedy']}"
+          f" (min margin {min_margin:.3g})")
+
+
+def make_dtypes(out_dir):
+    values = np.array([0.0, 1.0, -2.5, 3.140625, 1e-3, -65504.0, 1.0e-7, 448.0, 1.5e5,
+                       -0.0, 7.0, 0.099853515625], dtype=np.float64)
+    tensors = {
+        "f64": torch.tensor(values, dtype=torch.float64).reshape(3, 4),
+        "f32": torch.tensor(values, dtype=torch.float32).reshape(4, 3),
+        "f16": torch.tensor(values[:6], dtype=torch.float16).reshape(2, 3),
+        "bf16": torch.tensor(values, dtype=torch.bfloat16).reshape(2, 2, 3),
+        "i64": torch.arange(5, dtype=torch.int64),
+    }
+    save_file(tensors, os.path.join(out_dir, "dtypes.safetensors"), metadata={"format": "pt"})
+    expected = {name: {"shape": list(t.shape), "values": t.double().flatten().tolist()}
+                for name, t in tensors.items() if t.is_floating_point()}
+    write_json_lines(os.path.join(out_dir, "dtypes.json"), expected)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "hf"))
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.set_num_threads(1)  # deterministic reductions
+
+    gqa = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=112,
+                      max_position_embeddings=64, rope_theta=50000.0, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                      attn_implementation="eager")
+    make_model(args.out, "gqa_untied", gqa, seed=11, std=0.15, lengths=[17, 11, 5],
+               prompt_len=5)
+
+    tied = LlamaConfig(hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=3, num_key_value_heads=3, vocab_size=100,
+                       max_position_embeddings=48, tie_word_embeddings=True, bos_token_id=1,
+                       eos_token_id=2, attn_implementation="eager")
+    make_model(args.out, "mha_tied_sharded", tied, seed=23, std=0.15, lengths=[13, 20, 2],
+               prompt_len=4, max_shard_size="100KB")
+
+    make_dtypes(args.out)
+
+
+if __name__ == "__main__":
+    main()
