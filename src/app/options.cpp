@@ -73,6 +73,9 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   t.add(model, "model.rms_norm_eps", &c.model.rms_norm_eps, "RMSNorm epsilon");
   t.add(model, "model.tie_word_embeddings", &c.model.tie_word_embeddings,
         "share the embedding matrix with the output head");
+  t.add_string(model, "model.hf_path", &c.model_hf_path,
+               "start from this Hugging Face model directory (its config.json replaces the "
+               "[model] shape; prepare data with its tokenizer.model)");
 
   po::options_description data("[data] the prepared corpus");
   t.add_string(data, "data.dir", &c.data.dir,
@@ -112,7 +115,8 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
         "decoupled weight decay (matrices only; norms are not decayed)");
   t.add(optim, "optim.grad_clip", &c.optim.grad_clip, "clip the global gradient norm (0: off)");
 
-  po::options_description parallel("[parallel] ranks, sharding and offload (ZeRO-3 over every rank)");
+  po::options_description parallel(
+      "[parallel] ranks, sharding and offload (ZeRO-3 over every rank)");
   t.add_string(parallel, "parallel.offload", &c.parallel.offload,
                "none | optimizer | params: what lives in host memory instead of the device");
   t.add(parallel, "parallel.timeout_s", &c.parallel.timeout_s,

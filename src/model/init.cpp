@@ -2,20 +2,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/random.h"
 #include "model/parameter_provider.h"
 
 namespace frugal {
 
 namespace {
-
-// SplitMix64: a tiny, well-mixed generator whose output is the same on every platform
-// (std::normal_distribution is not, so Debian and Ubuntu builds would disagree).
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -43,8 +35,8 @@ void init_parameter_rows(Tensor& rows, const std::string& name, int64_t first_ro
     float* row = out + r * row_len;
     for (int64_t j = 0; j < row_len; j += 2) {
       // Box-Muller on two uniforms in (0, 1].
-      double u1 = (double(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
-      double u2 = double(splitmix64(state) >> 11) * 0x1.0p-53;
+      double u1 = (double(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: finite log
+      double u2 = uniform01(state);
       double radius = std::sqrt(-2.0 * std::log(u1));
       row[j] = static_cast<float>(std * radius * std::cos(2.0 * M_PI * u2));
       if (j + 1 < row_len)

@@ -5,18 +5,9 @@
 #include <cmath>
 #include <numeric>
 
-namespace frugal {
+#include "core/random.h"
 
-namespace {
-double uniform01(uint64_t& state) {
-  // SplitMix64, the same generator as initialisation: portable and seedable.
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return double(z >> 11) * 0x1.0p-53;
-}
-}  // namespace
+namespace frugal {
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,
                      uint64_t& rng_state) {

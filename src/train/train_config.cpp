@@ -3,8 +3,16 @@
 
 namespace frugal {
 
-void TrainConfig::validate() const {
+void TrainConfig::validate_model_dependent() const {
   model.validate();
+  if (train.seq_len > model.max_position_embeddings)
+    fail("config key 'train.seq_len': ", train.seq_len,
+         " exceeds model.max_position_embeddings = ", model.max_position_embeddings);
+}
+
+void TrainConfig::validate() const {
+  // With model.hf_path the shape comes from config.json: checked once it is read.
+  if (model_hf_path.empty()) validate_model_dependent();
   auto positive = [](const char* key, int64_t v) {
     if (v <= 0) fail("config key '", key, "': value ", v, " must be positive");
   };
@@ -16,9 +24,6 @@ void TrainConfig::validate() const {
     fail("config key 'train.eval_every': value ", train.eval_every, " must be >= 0");
   if (train.eval_batches < 0)
     fail("config key 'train.eval_batches': value ", train.eval_batches, " must be >= 0");
-  if (train.seq_len > model.max_position_embeddings)
-    fail("config key 'train.seq_len': ", train.seq_len,
-         " exceeds model.max_position_embeddings = ", model.max_position_embeddings);
   if (!(train.lr > 0)) fail("config key 'train.lr': value ", train.lr, " must be > 0");
   if (train.warmup_steps < 0)
     fail("config key 'train.warmup_steps': value ", train.warmup_steps, " must be >= 0");

@@ -61,6 +61,9 @@ struct MonitorConfig {
 
 struct TrainConfig {
   LlamaConfig model;
+  // A Hugging Face model directory to start from: its config.json replaces the [model] shape
+  // and its weights the initialisation (full fine-tune).
+  std::string model_hf_path;
   DataConfig data;
   TrainSettings train;
   OptimConfig optim;
@@ -70,7 +73,8 @@ struct TrainConfig {
   // Every key with the value in force ("train.lr" -> "0.003"), for logs and checkpoints.
   std::map<std::string, std::string> resolved;
 
-  void validate() const;  // throws Error naming the key
+  void validate() const;                  // throws Error naming the key
+  void validate_model_dependent() const;  // the checks that need the model's shape
 };
 
 }  // namespace frugal

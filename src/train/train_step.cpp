@@ -6,8 +6,8 @@
 namespace frugal {
 
 StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optimizer,
-                      const std::vector<Batch>& micro_batches, Comm* comm, double lr,
-                      int64_t step, CheckpointPolicy policy) {
+                      const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
+                      CheckpointPolicy policy) {
   auto global_sum = [comm](double local) { return comm ? comm->all_reduce_sum(local) : local; };
   int64_t local_tokens = 0;
   for (const Batch& b : micro_batches) local_tokens += counted_targets(b.targets);
@@ -19,7 +19,8 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optim
 
   params.zero_grads();
   double loss_sum = 0;
-  for (const Batch& b : micro_batches) loss_sum += model.forward_backward(b, params, grad_scale, policy);
+  for (const Batch& b : micro_batches)
+    loss_sum += model.forward_backward(b, params, grad_scale, policy);
   result.loss = global_sum(loss_sum) / double(std::max<int64_t>(1, result.tokens));
   result.grad_norm = optimizer.step(lr, step, global_sum).grad_norm;
   return result;

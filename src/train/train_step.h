@@ -12,14 +12,14 @@
 namespace frugal {
 
 struct StepResult {
-  double loss = 0;         // mean over the global batch's counted tokens
-  int64_t tokens = 0;      // counted tokens, all ranks
-  double grad_norm = 0;    // before clipping
+  double loss = 0;       // mean over the global batch's counted tokens
+  int64_t tokens = 0;    // counted tokens, all ranks
+  double grad_norm = 0;  // before clipping
 };
 
 // `comm` sums across data-parallel ranks; nullptr means this rank alone.
 StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optimizer,
-                      const std::vector<Batch>& micro_batches, Comm* comm, double lr,
-                      int64_t step, CheckpointPolicy policy);
+                      const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
+                      CheckpointPolicy policy);
 
 }  // namespace frugal

@@ -19,6 +19,7 @@
 #include "data/tokenizer.h"
 #include "dist/mesh.h"
 #include "dist/zero3_parameters.h"
+#include "model/hf_model.h"
 #include "model/llama_model.h"
 #include "model/sampling.h"
 #include "monitor/metrics.h"
@@ -79,7 +80,8 @@ void check_same_config(Comm& world, const TrainConfig& c) {
   const bool any = world.all_reduce_max(differences.empty() ? 0 : 1) > 0;
   if (!differences.empty())
     fail("rank ", world.rank(), " runs a different configuration from rank 0:", differences);
-  if (any) fail("rank ", world.rank(), ": another rank runs a different configuration (see its message)");
+  if (any)
+    fail("rank ", world.rank(), ": another rank runs a different configuration (see its message)");
 }
 
 // A testing aid: FRUGAL_INJECT_FAULT=exit:RANK:STEP or hang:RANK:STEP makes that rank die or
@@ -92,7 +94,8 @@ void maybe_inject_fault(int rank, int64_t step) {
   long long fault_step = -1;
   if (std::sscanf(spec, "%7[a-z]:%d:%lld", kind, &fault_rank, &fault_step) != 3) return;
   if (fault_rank != rank || fault_step != step) return;
-  std::fprintf(stderr, "frugal: rank %d: injected fault '%s' at step %lld\n", rank, kind, fault_step);
+  std::fprintf(stderr, "frugal: rank %d: injected fault '%s' at step %lld\n", rank, kind,
+               fault_step);
   if (std::string(kind) == "exit") std::_Exit(3);
   if (std::string(kind) == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -111,8 +114,8 @@ Batch to_model_batch(const TokenBatch& tokens) {
 // Mean validation loss over (at most eval_batches per rank of) the validation split.
 double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& val,
                 const TrainConfig& c, Comm& world) {
-  EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, world.rank(),
-                  world.size(), c.train.eval_batches);
+  EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, world.rank(), world.size(),
+                  c.train.eval_batches);
   TokenBatch tokens;
   double loss_sum = 0;
   int64_t counted = 0;
@@ -123,13 +126,13 @@ double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& v
   }
   const double total = world.all_reduce_sum(double(counted));
   if (total == 0)
-    fail("the validation split of '", c.data.dir, "' holds no window of train.seq_len = ",
-         c.train.seq_len, " + 1 tokens");
+    fail("the validation split of '", c.data.dir,
+         "' holds no window of train.seq_len = ", c.train.seq_len, " + 1 tokens");
   return world.all_reduce_sum(loss_sum) / total;
 }
 
-void save_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& params,
-                     AdamW& opt, const BatchSampler& sampler, const TrainConfig& c, Comm& world) {
+void save_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& params, AdamW& opt,
+                     const BatchSampler& sampler, const TrainConfig& c, Comm& world) {
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < opt.shards().size(); ++i) {
     const TrainableShard& s = opt.shards()[i];
@@ -161,8 +164,8 @@ void save_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& pa
 }
 
 // Reads this rank's rows of every tensor, whatever the number of ranks that saved them.
-int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& params,
-                        AdamW& opt, BatchSampler& sampler, const TrainConfig& c, Comm& world) {
+int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& params, AdamW& opt,
+                        BatchSampler& sampler, const TrainConfig& c, Comm& world) {
   const nlohmann::json manifest = dir.manifest(step);
   if (manifest.at("model") != llama_config_to_json(c.model))
     fail("checkpoint step ", step, " in '", dir.step_dir(step), "' has model ",
@@ -199,7 +202,18 @@ std::string fixed(double v, int digits) {
 
 }  // namespace
 
-TrainSummary run_training(const TrainConfig& c) {
+TrainSummary run_training(const TrainConfig& config) {
+  TrainConfig c = config;
+  // Starting from a Hugging Face model: its shape wins over [model], its weights over init.
+  std::optional<HfModelDir> hf;
+  if (!c.model_hf_path.empty()) {
+    hf.emplace(c.model_hf_path);
+    c.model = hf->config();
+    const nlohmann::json shape = llama_config_to_json(c.model);
+    for (auto it = shape.begin(); it != shape.end(); ++it)
+      c.resolved["model." + it.key()] = it.value().dump();
+    c.validate_model_dependent();
+  }
   Mesh mesh = make_mesh(1, c.parallel.timeout_s);
   Comm& world = *mesh.world;
   const int rank = world.rank();
@@ -239,6 +253,24 @@ TrainSummary run_training(const TrainConfig& c) {
   LrSchedule schedule{c.train.lr, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio};
   CheckpointDir ckpt_dir((fs::path(c.train.out_dir) / "ckpt").string());
 
+  if (hf) {
+    // Each rank reads only its own rows of each tensor, straight into its shard: host memory
+    // stays near this rank's share, never the whole model.
+    for (size_t u = 0; u < params.units().size(); ++u)
+      for (size_t i = 0; i < params.units()[u].params.size(); ++i) {
+        const ShardLayout& l = params.layout(u, i);
+        const int64_t first = l.first_row(rank), last = l.last_row(rank);
+        if (last > first)
+          hf->read_rows_into(l.name, first, last, params.shard(u, i).rows(0, last - first));
+      }
+    log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
+    const std::string hf_tokenizer = hf->tokenizer_path();
+    if (!hf_tokenizer.empty() &&
+        fs::file_size(hf_tokenizer) != fs::file_size(data_dir / "tokenizer.model"))
+      log_warn("the tokenizer of ", c.data.dir, " differs from ", hf_tokenizer,
+               "; prepare the data with `frugal prepare --tokenizer ", hf_tokenizer, "`");
+  }
+
   int64_t start_step = 0;
   if (c.train.resume) {
     world.barrier();  // rank 0 may have just created out_dir
@@ -260,15 +292,15 @@ TrainSummary run_training(const TrainConfig& c) {
     config_out << nlohmann::json(c.resolved).dump(2) << "\n";
   }
 
-  const int64_t tokens_per_step = c.train.micro_batch_size * c.train.seq_len *
-                                  c.train.grad_accum_steps * world.size();
+  const int64_t tokens_per_step =
+      c.train.micro_batch_size * c.train.seq_len * c.train.grad_accum_steps * world.size();
   log_info("frugal train: model ", c.model.parameter_count(), " parameters (",
            c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
            c.model.vocab_size, "); ", world.size(), " rank(s), ZeRO-3, offload ",
            c.parallel.offload);
-  log_info("memory per rank: parameters ", mib(arenas.params.stats().in_use_bytes),
-           ", gradients ", mib(arenas.grads.stats().in_use_bytes), ", optimizer ",
+  log_info("memory per rank: parameters ", mib(arenas.params.stats().in_use_bytes), ", gradients ",
+           mib(arenas.grads.stats().in_use_bytes), ", optimizer ",
            mib(arenas.optimizer.stats().in_use_bytes), ", gathered units up to ",
            mib(4 * params.largest_unit_bytes()), " (two units' weights and gradients)");
   log_info("data: ", train_tokens.size(), " training tokens, ", val_tokens.size(),
@@ -279,7 +311,8 @@ TrainSummary run_training(const TrainConfig& c) {
   TrainSummary summary;
   summary.first_val_loss = evaluate(model, params, val_tokens, c, world);
   log_info("step ", start_step, " | val_loss ", fixed(summary.first_val_loss, 4));
-  if (metrics && start_step == 0) metrics->write({{"step", 0}, {"val_loss", summary.first_val_loss}});
+  if (metrics && start_step == 0)
+    metrics->write({{"step", 0}, {"val_loss", summary.first_val_loss}});
   summary.final_val_loss = summary.first_val_loss;
 
   // --- the loop --------------------------------------------------------------------------------
@@ -301,17 +334,17 @@ TrainSummary run_training(const TrainConfig& c) {
 
     const double step_seconds = now_seconds() - step_start;
     window_tokens += tokens_per_step;
-    nlohmann::json record = {{"step", step},
-                             {"loss", result.loss},
-                             {"lr", lr},
-                             {"grad_norm", result.grad_norm},
-                             {"tokens_per_s", double(tokens_per_step) / step_seconds},
-                             {"peak_memory_bytes", host_arena().stats().peak_bytes +
-                                                       arenas.gathered.stats().peak_bytes +
-                                                       arenas.params.stats().peak_bytes +
-                                                       arenas.grads.stats().peak_bytes +
-                                                       arenas.optimizer.stats().peak_bytes},
-                             {"memory", memory_report(arenas)}};
+    nlohmann::json record = {
+        {"step", step},
+        {"loss", result.loss},
+        {"lr", lr},
+        {"grad_norm", result.grad_norm},
+        {"tokens_per_s", double(tokens_per_step) / step_seconds},
+        {"peak_memory_bytes", host_arena().stats().peak_bytes + arenas.gathered.stats().peak_bytes +
+                                  arenas.params.stats().peak_bytes +
+                                  arenas.grads.stats().peak_bytes +
+                                  arenas.optimizer.stats().peak_bytes},
+        {"memory", memory_report(arenas)}};
     const bool last = step == c.train.steps;
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
       summary.final_val_loss = evaluate(model, params, val_tokens, c, world);
