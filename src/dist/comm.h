@@ -4,6 +4,9 @@
 // or hung turns into a clear error on the others instead of a hang.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -18,6 +21,10 @@ class PendingOp {
  public:
   virtual ~PendingOp() = default;
   virtual void wait() = 0;
+  // Completes the operation as seen from the host, bounded by the timeout. For MPI this is
+  // wait(); for NCCL, wait() only orders the compute stream after the operation, while this
+  // blocks the host until the GPU finished it (and aborts the communicator on a timeout).
+  virtual void wait_host() { wait(); }
 };
 using Pending = std::unique_ptr<PendingOp>;
 
@@ -46,6 +53,40 @@ class Comm {
 
   // Ranks with the same color form a new group, ordered by key.
   virtual std::unique_ptr<Comm> split(int color, int key) const = 0;
+
+  // The operations issued between begin_group() and end_group() run as one (NCCL launches
+  // them together; a send and a recv between the same ranks must be grouped there, or they
+  // deadlock). Their Pending handles may be waited only after end_group(). Groups nest. MPI
+  // operations are already non-blocking, so there these do nothing.
+  virtual void begin_group() {}
+  virtual void end_group() {}
+};
+
+// A group of operations for the lifetime of a scope: CommGroup group(comm); ...; group.end();
+// end() reports errors; the destructor ends a group left open (on an exception) and ends the
+// process if that fails, since a destructor cannot throw.
+class CommGroup {
+ public:
+  explicit CommGroup(Comm& comm) : comm_(&comm) { comm_->begin_group(); }
+  ~CommGroup() {
+    if (!comm_) return;
+    try {
+      end();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "frugal: ending a communication group: %s\n", e.what());
+      std::abort();
+    }
+  }
+  CommGroup(const CommGroup&) = delete;
+  CommGroup& operator=(const CommGroup&) = delete;
+  void end() {
+    Comm* comm = comm_;
+    comm_ = nullptr;
+    if (comm) comm->end_group();
+  }
+
+ private:
+  Comm* comm_;
 };
 
 // The MPI implementation over MPI_COMM_WORLD (or a split of it). timeout_s bounds every wait.

@@ -1,0 +1,222 @@
+// Multi-tensor AdamW on the GPU (torch.optim.AdamW's formula, as frugal::cpu::adamw_update) and
+// the deterministic sum of squares for global-norm gradient clipping.
+//
+// AdamW: one launch covers up to kAdamWChunksPerLaunch tensors, whose pointers, sizes and block
+// offsets travel in the kernel's argument block (under the 4 KiB classic limit), so no device
+// table has to be allocated or copied. Each block updates 1024 consecutive elements of one
+// chunk, found by binary search over the chunks' first blocks. Where a chunk's fp32 arrays are
+// 16-byte aligned, each thread moves 4 elements with one float4 access per array (and one
+// 8-byte store for the bf16 copy). The per-step scalars are computed on the host in double, as
+// the CPU kernel does, and the element math uses explicitly rounded intrinsics (__fmul_rn, ...)
+// so nvcc cannot fuse a multiply-add: the result is the CPU's bit for bit.
+// Sum of squares: pass 1 runs a grid of at most kSumSquaresScratch blocks (a function of n
+// only), each thread accumulating x^2 in fp64 over a grid-stride loop and each block reducing by
+// shuffles into one partial; pass 2, a single block, sums the partials in a fixed order. Same
+// grid and same order on every run: bitwise reproducible.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pack16.cuh"
+
+namespace frugal::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kAdamWThreads = 256;
+constexpr int kElemsPerThread = 4;  // one float4
+constexpr int64_t kBlockElems = int64_t{kAdamWThreads} * kElemsPerThread;
+constexpr int kSumThreads = 256;
+constexpr int kSumFinalThreads = 1024;
+
+// The chunk table of one launch, passed by value as the kernel's argument.
+struct AdamWBatch {
+  AdamWChunk chunk[kAdamWChunksPerLaunch];
+  int64_t first_block[kAdamWChunksPerLaunch + 1];  // chunk c owns blocks [first[c], first[c+1])
+  bool vec[kAdamWChunksPerLaunch];                 // float4 path allowed for chunk c
+  int n_chunks;
+};
+
+// Per-step scalars, computed on the host as frugal::cpu::adamw_update computes them.
+struct AdamWScalars {
+  float decay;         // 1 - lr * wd
+  float one_minus_b1;  // 1 - beta1
+  float one_minus_b2;  // 1 - beta2
+  float beta2;
+  float step_size;  // lr / (1 - beta1^t)
+  float bias_correction2_sqrt;
+  float eps;
+  float grad_scale;
+};
+
+static_assert(sizeof(AdamWBatch) + sizeof(AdamWScalars) <= 4096,
+              "adamw_kernel's arguments must fit the classic 4 KiB kernel argument limit");
+
+// One element, rounded step by step exactly as the CPU loop.
+__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g_raw,
+                                              const AdamWScalars& s) {
+  const float g = __fmul_rn(g_raw, s.grad_scale);
+  p = __fmul_rn(p, s.decay);                                     // param.mul_(1 - lr * wd)
+  m = __fadd_rn(m, __fmul_rn(s.one_minus_b1, __fsub_rn(g, m)));  // exp_avg.lerp_(grad, 1 - b1)
+  v = __fadd_rn(__fmul_rn(v, s.beta2), __fmul_rn(__fmul_rn(s.one_minus_b2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+  p = __fsub_rn(p, __fmul_rn(s.step_size, __fdiv_rn(m, denom)));
+}
+
+__device__ __forceinline__ void adamw_scalar(const AdamWChunk& c, int64_t i,
+                                             const AdamWScalars& s) {
+  float p = c.param[i], m = c.m[i], v = c.v[i];
+  adamw_element(p, m, v, c.grad[i], s);
+  c.param[i] = p;
+  c.m[i] = m;
+  c.v[i] = v;
+  if (c.param_bf16 != nullptr) c.param_bf16[i] = __float2bfloat16_rn(p);
+}
+
+__global__ void adamw_kernel(const AdamWBatch batch, const AdamWScalars s) {
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = batch.n_chunks - 1;  // the last chunk whose first block is <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (batch.first_block[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const AdamWChunk& c = batch.chunk[lo];
+  const int64_t e0 = (b - batch.first_block[lo]) * kBlockElems;
+
+  if (batch.vec[lo]) {
+    const int64_t i = e0 + static_cast<int64_t>(threadIdx.x) * kElemsPerThread;
+    if (i + kElemsPerThread <= c.n) {
+      float4 p = *reinterpret_cast<const float4*>(c.param + i);
+      float4 m = *reinterpret_cast<const float4*>(c.m + i);
+      float4 v = *reinterpret_cast<const float4*>(c.v + i);
+      const float4 g = *reinterpret_cast<const float4*>(c.grad + i);
+      adamw_element(p.x, m.x, v.x, g.x, s);
+      adamw_element(p.y, m.y, v.y, g.y, s);
+      adamw_element(p.z, m.z, v.z, g.z, s);
+      adamw_element(p.w, m.w, v.w, g.w, s);
+      *reinterpret_cast<float4*>(c.param + i) = p;
+      *reinterpret_cast<float4*>(c.m + i) = m;
+      *reinterpret_cast<float4*>(c.v + i) = v;
+      if (c.param_bf16 != nullptr) {
+        // Four bf16, one 8-byte store: (i * 2 bytes) is a multiple of 8 and the base is checked.
+        const __nv_bfloat162 lo2 = __floats2bfloat162_rn(p.x, p.y);
+        const __nv_bfloat162 hi2 = __floats2bfloat162_rn(p.z, p.w);
+        uint2 raw;
+        memcpy(&raw.x, &lo2, sizeof(raw.x));
+        memcpy(&raw.y, &hi2, sizeof(raw.y));
+        *reinterpret_cast<uint2*>(c.param_bf16 + i) = raw;
+      }
+    } else {
+      for (int64_t k = i; k < c.n; ++k) adamw_scalar(c, k, s);
+    }
+  } else {
+    for (int k = 0; k < kElemsPerThread; ++k) {
+      const int64_t i = e0 + static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
+      if (i < c.n) adamw_scalar(c, i, s);
+    }
+  }
+}
+
+AdamWScalars adamw_scalars(const AdamWStep& st) {
+  FRUGAL_CHECK(st.step >= 1, "adamw step is 1-based, got ", st.step);
+  const double lr = st.lr, b1 = st.beta1, b2 = st.beta2;
+  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(st.step));
+  const double bias_correction2 = 1.0 - std::pow(b2, static_cast<double>(st.step));
+  AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - lr * static_cast<double>(st.weight_decay));
+  s.one_minus_b1 = static_cast<float>(1.0 - b1);
+  s.one_minus_b2 = static_cast<float>(1.0 - b2);
+  s.beta2 = st.beta2;
+  s.step_size = static_cast<float>(lr / bias_correction1);
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = st.eps;
+  s.grad_scale = st.grad_scale;
+  return s;
+}
+
+bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+// Pass 1 of sum_squares: partial[blockIdx.x] = this block's share, in fp64.
+template <bool kVec>
+__global__ void sum_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+  __shared__ double scratch[kWarpSize];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  double acc = 0.0;
+  const int64_t n4 = kVec ? n / 4 : 0;
+  for (int64_t q = first; q < n4; q += stride) {
+    const float4 v = *reinterpret_cast<const float4*>(x + 4 * q);
+    acc += static_cast<double>(v.x) * v.x;
+    acc += static_cast<double>(v.y) * v.y;
+    acc += static_cast<double>(v.z) * v.z;
+    acc += static_cast<double>(v.w) * v.w;
+  }
+  for (int64_t i = 4 * n4 + first; i < n; i += stride) acc += static_cast<double>(x[i]) * x[i];
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// Pass 2: one block sums the partials in a fixed order.
+__global__ void sum_squares_final_kernel(double* out, const double* partial, int64_t n_partials,
+                                         bool accumulate) {
+  __shared__ double scratch[kWarpSize];
+  double acc = 0.0;
+  for (int64_t b = threadIdx.x; b < n_partials; b += blockDim.x) acc += partial[b];
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
+}
+
+}  // namespace
+
+void adamw_update(const AdamWChunk* chunks, int64_t n_chunks, const AdamWStep& step,
+                  cudaStream_t stream) {
+  const AdamWScalars s = adamw_scalars(step);
+  for (int64_t c0 = 0; c0 < n_chunks; c0 += kAdamWChunksPerLaunch) {
+    AdamWBatch batch{};
+    batch.n_chunks = static_cast<int>(std::min<int64_t>(kAdamWChunksPerLaunch, n_chunks - c0));
+    int64_t blocks = 0;
+    for (int k = 0; k < batch.n_chunks; ++k) {
+      const AdamWChunk& c = chunks[c0 + k];
+      FRUGAL_CHECK(c.n >= 0, "adamw_update: chunk ", c0 + k, " has n = ", c.n);
+      FRUGAL_CHECK(c.n == 0 || (c.param && c.grad && c.m && c.v), "adamw_update: chunk ", c0 + k,
+                   " has a null pointer");
+      batch.chunk[k] = c;
+      batch.first_block[k] = blocks;
+      batch.vec[k] = all_aligned16(c.param, c.grad, c.m, c.v) && aligned8(c.param_bf16);
+      blocks += (c.n + kBlockElems - 1) / kBlockElems;
+    }
+    batch.first_block[batch.n_chunks] = blocks;
+    if (blocks == 0) continue;
+    FRUGAL_CHECK(blocks <= INT32_MAX, "adamw_update: ", blocks, " blocks in one launch");
+    adamw_kernel<<<static_cast<unsigned>(blocks), kAdamWThreads, 0, stream>>>(batch, s);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double* scratch,
+                 cudaStream_t stream) {
+  FRUGAL_CHECK(n >= 0, "sum_squares: n = ", n);
+  FRUGAL_CHECK(scratch != nullptr && out != nullptr, "sum_squares: null out or scratch");
+  const bool vec = aligned16(x);
+  const int64_t items = vec ? (n + 3) / 4 : n;
+  const int64_t blocks =
+      std::clamp<int64_t>((items + kSumThreads - 1) / kSumThreads, 1, kSumSquaresScratch);
+  if (vec)
+    sum_squares_partial_kernel<true>
+        <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
+  else
+    sum_squares_partial_kernel<false>
+        <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
+  CUDA_CHECK_LAUNCH();
+  sum_squares_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace frugal::cuda

@@ -1,0 +1,48 @@
+// Multi-tensor AdamW on the GPU (torch.optim.AdamW's formula, as frugal::cpu::adamw_update) and
+// the deterministic sum of squares for global-norm gradient clipping.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/adamw.h"
+
+namespace frugal::cuda {
+
+// The same hyperparameters as the CPU backend (lr, betas, eps, weight decay, 1-based step,
+// grad_scale), so an optimizer fills one struct for either.
+using AdamWStep = frugal::cpu::AdamWStep;
+
+// One tensor (or a piece of one) to update: n elements of fp32 param, grad, m and v in device
+// memory; param_bf16, when not null, receives bf16(param) after the update (the copy the forward
+// reads), saving a separate conversion pass.
+struct AdamWChunk {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  __nv_bfloat16* param_bf16 = nullptr;
+  int64_t n = 0;
+};
+
+// Updates every chunk of the host array `chunks` with the same step (one param group); the
+// chunk table travels as kernel arguments, one launch per kAdamWChunksPerLaunch chunks. The
+// element math is frugal::cpu::adamw_update's, rounded identically (fp32, no fused
+// multiply-add), so the results match the CPU bit for bit.
+inline constexpr int kAdamWChunksPerLaunch = 48;
+void adamw_update(const AdamWChunk* chunks, int64_t n_chunks, const AdamWStep& step,
+                  cudaStream_t stream);
+
+// Doubles of scratch sum_squares needs (its first-pass partial sums).
+inline constexpr int64_t kSumSquaresScratch = 1024;
+
+// *out = sum of x[i]^2 in fp64, or *out += that sum when accumulate is true (to sum a global
+// norm over several tensors in a fixed order). out is a device pointer; scratch holds
+// kSumSquaresScratch doubles. Deterministic: two passes with a fixed grid (depending on n only)
+// and fixed-order reductions.
+void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double* scratch,
+                 cudaStream_t stream);
+
+}  // namespace frugal::cuda

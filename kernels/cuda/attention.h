@@ -1,0 +1,36 @@
+// Causal attention with grouped-query heads on the GPU (bf16 in and out, fp32 math): a simple
+// fused forward returning the per-row log-sum-exp and a deterministic backward recomputing P.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cpu/attention.h"
+
+namespace frugal::cuda {
+
+// Same fields and meaning as the CPU kernel's (batch, q_len, kv_len, n_heads, n_kv_heads,
+// head_dim, scale, causal_offset): query row i sees key j iff j <= i + causal_offset.
+using AttentionShape = ::frugal::cpu::AttentionShape;
+
+// Whether the kernels are compiled for this head dim (16, 32, 64 and 128); the launchers
+// throw frugal::Error for others.
+bool attention_supports_head_dim(int64_t head_dim);
+
+// q: [batch, q_len, n_heads, head_dim]; k, v: [batch, kv_len, n_kv_heads, head_dim] (bf16)
+// out: [batch, q_len, n_heads, head_dim] (bf16, overwritten); lse: [batch, n_heads, q_len]
+// (fp32, overwritten). A row that sees no key gets out = 0 and lse = -inf.
+void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
+                       const __nv_bfloat16* k, const __nv_bfloat16* v, const AttentionShape& s,
+                       cudaStream_t stream);
+
+// dq, dk, dv (fp32, shaped like q, k, v) are ACCUMULATED (+=) so the blocks of a ring add into
+// the same buffers: zero them first. out and lse are the forward's (for a ring: the MERGED ones
+// of the whole row, as for the CPU kernel). Deterministic: every gradient element is summed by
+// one thread in a fixed order, no atomics.
+void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
+                        const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                        const __nv_bfloat16* out, const float* lse, const AttentionShape& s,
+                        cudaStream_t stream);
+
+}  // namespace frugal::cuda

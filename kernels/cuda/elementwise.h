@@ -1,0 +1,23 @@
+// Small elementwise helpers the model needs between the big kernels, on the GPU: in bf16 for
+// activations (residual adds), in fp32 for gradient buffers (accumulation, clipping).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace frugal::cuda {
+
+// y += x  (bf16: computed in fp32, rounded once; x may alias y)
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);
+void add_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, cudaStream_t stream);
+// y *= s
+void scale_inplace(float* y, float s, int64_t n, cudaStream_t stream);
+void scale_inplace(__nv_bfloat16* y, float s, int64_t n, cudaStream_t stream);
+// y += s * x
+void add_scaled_inplace(float* y, const float* x, float s, int64_t n, cudaStream_t stream);
+void add_scaled_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, float s, int64_t n,
+                        cudaStream_t stream);
+
+}  // namespace frugal::cuda

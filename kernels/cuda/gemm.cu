@@ -1,0 +1,166 @@
+// cuBLASLt GEMMs for linear layers: a context with a cached plan per GEMM shape and one
+// workspace, and the row-major launchers for y = x W^T, dx = dy W and dW += dy^T x.
+//
+// Row-major through a column-major library: a row-major matrix X [r, c] with row stride c is,
+// byte for byte, the column-major matrix X^T [c, r] with leading dimension c. So each row-major
+// product C = A B is computed as the column-major product C^T = B^T A^T, i.e. the operands swap
+// places and no data moves. For the three products of a linear layer (W [n, k] row-major):
+//
+//   forward   y [m, n] = x [m, k] W^T       ->  y^T [n, m] = op_T(W^T [k, n]) . x^T [k, m]
+//             cuBLAS (m', n', k') = (n, m, k); A = w (stored [k, n], ld k, transposed);
+//             B = x (stored [k, m], ld k); D = y (ld n).
+//   backward  dx [m, k] = dy [m, n] W       ->  dx^T [k, m] = W^T [k, n] . dy^T [n, m]
+//             (m', n', k') = (k, m, n); A = w (stored [k, n], ld k); B = dy (stored [n, m],
+//             ld n); D = dx (ld k). No transposes.
+//   weight    dW [n, k] += dy^T [n, m] x    ->  dW^T [k, n] += x^T [k, m] . op_T(dy^T [n, m])
+//             (m', n', k') = (k, n, m); A = x (stored [k, m], ld k); B = dy (stored [n, m],
+//             ld n, transposed); D = dw (fp32, ld k), beta = 1.
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
+
+namespace frugal::cuda {
+
+namespace {
+
+// The largest power of two (at most 256, cuBLASLt's default requirement) dividing the address:
+// cuBLASLt's heuristic must know it, because row blocks of a tensor are not 256-byte aligned.
+int pointer_alignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  int alignment = 1;
+  while (alignment < 256 && (address & static_cast<uintptr_t>(alignment)) == 0) alignment *= 2;
+  return alignment;
+}
+
+}  // namespace
+
+GemmContext::GemmContext(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  CUBLAS_CHECK(cublasLtCreate(&handle_));
+  if (workspace_bytes_ > 0) CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+GemmContext::~GemmContext() {
+  // Destructors must not throw: errors while freeing are ignored.
+  for (auto& [key, plan] : plans_) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.d);
+    cublasLtMatmulDescDestroy(plan.desc);
+  }
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
+  auto found = plans_.find(key);
+  if (found != plans_.end()) return found->second;
+
+  const auto [trans_a, trans_b, m, n, k, lda, ldb, ldd, a_type, b_type, d_type, align_a, align_b,
+              align_d] = key;
+  Plan plan;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  // Stored shapes (column-major rows x cols): A is [m, k] or, transposed, [k, m]; likewise B.
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, static_cast<cudaDataType_t>(a_type),
+                                          trans_a ? k : m, trans_a ? m : k, lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, static_cast<cudaDataType_t>(b_type),
+                                          trans_b ? n : k, trans_b ? k : n, ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, static_cast<cudaDataType_t>(d_type), m, n, ldd));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_workspace = workspace_bytes_;
+  const uint32_t alignments[3] = {static_cast<uint32_t>(align_a), static_cast<uint32_t>(align_b),
+                                  static_cast<uint32_t>(align_d)};
+  cublasLtMatmulHeuristicResult_t result{};
+  int n_results = 0;
+  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &alignments[0], sizeof(uint32_t));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &alignments[1], sizeof(uint32_t));
+  // C is D here (in place), so both carry D's alignment.
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &alignments[2], sizeof(uint32_t));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &alignments[2], sizeof(uint32_t));
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.d, plan.d,
+                                            pref, 1, &result, &n_results);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (status != CUBLAS_STATUS_SUCCESS || n_results == 0) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.d);
+    cublasLtMatmulDescDestroy(plan.desc);
+    check_cublas(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    fail("cuBLASLt has no algorithm for the GEMM m ", m, " n ", n, " k ", k, " trans_a ", trans_a,
+         " trans_b ", trans_b, " lda ", lda, " ldb ", ldb, " ldd ", ldd, " dtypes ", a_type, "/",
+         b_type, "/", d_type, " alignments ", align_a, "/", align_b, "/", align_d);
+  }
+  plan.algo = result.algo;
+  return plans_.emplace(key, plan).first->second;
+}
+
+void GemmContext::matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void* a,
+                         cudaDataType_t a_type, int64_t lda, bool trans_a, const void* b,
+                         cudaDataType_t b_type, int64_t ldb, bool trans_b, int64_t m, int64_t n,
+                         int64_t k, float alpha, float beta, cudaStream_t stream) {
+  FRUGAL_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm m ", m, " n ", n, " k ", k);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // cuBLASLt rejects k = 0; D = beta * D is then all there is to do.
+    FRUGAL_CHECK(beta == 1.0f, "gemm with k = 0 supports only beta = 1, got ", beta);
+    return;
+  }
+  const PlanKey key{trans_a,
+                    trans_b,
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldd,
+                    static_cast<int>(a_type),
+                    static_cast<int>(b_type),
+                    static_cast<int>(d_type),
+                    pointer_alignment(a),
+                    pointer_alignment(b),
+                    pointer_alignment(d)};
+  const Plan& plan = plan_for(key);
+  CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d,
+                              plan.d, &plan.algo, workspace_, workspace_bytes_, stream));
+}
+
+void linear_forward(GemmContext& ctx, __nv_bfloat16* y, const __nv_bfloat16* x,
+                    const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  ctx.matmul(y, CUDA_R_16BF, n, w, CUDA_R_16BF, k, /*trans_a=*/true, x, CUDA_R_16BF, k,
+             /*trans_b=*/false, n, m, k, 1.0f, 0.0f, stream);
+}
+
+void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloat16* dy,
+                           const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k,
+                           cudaStream_t stream) {
+  ctx.matmul(dx, CUDA_R_16BF, k, w, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
+             /*trans_b=*/false, k, m, n, 1.0f, 0.0f, stream);
+}
+
+void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
+                            const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
+                            cudaStream_t stream) {
+  ctx.matmul(dw, CUDA_R_32F, k, x, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
+             /*trans_b=*/true, k, n, m, 1.0f, 1.0f, stream);
+}
+
+}  // namespace frugal::cuda

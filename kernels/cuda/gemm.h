@@ -1,0 +1,88 @@
+// cuBLASLt GEMMs for linear layers with Hugging Face's weight layout W [out, in] row-major:
+// the forward y = x W^T and the two backward products, bf16 inputs with fp32 accumulation.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace frugal::cuda {
+
+// Throws frugal::Error when a cuBLAS(Lt) call does not return CUBLAS_STATUS_SUCCESS.
+inline void check_cublas(cublasStatus_t status, const char* what, const char* file, int line) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    ::frugal::fail("cuBLAS error: ", cublasLtGetStatusName(status), " (",
+                   cublasLtGetStatusString(status), ") in ", what, " at ", file, ":", line);
+}
+
+}  // namespace frugal::cuda
+
+// CUBLAS_CHECK(cublasLtMatmul(...)): throws frugal::Error on failure.
+#define CUBLAS_CHECK(call) ::frugal::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+
+namespace frugal::cuda {
+
+// Owns a cuBLASLt handle, one workspace allocated at construction, and a cache of matmul plans
+// (descriptor, layouts and heuristic algorithm) keyed by shape, transposes, dtypes and pointer
+// alignment, so a training step queries the heuristic once per distinct GEMM. The workspace
+// is shared by every GEMM launched through this context: use one context per stream.
+class GemmContext {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  explicit GemmContext(size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+
+  // Column-major D[m, n] = alpha * op(A) op(B) + beta * D, in cuBLAS's own convention:
+  // op(A) is [m, k] (A stored [m, k] with lda >= m, or [k, m] when trans_a), op(B) is [k, n];
+  // D has leading dimension ldd >= m. C is D (in place). Compute is fp32 (CUBLAS_COMPUTE_32F).
+  // The row-major launchers below are written in terms of this.
+  void matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void* a, cudaDataType_t a_type,
+              int64_t lda, bool trans_a, const void* b, cudaDataType_t b_type, int64_t ldb,
+              bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+              cudaStream_t stream);
+
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, a_type, b_type, d_type, alignment a, b, d)
+  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                             int, int, int, int, int>;
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  const Plan& plan_for(const PlanKey& key);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<PlanKey, Plan> plans_;
+};
+
+// The three products of a linear layer, all row-major, W [n, k] in Hugging Face's layout.
+// y[m, n] (bf16, overwritten) = x[m, k] . w[n, k]^T
+void linear_forward(GemmContext& ctx, __nv_bfloat16* y, const __nv_bfloat16* x,
+                    const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+// dx[m, k] (bf16, overwritten) = dy[m, n] . w[n, k]
+void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloat16* dy,
+                           const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k,
+                           cudaStream_t stream);
+// dw[n, k] (fp32, ACCUMULATED: +=) += dy[m, n]^T . x[m, k], so micro-batches add up.
+void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
+                            const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
+                            cudaStream_t stream);
+
+}  // namespace frugal::cuda
