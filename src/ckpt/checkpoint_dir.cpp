@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ckpt/crc32c.h"
 #include "ckpt/h5_file.h"
 #include "core/error.h"
 
@@ -19,6 +20,14 @@ namespace frugal {
 namespace {
 
 constexpr const char* kManifest = "manifest";
+// The manifest is an attribute, outside the datasets' Fletcher32 and CRC32C: it gets its own.
+constexpr const char* kManifestCrc = "manifest_crc32c";
+
+std::string crc_text(const std::string& text) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", crc32c(text.data(), text.size()));
+  return buf;
+}
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -64,7 +73,9 @@ void CheckpointDir::save_rank(int64_t step, int rank, const std::vector<NamedTen
   if (ec) fail("cannot create checkpoint directory '", step_dir(step), "': ", ec.message());
   H5Writer writer(rank_file(step, rank));
   for (const NamedTensor& t : tensors) writer.write_tensor(t.name, t.tensor);
-  writer.write_attribute(kManifest, manifest.dump());
+  const std::string text = manifest.dump();
+  writer.write_attribute(kManifest, text);
+  writer.write_attribute(kManifestCrc, crc_text(text));
   writer.close();
 }
 
@@ -102,8 +113,11 @@ std::optional<int64_t> CheckpointDir::latest() const {
 
 namespace {
 nlohmann::json read_manifest(const H5Reader& reader) {
+  const std::string text = reader.attribute(kManifest);
+  if (!reader.has_attribute(kManifestCrc) || reader.attribute(kManifestCrc) != crc_text(text))
+    fail("checkpoint file '", reader.path(), "': manifest checksum mismatch (the file is corrupt)");
   try {
-    return nlohmann::json::parse(reader.attribute(kManifest));
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint file '", reader.path(), "': manifest is not valid JSON: ", e.what());
   }

@@ -30,9 +30,8 @@ ShardLayout shard_layout(const ParamSpec& spec, int ranks) {
   return l;
 }
 
-Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm,
-                                 const Zero3Arenas& arenas, uint64_t seed, float init_std,
-                                 bool with_grads)
+Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
+                                 uint64_t seed, float init_std, bool with_grads)
     : units_(std::move(units)), comm_(comm), arenas_(arenas) {
   const int rank = comm_.rank(), ranks = comm_.size();
   for (const UnitSpec& unit : units_) {
@@ -63,12 +62,15 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   auto it = gathered_.find(unit);
   if (it != gathered_.end()) return it->second;
   Gathered& g = gathered_[unit];
-  // One all-gather per parameter, posted together: each lands a contiguous full matrix,
-  // because a shard is a contiguous block of rows.
+  // One all-gather per parameter, posted together as one group: each lands a contiguous
+  // full matrix, because a shard is a contiguous block of rows.
+  CommGroup group(comm_);
   for (size_t i = 0; i < layouts_[unit].size(); ++i) {
-    g.full.push_back(Tensor::empty(layouts_[unit][i].padded_shape(), DType::f32, *arenas_.gathered));
+    g.full.push_back(
+        Tensor::empty(layouts_[unit][i].padded_shape(), DType::f32, *arenas_.gathered));
     g.ops.push_back(comm_.all_gather(shards_[unit][i], g.full.back()));
   }
+  group.end();
   return g;
 }
 
@@ -130,11 +132,13 @@ void Zero3Parameters::grads_done(int64_t unit) {
   r.unit = unit;
   r.full = std::move(it->second);
   full_grads_.erase(it);
+  CommGroup group(comm_);
   for (size_t i = 0; i < r.full.size(); ++i) {
     r.shard_sum.push_back(
         Tensor::empty(layouts_[unit][i].shard_shape(), DType::f32, *arenas_.gathered));
     r.ops.push_back(comm_.reduce_scatter_sum(r.full[i], r.shard_sum[i]));
   }
+  group.end();
   in_flight_ = std::move(r);
 }
 

@@ -275,7 +275,11 @@ TrainSummary run_training(const TrainConfig& config) {
   if (c.train.resume) {
     world.barrier();  // rank 0 may have just created out_dir
     if (std::optional<int64_t> latest = ckpt_dir.latest()) {
-      start_step = load_checkpoint(ckpt_dir, *latest, params, optimizer, sampler, c, world);
+      try {
+        start_step = load_checkpoint(ckpt_dir, *latest, params, optimizer, sampler, c, world);
+      } catch (const nlohmann::json::exception& e) {
+        fail("checkpoint '", ckpt_dir.step_dir(*latest), "' has a malformed manifest: ", e.what());
+      }
       log_info("resumed from step ", start_step, " (", ckpt_dir.step_dir(*latest), ")");
     } else {
       log_info("train.resume: no committed checkpoint under ", c.train.out_dir,

@@ -51,6 +51,20 @@ grep -q 'resumed from step 10' "$work/d.log" || { echo "FAIL: did not resume"; c
 cmp <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") \
   || { echo "FAIL: resumed losses differ from a straight run"; exit 1; }
 
+# A corrupt checkpoint stops the resume with a message naming the file; nothing is deleted.
+file="$work/c/ckpt/step_00000020/rank_00000.h5"
+size=$(stat -c %s "$file")
+# 8 bytes every 8 KiB through the middle of the file: some land in tensor data.
+for ((offset = size * 3 / 10; offset < size * 7 / 10; offset += 8192)); do
+  printf 'garbage!' | dd of="$file" bs=1 seek=$offset conv=notrunc status=none
+done
+rc=0
+"$frugal" train "${common[@]}" --train.steps=30 --train.resume=true --train.out_dir="$work/c" \
+  > "$work/corrupt.log" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || { echo "FAIL: a corrupt checkpoint gave exit $rc"; cat "$work/corrupt.log"; exit 1; }
+grep -q "rank_00000.h5" "$work/corrupt.log" || { echo "FAIL: the error does not name the file"; cat "$work/corrupt.log"; exit 1; }
+[ -f "$file" ] && [ -f "$work/c/ckpt/step_00000010/rank_00000.h5" ] || { echo "FAIL: checkpoint files were lost"; exit 1; }
+
 # Bad input: a clear message and a non-zero exit, never a crash.
 expect_error() {
   local pattern=$1
