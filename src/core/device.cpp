@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/log.h"
+
 namespace frugal {
 
 namespace {
@@ -20,18 +22,6 @@ void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
     fail("CUDA error in ", what, ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status),
          ")");
-}
-
-std::string human_bytes(size_t bytes) {
-  std::ostringstream out;
-  out.precision(3);
-  if (bytes >= (size_t(1) << 30))
-    out << double(bytes) / double(size_t(1) << 30) << " GiB";
-  else if (bytes >= (size_t(1) << 20))
-    out << double(bytes) / double(size_t(1) << 20) << " MiB";
-  else
-    out << bytes << " B";
-  return out.str();
 }
 
 // Size classes: small blocks in 512-byte steps, large ones in 2 MiB steps, so that the
@@ -108,16 +98,16 @@ void* CachingArena::raw_allocate(size_t bytes) {
   const size_t limit = stats().limit_bytes;
   if (limit && c.reserved_bytes + block > limit) trim();
   if (limit && c.reserved_bytes + block > limit)
-    fail("out of memory in ", name(), ": a block of ", human_bytes(block), " (for ",
-         human_bytes(bytes), ") does not fit: ", usage_report());
+    fail("out of memory in ", name(), ": a block of ", format_bytes(block), " (for ",
+         format_bytes(bytes), ") does not fit: ", usage_report());
   void* ptr = driver_allocate(block);
   if (!ptr && c.cached_bytes > 0) {
     trim();  // the driver is out of memory; give back what the cache holds and try again
     ptr = driver_allocate(block);
   }
   if (!ptr)
-    fail("out of memory in ", name(), ": the driver refused a block of ", human_bytes(block),
-         " (for ", human_bytes(bytes), "): ", usage_report());
+    fail("out of memory in ", name(), ": the driver refused a block of ", format_bytes(block),
+         " (for ", format_bytes(bytes), "): ", usage_report());
   c.live_blocks.emplace(ptr, block);
   c.reserved_bytes += block;
   c.peak_reserved_bytes = std::max(c.peak_reserved_bytes, c.reserved_bytes);
@@ -175,10 +165,10 @@ CachingStats CachingArena::caching_stats() const {
 std::string CachingArena::usage_report() const {
   const CachingStats s = caching_stats();
   std::ostringstream out;
-  out << human_bytes(s.in_use_bytes) << " in use (peak " << human_bytes(s.peak_in_use_bytes)
-      << "), " << human_bytes(s.reserved_bytes) << " reserved (" << human_bytes(s.cached_bytes)
-      << " cached, peak " << human_bytes(s.peak_reserved_bytes) << "), cap "
-      << (s.limit_bytes ? human_bytes(s.limit_bytes) : std::string("none"));
+  out << format_bytes(s.in_use_bytes) << " in use (peak " << format_bytes(s.peak_in_use_bytes)
+      << "), " << format_bytes(s.reserved_bytes) << " reserved (" << format_bytes(s.cached_bytes)
+      << " cached, peak " << format_bytes(s.peak_reserved_bytes) << "), cap "
+      << (s.limit_bytes ? format_bytes(s.limit_bytes) : std::string("none"));
   return out.str();
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 namespace frugal {
 
@@ -11,6 +12,18 @@ int g_rank = 0;
 bool g_all_ranks = std::getenv("FRUGAL_LOG_ALL_RANKS") != nullptr;
 bool g_quiet = false;
 }  // namespace
+
+std::string format_bytes(size_t bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  if (bytes >= (size_t(1) << 30))
+    out << double(bytes) / double(size_t(1) << 30) << " GiB";
+  else if (bytes >= (size_t(1) << 20))
+    out << double(bytes) / double(size_t(1) << 20) << " MiB";
+  else
+    out << bytes << " B";
+  return out.str();
+}
 
 void set_log_rank(int rank) { g_rank = rank; }
 void set_log_all_ranks(bool all) { g_all_ranks = all; }

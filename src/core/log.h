@@ -2,6 +2,7 @@
 // set_log_all_ranks), so mpirun output stays readable.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "core/error.h"
@@ -11,6 +12,9 @@ namespace frugal {
 void set_log_rank(int rank);       // called once after MPI starts
 void set_log_all_ranks(bool all);  // every rank prints, prefixed with [rank N]
 void set_log_quiet(bool quiet);    // info lines suppressed (warnings and errors stay)
+
+// "1.5 GiB", "12 MiB", "512 B": sizes in messages.
+std::string format_bytes(size_t bytes);
 
 void log_line(const std::string& line);   // info, to stdout
 void warn_line(const std::string& line);  // "frugal: warning: ...", to stderr, every rank

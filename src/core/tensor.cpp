@@ -5,21 +5,11 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/log.h"
+
 namespace frugal {
 
-namespace {
-std::string human_bytes(size_t bytes) {
-  std::ostringstream out;
-  out.precision(3);
-  if (bytes >= (size_t(1) << 30))
-    out << double(bytes) / double(size_t(1) << 30) << " GiB";
-  else if (bytes >= (size_t(1) << 20))
-    out << double(bytes) / double(size_t(1) << 20) << " MiB";
-  else
-    out << bytes << " B";
-  return out.str();
-}
-}  // namespace
+namespace {}  // namespace
 
 Arena::Arena(std::string name, Device device, size_t limit_bytes)
     : name_(std::move(name)), device_(device) {
@@ -28,11 +18,11 @@ Arena::Arena(std::string name, Device device, size_t limit_bytes)
 
 void* Arena::allocate(size_t bytes, const std::string& what) {
   if (stats_.limit_bytes && stats_.in_use_bytes + bytes > stats_.limit_bytes)
-    fail("out of memory in ", name_, ": allocating ", human_bytes(bytes), " for ", what, " with ",
-         human_bytes(stats_.in_use_bytes), " in use of a ", human_bytes(stats_.limit_bytes),
+    fail("out of memory in ", name_, ": allocating ", format_bytes(bytes), " for ", what, " with ",
+         format_bytes(stats_.in_use_bytes), " in use of a ", format_bytes(stats_.limit_bytes),
          " limit");
   void* ptr = raw_allocate(bytes);
-  if (!ptr) fail("out of memory in ", name_, ": allocating ", human_bytes(bytes), " for ", what);
+  if (!ptr) fail("out of memory in ", name_, ": allocating ", format_bytes(bytes), " for ", what);
   stats_.in_use_bytes += bytes;
   if (stats_.in_use_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.in_use_bytes;
   return ptr;

@@ -22,40 +22,13 @@
 #include "ckpt/h5_file.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "test_support.h"
 
 using namespace frugal;
+using namespace frugal::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under /tmp, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char name[] = "/tmp/frugal-ckpt-XXXXXX";
-    REQUIRE(mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-// The message of the Error that `f` throws, or "" if it throws none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed) {
   Tensor t = Tensor::empty(shape, dtype);

@@ -15,26 +15,15 @@
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "model/sampling.h"
+#include "test_support.h"
 
 using namespace frugal;
+using namespace frugal::test;
 namespace fs = std::filesystem;
 
 namespace {
 
 const fs::path kFixtures = fs::path(FRUGAL_SOURCE_DIR) / "tests" / "fixtures" / "hf";
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char name[] = "/tmp/frugal-hf-XXXXXX";
-    REQUIRE(mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 struct Fixture {
   fs::path dir;

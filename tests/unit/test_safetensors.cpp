@@ -13,40 +13,15 @@
 #include "catch_compat.h"
 #include "ckpt/safetensors.h"
 #include "model/hf_model.h"
+#include "test_support.h"
 
 using namespace frugal;
+using namespace frugal::test;
 namespace fs = std::filesystem;
 
 namespace {
 
 const fs::path kFixtures = fs::path(FRUGAL_SOURCE_DIR) / "tests" / "fixtures" / "hf";
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char name[] = "/tmp/frugal-st-XXXXXX";
-    REQUIRE(mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 Tensor random_f32(const Shape& shape, uint32_t seed) {
   Tensor t = Tensor::empty(shape);
