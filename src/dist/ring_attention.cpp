@@ -1,0 +1,413 @@
+// Ring attention: the zigzag layout helpers, and the forward and backward ring schedules over
+// a Comm (MPI on host tensors today), built on ops::attention_block and its backward.
+//
+// Why the zigzag layout balances the work. Rank k holds query chunks k and 2P-1-k. At ring
+// step s it holds the K/V of rank r = k - s (mod P), chunks r and 2P-1-r. Block pairs whose
+// key chunk is after the query chunk are fully masked and skipped; with c tokens per chunk:
+//   s = 0 (r = k): (k, k) and (2P-1-k, 2P-1-k) are diagonal (c^2/2 each), (2P-1-k, k) full,
+//                  (k, 2P-1-k) masked                                   -> 2 c^2 /2 + c^2
+//   r < k:         both query chunks see chunk r fully; chunk 2P-1-r (> 2P-1-k > k) is after
+//                  both                                                 -> 2 c^2
+//   r > k:         query chunk 2P-1-k (>= P > r) sees both kv chunks fully; query chunk k sees
+//                  neither                                              -> 2 c^2
+// so every rank does 2c^2 of score work at every step (the diagonal step counting the masked
+// halves of its two diagonal blocks), and no rank waits for a slower neighbour. A contiguous
+// split (rank k holds tokens [kS/P, (k+1)S/P)) would give rank P-1 P times the work of rank 0.
+#include "dist/ring_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "ops/attention_offset.h"
+#include "ops/attention_offset_backward.h"
+
+namespace frugal {
+
+namespace {
+
+// MPI tags of the two kinds of ring messages (NCCL ignores tags and matches in issue order,
+// which is the same on every rank).
+constexpr int kTagKv = 0x5241;   // K/V blocks
+constexpr int kTagDkv = 0x5242;  // dK/dV accumulators
+
+int64_t row_bytes(const Tensor& t) {
+  FRUGAL_CHECK(t.ndim() >= 1 && t.size(0) > 0, "zigzag rows of a tensor of shape ",
+               shape_string(t.shape()));
+  return int64_t(t.bytes()) / t.size(0);
+}
+
+// x holds `outer` blocks, each made of two halves of equal size (the two chunks of a
+// sequence, or of one lse row). Returns the given half of every block, concatenated, viewed
+// as `shape`.
+Tensor take_half(const Tensor& x, int64_t outer, int half, const Shape& shape) {
+  Tensor part = Tensor::empty(shape, x.dtype());
+  const size_t half_bytes = x.bytes() / size_t(2 * outer);
+  FRUGAL_CHECK(part.bytes() * 2 == x.bytes(), "half of ", shape_string(x.shape()), " as ",
+               shape_string(shape));
+  const char* src = static_cast<const char*>(x.raw());
+  char* dst = static_cast<char*>(part.raw());
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(dst + o * half_bytes, src + (2 * o + half) * half_bytes, half_bytes);
+  return part;
+}
+
+// The inverse of take_half: writes part into the given half of every block of x.
+void put_half(Tensor& x, int64_t outer, int half, const Tensor& part) {
+  const size_t half_bytes = x.bytes() / size_t(2 * outer);
+  FRUGAL_CHECK(part.bytes() * 2 == x.bytes() && part.dtype() == x.dtype(), "half ",
+               shape_string(part.shape()), " into ", shape_string(x.shape()));
+  const char* src = static_cast<const char*>(part.raw());
+  char* dst = static_cast<char*>(x.raw());
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(dst + (2 * o + half) * half_bytes, src + o * half_bytes, half_bytes);
+}
+
+// The chunk index of half `half` of rank `rank`'s rows, with P ranks.
+int64_t chunk_of(int rank, int half, int P) { return half == 0 ? rank : 2 * int64_t(P) - 1 - rank; }
+
+// What travels the ring: K and V of one rank, chunk-major so that each (tensor, chunk) is a
+// contiguous [batch * c, n_kv_heads, D] window: quarters [K chunk 0, K chunk 1, V chunk 0,
+// V chunk 1], `rows` = batch * c rows each. One message per step instead of four. The dK/dV
+// accumulators have the same layout.
+Tensor kv_quarter(const Tensor& kv, int64_t rows, int index) {
+  return kv.rows(index * rows, (index + 1) * rows);
+}
+
+Tensor pack_kv(const Tensor& k, const Tensor& v, int64_t batch) {
+  const int64_t rows = k.size(0) / 2;
+  Tensor kv = Tensor::empty({4 * rows, k.size(1), k.size(2)}, DType::f32);
+  const Shape quarter_shape{rows, k.size(1), k.size(2)};
+  for (int half = 0; half < 2; ++half) {
+    kv_quarter(kv, rows, half).copy_from(take_half(k, batch, half, quarter_shape));
+    kv_quarter(kv, rows, 2 + half).copy_from(take_half(v, batch, half, quarter_shape));
+  }
+  return kv;
+}
+
+// Folds a block's partial result (out_i, lse_i) into the running (out, lse) of the same query
+// rows: lse' = log(exp(lse) + exp(lse_i)), out' = exp(lse - lse') out + exp(lse_i - lse') out_i.
+// A row that saw no key of the block has lse_i = -inf and is left as it is.
+void merge_partial(Tensor& out, Tensor& lse, const ops::Attention& part, int64_t batch) {
+  const int64_t H = out.size(1), D = out.size(2), T = out.size(0) / batch;
+  float* o = out.data<float>();
+  float* l = lse.data<float>();
+  const float* po = part.out.data<float>();
+  const float* pl = part.lse.data<float>();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel for collapse(3) schedule(static)
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t li = (b * H + h) * T + i;
+        const float lse_new = pl[li];
+        if (lse_new == neg_inf) continue;
+        const float lse_old = l[li];
+        float* o_row = o + ((b * T + i) * H + h) * D;
+        const float* p_row = po + ((b * T + i) * H + h) * D;
+        if (lse_old == neg_inf) {
+          std::memcpy(o_row, p_row, size_t(D) * sizeof(float));
+          l[li] = lse_new;
+          continue;
+        }
+        const float m = std::max(lse_old, lse_new);
+        const float lse_sum = m + std::log(std::exp(lse_old - m) + std::exp(lse_new - m));
+        const float w_old = std::exp(lse_old - lse_sum), w_new = std::exp(lse_new - lse_sum);
+        for (int64_t d = 0; d < D; ++d) o_row[d] = w_old * o_row[d] + w_new * p_row[d];
+        l[li] = lse_sum;
+      }
+    }
+  }
+}
+
+struct RingShape {
+  int64_t batch = 0, chunk = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int P = 1, rank = 0;
+  int next() const { return (rank + 1) % P; }
+  int prev() const { return (rank + P - 1) % P; }
+  // The rank whose K/V this rank holds at step s.
+  int source(int s) const { return (rank - s % P + P) % P; }
+};
+
+RingShape ring_shape(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+                     const Comm& cp) {
+  for (const Tensor* t : {&q, &k, &v})
+    FRUGAL_CHECK(
+        t->defined() && t->device() == Device::cpu && t->dtype() == DType::f32 && t->ndim() == 3,
+        "ring attention takes f32 cpu tensors [rows, heads, head_dim]");
+  FRUGAL_CHECK(batch > 0 && q.size(0) % (2 * batch) == 0 && k.shape() == v.shape() &&
+                   k.size(0) == q.size(0) && k.size(2) == q.size(2) && q.size(1) % k.size(1) == 0,
+               "ring attention q ", shape_string(q.shape()), " k ", shape_string(k.shape()), " v ",
+               shape_string(v.shape()), " batch ", batch);
+  RingShape r;
+  r.batch = batch;
+  r.chunk = q.size(0) / (2 * batch);
+  r.heads = q.size(1);
+  r.kv_heads = k.size(1);
+  r.head_dim = q.size(2);
+  r.P = cp.size();
+  r.rank = cp.rank();
+  return r;
+}
+
+// For query chunk qc against key chunk kc (chunk indices in the padded sequence): the
+// causal_offset of attention_block, or -1 when every key is after every query (skip).
+// Query i of qc is at qc*c + i, key j of kc at kc*c + j; it sees j <= i + (qc - kc) * c.
+int64_t block_offset(int64_t qc, int64_t kc, int64_t chunk) {
+  return kc > qc ? -1 : (qc - kc) * chunk;
+}
+
+// The local [batch * 2c, ...] tensor assembled from its two chunk-major halves.
+Tensor join_halves(const Tensor& first, const Tensor& second, int64_t outer, const Shape& shape) {
+  Tensor x = Tensor::empty(shape, first.dtype());
+  put_half(x, outer, 0, first);
+  put_half(x, outer, 1, second);
+  return x;
+}
+
+}  // namespace
+
+// --- zigzag layout --------------------------------------------------------------------------
+
+ZigzagLayout zigzag_layout(int64_t seq_len, int cp_size, int cp_rank) {
+  if (seq_len < 1 || cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size)
+    fail("zigzag layout of ", seq_len, " tokens over ", cp_size, " ranks (rank ", cp_rank,
+         "): need at least one token and a rank in [0, ranks)");
+  ZigzagLayout l;
+  l.seq_len = seq_len;
+  l.cp_size = cp_size;
+  l.cp_rank = cp_rank;
+  const int64_t chunks = 2 * int64_t(cp_size);
+  l.chunk_len = (seq_len + chunks - 1) / chunks;
+  l.padded_len = l.chunk_len * chunks;
+  return l;
+}
+
+std::vector<int64_t> zigzag_token_indices(const ZigzagLayout& layout) {
+  std::vector<int64_t> indices;
+  indices.reserve(size_t(layout.local_len()));
+  for (int half = 0; half < 2; ++half)
+    for (int64_t i = 0; i < layout.chunk_len; ++i)
+      indices.push_back(layout.chunk(half) * layout.chunk_len + i);
+  return indices;
+}
+
+Tensor zigzag_positions(const ZigzagLayout& layout, int64_t batch) {
+  const std::vector<int64_t> indices = zigzag_token_indices(layout);
+  Tensor positions = Tensor::empty({batch * layout.local_len()}, DType::i32);
+  int32_t* p = positions.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (size_t i = 0; i < indices.size(); ++i)
+      p[b * layout.local_len() + int64_t(i)] = int32_t(indices[i]);
+  return positions;
+}
+
+Tensor zigzag_scatter(const Tensor& full, const ZigzagLayout& layout, int64_t batch) {
+  FRUGAL_CHECK(batch > 0 && full.ndim() >= 1 && full.size(0) == batch * layout.seq_len,
+               "zigzag_scatter of ", shape_string(full.shape()), " as ", batch, " sequences of ",
+               layout.seq_len);
+  FRUGAL_CHECK(full.device() == Device::cpu, "zigzag_scatter takes a host tensor");
+  Shape shape = full.shape();
+  shape[0] = batch * layout.local_len();
+  Tensor local = Tensor::empty(shape, full.dtype());
+  const size_t rb = size_t(row_bytes(full));
+  const std::vector<int64_t> indices = zigzag_token_indices(layout);
+  const char* src = static_cast<const char*>(full.raw());
+  char* dst = static_cast<char*>(local.raw());
+  for (int64_t b = 0; b < batch; ++b) {
+    for (size_t i = 0; i < indices.size(); ++i) {
+      char* row = dst + size_t(b * layout.local_len() + int64_t(i)) * rb;
+      if (indices[i] < layout.seq_len)
+        std::memcpy(row, src + size_t(b * layout.seq_len + indices[i]) * rb, rb);
+      else
+        std::memset(row, 0, rb);
+    }
+  }
+  return local;
+}
+
+void zigzag_place(Tensor& full, const Tensor& local, const ZigzagLayout& layout, int64_t batch) {
+  FRUGAL_CHECK(batch > 0 && full.ndim() >= 1 && full.size(0) == batch * layout.seq_len &&
+                   local.ndim() == full.ndim() && local.size(0) == batch * layout.local_len() &&
+                   local.dtype() == full.dtype() && row_bytes(local) == row_bytes(full),
+               "zigzag_place of ", shape_string(local.shape()), " into ",
+               shape_string(full.shape()), " as ", batch, " sequences of ", layout.seq_len);
+  const size_t rb = size_t(row_bytes(full));
+  const std::vector<int64_t> indices = zigzag_token_indices(layout);
+  const char* src = static_cast<const char*>(local.raw());
+  char* dst = static_cast<char*>(full.raw());
+  for (int64_t b = 0; b < batch; ++b)
+    for (size_t i = 0; i < indices.size(); ++i)
+      if (indices[i] < layout.seq_len)
+        std::memcpy(dst + size_t(b * layout.seq_len + indices[i]) * rb,
+                    src + size_t(b * layout.local_len() + int64_t(i)) * rb, rb);
+}
+
+Tensor zigzag_gather(const Tensor& local, const ZigzagLayout& layout, int64_t batch, Comm& cp) {
+  FRUGAL_CHECK(cp.size() == layout.cp_size && cp.rank() == layout.cp_rank,
+               "zigzag_gather: layout of rank ", layout.cp_rank, " of ", layout.cp_size,
+               " on rank ", cp.rank(), " of ", cp.size());
+  Shape all_shape = local.shape();
+  all_shape[0] *= cp.size();
+  Tensor all = Tensor::empty(all_shape, local.dtype());
+  cp.all_gather(local, all)->wait();
+  Shape full_shape = local.shape();
+  full_shape[0] = batch * layout.seq_len;
+  Tensor full = Tensor::empty(full_shape, local.dtype());
+  const int64_t rows = local.size(0);
+  for (int r = 0; r < cp.size(); ++r)
+    zigzag_place(full, all.rows(r * rows, (r + 1) * rows),
+                 zigzag_layout(layout.seq_len, layout.cp_size, r), batch);
+  return full;
+}
+
+// --- forward ------------------------------------------------------------------------------
+//
+// Step s = 0 .. P-1: rank k holds the K/V of rank k - s. Before computing with it, rank k
+// posts (in one CommGroup) the send of that block to k+1 and the receive of the next one
+// (rank k-s-1's) from k-1 into the other buffer; it then computes the block pairs that are
+// not masked, folds them into the running (out, lse), and waits for both transfers. The last
+// step posts nothing. P-1 transfers of K/V in all.
+ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      int64_t batch, Comm& cp) {
+  const RingShape r = ring_shape(q, k, v, batch, cp);
+  const int64_t rows = r.batch * r.chunk;
+  const Shape q_half_shape{rows, r.heads, r.head_dim}, lse_half_shape{batch, r.heads, r.chunk};
+  Tensor q_half[2], out_half[2], lse_half[2];
+  for (int h = 0; h < 2; ++h) {
+    q_half[h] = take_half(q, batch, h, q_half_shape);
+    out_half[h] = Tensor::zeros(q_half_shape, DType::f32);
+    lse_half[h] = Tensor::empty(lse_half_shape, DType::f32);
+    float* l = lse_half[h].data<float>();
+    std::fill(l, l + lse_half[h].numel(), -std::numeric_limits<float>::infinity());
+  }
+
+  Tensor kv[2];
+  kv[0] = pack_kv(k, v, batch);
+  if (r.P > 1) kv[1] = Tensor::empty(kv[0].shape(), DType::f32);
+  for (int s = 0; s < r.P; ++s) {
+    const Tensor& cur = kv[s % 2];
+    Pending send, recv;
+    if (s + 1 < r.P) {
+      CommGroup group(cp);
+      send = cp.send(cur, r.next(), kTagKv);
+      recv = cp.recv(kv[(s + 1) % 2], r.prev(), kTagKv);
+      group.end();
+    }
+    const int src = r.source(s);
+    for (int qh = 0; qh < 2; ++qh) {
+      for (int kh = 0; kh < 2; ++kh) {
+        const int64_t offset =
+            block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
+        if (offset < 0) continue;
+        const ops::Attention part = ops::attention_block(
+            q_half[qh], kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh), batch, offset);
+        merge_partial(out_half[qh], lse_half[qh], part, batch);
+      }
+    }
+    if (send) send->wait();
+    if (recv) recv->wait();
+  }
+
+  return {join_halves(out_half[0], out_half[1], batch, q.shape()),
+          join_halves(lse_half[0], lse_half[1], batch * r.heads, {batch, r.heads, 2 * r.chunk})};
+}
+
+// --- backward -----------------------------------------------------------------------------
+//
+// K/V travel exactly as in the forward (block of rank k - s at rank k on step s, prefetched
+// one step ahead). Each block's fp32 dK/dV accumulator travels with it, one step behind:
+//   step s on rank k: compute the local queries' contribution to block k-s into a zeroed
+//   buffer (dQ accumulates locally); wait for the accumulator of block k-s from rank k-1
+//   (it holds steps 0 .. s-1) and add it; send the sum to k+1 and post the receive of the
+//   accumulator of block k-s-1 from k-1 (one CommGroup). That transfer overlaps step s+1's
+//   compute.
+// After the last step (s = P-1) rank k sends the accumulator of block k-(P-1) = k+1, now
+// complete, to k+1 - its owner - and receives the one of block (k-1)-(P-1) = k: every
+// dK/dV arrives home with the P-th transfer. P-1 transfers of K/V, P of dK/dV.
+ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                            const Tensor& v, const ops::Attention& fwd,
+                                            int64_t batch, Comm& cp) {
+  const RingShape r = ring_shape(q, k, v, batch, cp);
+  FRUGAL_CHECK(dout.shape() == q.shape() && fwd.out.shape() == q.shape() &&
+                   fwd.lse.shape() == Shape({batch, r.heads, 2 * r.chunk}),
+               "ring attention backward dout ", shape_string(dout.shape()), " out ",
+               shape_string(fwd.out.shape()), " lse ", shape_string(fwd.lse.shape()), " for q ",
+               shape_string(q.shape()));
+  const int64_t rows = r.batch * r.chunk;
+  const Shape q_half_shape{rows, r.heads, r.head_dim}, lse_half_shape{batch, r.heads, r.chunk};
+  Tensor q_half[2], dout_half[2], out_half[2], lse_half[2], dq_half[2];
+  for (int h = 0; h < 2; ++h) {
+    q_half[h] = take_half(q, batch, h, q_half_shape);
+    dout_half[h] = take_half(dout, batch, h, q_half_shape);
+    out_half[h] = take_half(fwd.out, batch, h, q_half_shape);
+    lse_half[h] = take_half(fwd.lse, batch * r.heads, h, lse_half_shape);
+    dq_half[h] = Tensor::zeros(q_half_shape, DType::f32);
+  }
+
+  Tensor kv[2], dkv_out[2], dkv_in;
+  kv[0] = pack_kv(k, v, batch);
+  dkv_out[0] = Tensor::empty(kv[0].shape(), DType::f32);
+  if (r.P > 1) {
+    kv[1] = Tensor::empty(kv[0].shape(), DType::f32);
+    dkv_out[1] = Tensor::empty(kv[0].shape(), DType::f32);
+    dkv_in = Tensor::empty(kv[0].shape(), DType::f32);
+  }
+  Pending dkv_send[2], dkv_recv;
+  for (int s = 0; s < r.P; ++s) {
+    const Tensor& cur = kv[s % 2];
+    Pending kv_send, kv_recv;
+    if (s + 1 < r.P) {
+      CommGroup group(cp);
+      kv_send = cp.send(cur, r.next(), kTagKv);
+      kv_recv = cp.recv(kv[(s + 1) % 2], r.prev(), kTagKv);
+      group.end();
+    }
+    // This buffer was last sent two steps ago; that send must be done before it is reused.
+    Tensor& acc = dkv_out[s % 2];
+    if (dkv_send[s % 2]) dkv_send[s % 2]->wait();
+    acc.fill_zero();
+    const int src = r.source(s);
+    for (int qh = 0; qh < 2; ++qh) {
+      for (int kh = 0; kh < 2; ++kh) {
+        const int64_t offset =
+            block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
+        if (offset < 0) continue;
+        Tensor dk_part = kv_quarter(acc, rows, kh);
+        Tensor dv_part = kv_quarter(acc, rows, 2 + kh);
+        ops::attention_block_backward(dq_half[qh], dk_part, dv_part, dout_half[qh], q_half[qh],
+                                      kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh),
+                                      out_half[qh], lse_half[qh], batch, offset);
+      }
+    }
+    if (r.P > 1) {
+      if (s > 0) {
+        dkv_recv->wait();
+        ops::add_inplace(acc, dkv_in);
+      }
+      CommGroup group(cp);
+      dkv_send[s % 2] = cp.send(acc, r.next(), kTagDkv);
+      dkv_recv = cp.recv(dkv_in, r.prev(), kTagDkv);
+      group.end();
+    }
+    if (kv_send) kv_send->wait();
+    if (kv_recv) kv_recv->wait();
+  }
+  Tensor* own = &dkv_out[0];
+  if (r.P > 1) {
+    dkv_recv->wait();
+    for (Pending& p : dkv_send)
+      if (p) p->wait();
+    own = &dkv_in;
+  }
+
+  ops::AttentionGrads g;
+  g.dq = join_halves(dq_half[0], dq_half[1], batch, q.shape());
+  g.dk = join_halves(kv_quarter(*own, rows, 0), kv_quarter(*own, rows, 1), batch, k.shape());
+  g.dv = join_halves(kv_quarter(*own, rows, 2), kv_quarter(*own, rows, 3), batch, v.shape());
+  return g;
+}
+
+}  // namespace frugal
