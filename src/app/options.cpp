@@ -119,6 +119,9 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
       "[parallel] ranks, sharding and offload (ZeRO-3 over every rank)");
   t.add_string(parallel, "parallel.offload", &c.parallel.offload,
                "none | optimizer | params: what lives in host memory instead of the device");
+  t.add(parallel, "parallel.cp", &c.parallel.cp,
+        "context-parallel ranks: each sequence is split over them and attention runs as a ring "
+        "(must divide the number of ranks; the rest are data-parallel)");
   t.add(parallel, "parallel.timeout_s", &c.parallel.timeout_s,
         "seconds a collective may wait for the other ranks before the run stops with an error");
 

@@ -410,4 +410,33 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
   return g;
 }
 
+AttentionOperator ring_attention_operator(Comm& cp) {
+  AttentionOperator op;
+  op.forward = [&cp](const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch) {
+    return ring_attention_forward(q, k, v, batch, cp);
+  };
+  op.backward = [&cp](const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const ops::Attention& fwd, int64_t batch) {
+    return ring_attention_backward(dout, q, k, v, fwd, batch, cp);
+  };
+  return op;
+}
+
+Batch context_parallel_slice(const Batch& whole, const ZigzagLayout& layout) {
+  FRUGAL_CHECK(whole.seq == layout.seq_len, "a batch of sequences of ", whole.seq,
+               " tokens cut by a layout of ", layout.seq_len);
+  Batch local;
+  local.batch = whole.batch;
+  local.seq = layout.local_len();
+  local.tokens = zigzag_scatter(whole.tokens, layout, whole.batch);
+  local.targets = zigzag_scatter(whole.targets, layout, whole.batch);
+  local.positions = zigzag_positions(layout, whole.batch);
+  const std::vector<int64_t> index = zigzag_token_indices(layout);
+  int32_t* targets = local.targets.data<int32_t>();
+  for (int64_t b = 0; b < whole.batch; ++b)
+    for (int64_t i = 0; i < local.seq; ++i)
+      if (index[i] >= layout.seq_len) targets[b * local.seq + i] = -1;
+  return local;
+}
+
 }  // namespace frugal

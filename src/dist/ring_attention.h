@@ -14,6 +14,8 @@
 
 #include "core/tensor.h"
 #include "dist/comm.h"
+#include "model/llama_block.h"
+#include "model/llama_model.h"
 #include "ops/ops.h"
 
 namespace frugal {
@@ -68,5 +70,12 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
 ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const ops::Attention& fwd,
                                             int64_t batch, Comm& cp);
+
+// The model's view of ring attention: both directions bound to the cp group.
+AttentionOperator ring_attention_operator(Comm& cp);
+
+// This rank's share of a micro-batch of whole sequences: its zigzag rows of the tokens and
+// targets (padding rows get target -1, so the loss skips them) and their real positions.
+Batch context_parallel_slice(const Batch& whole, const ZigzagLayout& layout);
 
 }  // namespace frugal

@@ -49,7 +49,8 @@ Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContex
   a.v = split_heads(ops::linear(a.n1, w.v_proj), c.num_key_value_heads, d);
   a.q_rot = ops::rope(a.q, ctx.positions, theta_of(ctx));
   a.k_rot = ops::rope(a.k, ctx.positions, theta_of(ctx));
-  a.attn = ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
+  a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch)
+                         : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
   a.h = ops::add(a.x, ops::linear(merge_heads(a.attn.out), w.o_proj));
 
   a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
@@ -116,8 +117,10 @@ Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWe
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
   Tensor d_attn = ops::linear_backward(dh, merge_heads(a.attn.out), w.o_proj, g.o_proj);
-  ops::AttentionGrads d_qkv = ops::attention_backward(d_attn.view(a.attn.out.shape()), a.q_rot,
-                                                      a.k_rot, a.v, a.attn, ctx.batch);
+  const Tensor d_out = d_attn.view(a.attn.out.shape());
+  ops::AttentionGrads d_qkv =
+      ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)
+                    : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch);
   Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, theta_of(ctx));
   Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, theta_of(ctx));
   Tensor d_n1 = ops::linear_backward(merge_heads(dq), a.n1, w.q_proj, g.q_proj);

@@ -3,6 +3,7 @@
 //   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                      n2 = rmsnorm(h)
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -19,12 +20,24 @@ struct BlockWeights {
   static BlockWeights from_unit(const std::vector<Tensor>& unit);
 };
 
+// The sequence-mixing step, when it is not ordinary attention over the local rows: ring
+// attention across context-parallel ranks supplies both directions. The model does not know
+// what is behind it; the trainer sets it.
+struct AttentionOperator {
+  std::function<ops::Attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch)>
+      forward;
+  std::function<ops::AttentionGrads(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const ops::Attention& fwd, int64_t batch)>
+      backward;
+};
+
 // What the block needs from outside its weights.
 struct BlockContext {
   const LlamaConfig* config = nullptr;
   int64_t batch = 1;  // sequences in the micro-batch; tokens = batch * seq
   Tensor positions;   // [tokens] i32, the rotary position of each token
   CheckpointPolicy policy = CheckpointPolicy::none;
+  const AttentionOperator* attention = nullptr;  // null: ops::attention on the local rows
 };
 
 // The forward's intermediates. Which ones survive until the backward is the policy's choice;

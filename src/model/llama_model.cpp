@@ -27,8 +27,10 @@ namespace {
 constexpr int kFinalNorm = 0;
 constexpr int kLmHead = 1;
 
-BlockContext block_context(const LlamaConfig& config, const Batch& batch, CheckpointPolicy policy) {
+BlockContext block_context(const LlamaConfig& config, const Batch& batch, CheckpointPolicy policy,
+                           const AttentionOperator* attention) {
   BlockContext ctx;
+  ctx.attention = attention;
   ctx.config = &config;
   ctx.batch = batch.batch;
   ctx.positions = batch.positions;
@@ -51,7 +53,7 @@ Tensor LlamaModel::head_weight(const std::vector<Tensor>& head_unit, ParameterPr
 
 Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                                   CheckpointPolicy policy, std::vector<BlockActivations>* saved) {
-  const BlockContext ctx = block_context(config_, batch, policy);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_);
   const int64_t layers = config_.num_hidden_layers;
   params.prefetch(block_unit(0));
   for (int64_t i = 0; i < layers; ++i) {
@@ -86,10 +88,8 @@ Tensor LlamaModel::head_forward_backward(const Tensor& x, const Batch& batch,
     Tensor xn_rows = xn.rows(begin, end);
     Tensor logits = ops::linear(xn_rows, lm_head);
     Tensor d_logits;
-    *loss_sum +=
-        ops::cross_entropy(logits, batch.targets.rows(begin, end), grad_scale, &d_logits);
-    d_xn.rows(begin, end).copy_from(
-        ops::linear_backward(d_logits, xn_rows, lm_head, lm_head_grad));
+    *loss_sum += ops::cross_entropy(logits, batch.targets.rows(begin, end), grad_scale, &d_logits);
+    d_xn.rows(begin, end).copy_from(ops::linear_backward(d_logits, xn_rows, lm_head, lm_head_grad));
   }
   Tensor dx = ops::rmsnorm_backward(d_xn, x, head_w[kFinalNorm], rstd, head_g[kFinalNorm]);
   head_w.clear();
@@ -114,7 +114,7 @@ double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& param
   Tensor dx = head_forward_backward(x, batch, params, grad_scale, &loss_sum);
 
   // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
-  const BlockContext ctx = block_context(config_, batch, policy);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_);
   for (int64_t i = layers - 1; i >= 0; --i) {
     if (i > 0) params.prefetch(block_unit(i - 1));
     BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)));

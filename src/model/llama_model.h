@@ -12,6 +12,7 @@
 namespace frugal {
 
 struct BlockActivations;
+struct AttentionOperator;
 
 // A micro-batch of `batch` sequences of `seq` tokens, flattened to [batch * seq].
 struct Batch {
@@ -44,6 +45,9 @@ class LlamaModel {
 
   // Rows of logits that the loss computes at once, bounding the [rows, vocab] buffer.
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
+  // The attention every block uses (ring attention across context-parallel ranks); null,
+  // the default, is ordinary causal attention over each sequence's local rows. Not owned.
+  void set_attention(const AttentionOperator* attention) { attention_ = attention; }
 
  private:
   Tensor embed(const Batch& batch, ParameterProvider& params);
@@ -56,6 +60,7 @@ class LlamaModel {
 
   LlamaConfig config_;
   int64_t loss_chunk_rows_ = 1024;
+  const AttentionOperator* attention_ = nullptr;
 };
 
 }  // namespace frugal

@@ -43,6 +43,7 @@ void TrainConfig::validate() const {
   if (parallel.offload != "none" && parallel.offload != "optimizer" && parallel.offload != "params")
     fail("config key 'parallel.offload': value '", parallel.offload,
          "' is not one of none, optimizer, params");
+  if (parallel.cp < 1) fail("config key 'parallel.cp': value ", parallel.cp, " must be >= 1");
   if (!(parallel.timeout_s > 0))
     fail("config key 'parallel.timeout_s': value ", parallel.timeout_s, " must be > 0");
   if (ckpt.every < 0) fail("config key 'ckpt.every': value ", ckpt.every, " must be >= 0");

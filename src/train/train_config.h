@@ -48,6 +48,8 @@ struct ParallelConfig {
   // they consume) in host memory; params: the fp32 master shards too.
   std::string offload = "none";
   double timeout_s = 300;  // a collective waiting longer ends the run with an error
+  int64_t cp = 1;          // context-parallel ranks: each sequence is split over them (ring
+                           // attention); the data-parallel ranks are the rest
 };
 
 struct CkptConfig {

@@ -18,6 +18,7 @@
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "dist/mesh.h"
+#include "dist/ring_attention.h"
 #include "dist/zero3_parameters.h"
 #include "model/hf_model.h"
 #include "model/llama_model.h"
@@ -101,26 +102,30 @@ void maybe_inject_fault(int rank, int64_t step) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-Batch to_model_batch(const TokenBatch& tokens) {
+// The model's batch of this rank: whole sequences, or with context parallelism this rank's
+// zigzag share of each.
+Batch to_model_batch(const TokenBatch& tokens, const Mesh& mesh) {
   Batch b;
   b.batch = tokens.inputs.size(0);
   b.seq = tokens.inputs.size(1);
   b.tokens = tokens.inputs.view({b.batch * b.seq});
   b.targets = tokens.targets.view({b.batch * b.seq});
   b.positions = sequence_positions(b.batch, b.seq);
-  return b;
+  if (mesh.cp_size == 1) return b;
+  return context_parallel_slice(b, zigzag_layout(b.seq, mesh.cp_size, mesh.cp_rank));
 }
 
 // Mean validation loss over (at most eval_batches per rank of) the validation split.
 double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& val,
-                const TrainConfig& c, Comm& world) {
-  EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, world.rank(), world.size(),
+                const TrainConfig& c, const Mesh& mesh) {
+  Comm& world = *mesh.world;
+  EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, mesh.dp_rank, mesh.dp_size,
                   c.train.eval_batches);
   TokenBatch tokens;
   double loss_sum = 0;
   int64_t counted = 0;
   while (it.next(tokens)) {
-    Batch b = to_model_batch(tokens);
+    Batch b = to_model_batch(tokens, mesh);
     loss_sum += model.forward_loss(b, params);
     counted += counted_targets(b.targets);
   }
@@ -214,7 +219,7 @@ TrainSummary run_training(const TrainConfig& config) {
       c.resolved["model." + it.key()] = it.value().dump();
     c.validate_model_dependent();
   }
-  Mesh mesh = make_mesh(1, c.parallel.timeout_s);
+  Mesh mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);
   Comm& world = *mesh.world;
   const int rank = world.rank();
   check_same_config(world, c);
@@ -236,14 +241,17 @@ TrainSummary run_training(const TrainConfig& config) {
   sampler_config.seq_len = c.train.seq_len;
   sampler_config.micro_batch_size = c.train.micro_batch_size;
   sampler_config.seed = c.train.seed;
-  sampler_config.rank = rank;
-  sampler_config.world = world.size();
+  // Ranks of one cp group read the same sequences; the dp groups read different ones.
+  sampler_config.rank = mesh.dp_rank;
+  sampler_config.world = mesh.dp_size;
   BatchSampler sampler(train_tokens.view(), sampler_config);
 
   // --- model, shards, optimizer ----------------------------------------------------------------
   if (rank == 0) fs::create_directories(c.train.out_dir);
   RunArenas arenas(c.parallel.offload);
   LlamaModel model(c.model);
+  const AttentionOperator ring = ring_attention_operator(*mesh.cp);
+  if (mesh.cp_size > 1) model.set_attention(&ring);
   Zero3Parameters params(llama_units(c.model), world,
                          {&arenas.params, &arenas.grads, &arenas.gathered}, c.train.seed,
                          static_cast<float>(c.train.init_std));
@@ -297,12 +305,12 @@ TrainSummary run_training(const TrainConfig& config) {
   }
 
   const int64_t tokens_per_step =
-      c.train.micro_batch_size * c.train.seq_len * c.train.grad_accum_steps * world.size();
+      c.train.micro_batch_size * c.train.seq_len * c.train.grad_accum_steps * mesh.dp_size;
   log_info("frugal train: model ", c.model.parameter_count(), " parameters (",
            c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
-           c.model.vocab_size, "); ", world.size(), " rank(s), ZeRO-3, offload ",
-           c.parallel.offload);
+           c.model.vocab_size, "); ", world.size(), " rank(s) = dp ", mesh.dp_size, " x cp ",
+           mesh.cp_size, ", ZeRO-3, offload ", c.parallel.offload);
   log_info("memory per rank: parameters ", mib(arenas.params.stats().in_use_bytes), ", gradients ",
            mib(arenas.grads.stats().in_use_bytes), ", optimizer ",
            mib(arenas.optimizer.stats().in_use_bytes), ", gathered units up to ",
@@ -313,7 +321,7 @@ TrainSummary run_training(const TrainConfig& config) {
            checkpoint_policy_name(c.train.activation_checkpointing));
 
   TrainSummary summary;
-  summary.first_val_loss = evaluate(model, params, val_tokens, c, world);
+  summary.first_val_loss = evaluate(model, params, val_tokens, c, mesh);
   log_info("step ", start_step, " | val_loss ", fixed(summary.first_val_loss, 4));
   if (metrics && start_step == 0)
     metrics->write({{"step", 0}, {"val_loss", summary.first_val_loss}});
@@ -329,7 +337,7 @@ TrainSummary run_training(const TrainConfig& config) {
     const double lr = schedule.at(step);
     std::vector<Batch> micro;
     for (int64_t m = 0; m < c.train.grad_accum_steps; ++m)
-      micro.push_back(to_model_batch(sampler.next()));
+      micro.push_back(to_model_batch(sampler.next(), mesh));
     StepResult result = train_step(model, params, optimizer, micro, &world, lr, step,
                                    c.train.activation_checkpointing);
     if (!std::isfinite(result.loss))
@@ -351,7 +359,7 @@ TrainSummary run_training(const TrainConfig& config) {
         {"memory", memory_report(arenas)}};
     const bool last = step == c.train.steps;
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
-      summary.final_val_loss = evaluate(model, params, val_tokens, c, world);
+      summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
       record["val_loss"] = summary.final_val_loss;
     }
     if (metrics) metrics->write(record);
@@ -389,7 +397,9 @@ TrainSummary run_training(const TrainConfig& config) {
            mib(memory["activations_peak_bytes"]));
 
   if (c.train.sample_tokens > 0) {
-    // Every rank generates (the weights are gathered collectively); rank 0 prints.
+    // Every rank generates (the weights are gathered collectively) the whole sequence with
+    // ordinary attention; rank 0 prints.
+    model.set_attention(nullptr);
     SamplingOptions sampling;
     sampling.max_new_tokens = c.train.sample_tokens;
     sampling.temperature = 0.8f;

@@ -23,7 +23,7 @@ max_rel() { paste <(losses "$1") <(losses "$2") | awk '{ d = $1 - $2; if (d < 0)
 
 "${mpi[@]}" -np 1 "$frugal" train "${common[@]}" --train.micro_batch_size=4 --train.out_dir="$work/one" >/dev/null
 "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.micro_batch_size=2 --train.out_dir="$work/two" > "$work/two.log"
-grep -q "2 rank(s), ZeRO-3" "$work/two.log" || { echo "FAIL: not running 2 ranks"; cat "$work/two.log"; exit 1; }
+grep -q "2 rank(s) = dp 2 x cp 1, ZeRO-3" "$work/two.log" || { echo "FAIL: not running 2 ranks"; cat "$work/two.log"; exit 1; }
 rel=$(max_rel "$work/one/metrics.jsonl" "$work/two/metrics.jsonl")
 awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: 2 ranks differ from 1 rank by $rel"; exit 1; }
 echo "2 ranks vs 1 rank: largest relative loss difference $rel"

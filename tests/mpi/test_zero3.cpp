@@ -80,7 +80,8 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
     }
     const double lr = 1e-3;
     StepResult a = train_step(model, whole, whole_opt, whole_batches, nullptr, lr, step, policy);
-    StepResult b = train_step(model, sharded, sharded_opt, rank_batches, comm.get(), lr, step, policy);
+    StepResult b =
+        train_step(model, sharded, sharded_opt, rank_batches, comm.get(), lr, step, policy);
     INFO("step " << step << " on " << ranks << " ranks");
     CHECK(b.tokens == a.tokens);
     CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
@@ -96,8 +97,8 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
       REQUIRE(gathered[i].shape() == reference[i].shape());
       double worst = 0;
       for (int64_t j = 0; j < gathered[i].numel(); ++j)
-        worst = std::max(worst, double(std::abs(gathered[i].data<float>()[j] -
-                                                reference[i].data<float>()[j])));
+        worst = std::max(
+            worst, double(std::abs(gathered[i].data<float>()[j] - reference[i].data<float>()[j])));
       INFO(units[u].params[i].name);
       CHECK(worst < 1e-5);
     }
@@ -126,8 +127,8 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
   CHECK(optim_arena.stats().in_use_bytes == 2 * expected_shard_bytes);
   // Weights of two units and the gradients of two units, plus reduce-scatter landing
   // buffers (one shard each); with tied embeddings the head also holds the embedding.
-  const size_t bound = 2 * (largest_unit + second_unit) + (tied ? largest_unit : 0) +
-                       expected_shard_bytes;
+  const size_t bound =
+      2 * (largest_unit + second_unit) + (tied ? largest_unit : 0) + expected_shard_bytes;
   INFO("gathered peak " << gathered_arena.stats().peak_bytes << " bound " << bound);
   CHECK(gathered_arena.stats().peak_bytes <= bound);
   CHECK(gathered_arena.stats().in_use_bytes == 0);

@@ -1,0 +1,111 @@
+// Context parallelism: the whole model trained with ring attention over cp ranks (and
+// ZeRO-3 over all dp x cp ranks) equals one rank with ordinary attention on the same global
+// batch: cp = 1, 2, 4, and dp = 2 x cp = 2, at a sequence length that is not a multiple of
+// 2 cp (padding), with grouped-query attention.
+#include <cmath>
+#include <random>
+
+#include "catch_compat.h"
+#include "dist/mesh.h"
+#include "dist/ring_attention.h"
+#include "dist/zero3_parameters.h"
+#include "model/llama_model.h"
+#include "model/local_parameters.h"
+#include "train/train_step.h"
+
+using namespace frugal;
+
+namespace {
+
+constexpr int64_t kSequences = 4, kSeq = 37;
+
+LlamaConfig gqa_config() {
+  LlamaConfig c;
+  c.hidden_size = 48;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  c.vocab_size = 41;
+  c.max_position_embeddings = 64;
+  c.rope_theta = 500;
+  return c;
+}
+
+// Sequences [first, first + count) of the step's global batch.
+Batch sequences(int64_t first, int64_t count, int64_t step) {
+  std::mt19937 rng(uint32_t(77 + step));
+  std::vector<int32_t> tokens(kSequences * kSeq), targets(kSequences * kSeq);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = int32_t(rng() % 41);
+    targets[i] = i % 9 == 4 ? -1 : int32_t(rng() % 41);
+  }
+  Batch b;
+  b.batch = count;
+  b.seq = kSeq;
+  b.tokens = Tensor::empty({count * kSeq}, DType::i32);
+  b.targets = Tensor::empty({count * kSeq}, DType::i32);
+  std::copy(tokens.begin() + first * kSeq, tokens.begin() + (first + count) * kSeq,
+            b.tokens.data<int32_t>());
+  std::copy(targets.begin() + first * kSeq, targets.begin() + (first + count) * kSeq,
+            b.targets.data<int32_t>());
+  b.positions = sequence_positions(count, kSeq);
+  return b;
+}
+
+void check_against_one_rank(int cp) {
+  Mesh mesh = make_mesh(cp, 60);
+  const LlamaConfig config = gqa_config();
+  const AdamWConfig adamw{0.9, 0.95, 1e-6, 0.1, 1.0};
+
+  LlamaModel reference_model(config);
+  LocalParameters whole(config, 3, 0.05f, true);
+  AdamW whole_opt(whole.trainable(), adamw);
+
+  LlamaModel model(config);
+  const AttentionOperator ring = ring_attention_operator(*mesh.cp);
+  model.set_attention(&ring);
+  Arena params_arena("cp params", Device::cpu), grads_arena("cp grads", Device::cpu),
+      gathered_arena("cp gathered", Device::cpu), optim_arena("cp optim", Device::cpu);
+  Zero3Parameters sharded(llama_units(config), *mesh.world,
+                          {&params_arena, &grads_arena, &gathered_arena}, 3, 0.05f);
+  AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
+
+  const int64_t per_dp = kSequences / mesh.dp_size;
+  const ZigzagLayout layout = zigzag_layout(kSeq, mesh.cp_size, mesh.cp_rank);
+  for (int64_t step = 1; step <= 3; ++step) {
+    StepResult a = train_step(reference_model, whole, whole_opt, {sequences(0, kSequences, step)},
+                              nullptr, 2e-3, step, CheckpointPolicy::none);
+    Batch local = context_parallel_slice(sequences(mesh.dp_rank * per_dp, per_dp, step), layout);
+    StepResult b = train_step(model, sharded, sharded_opt, {local}, mesh.world.get(), 2e-3, step,
+                              CheckpointPolicy::selective);
+    INFO("step " << step << ", dp " << mesh.dp_size << " x cp " << mesh.cp_size);
+    CHECK(b.tokens == a.tokens);
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
+  }
+  const std::vector<UnitSpec> units = llama_units(config);
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<Tensor> gathered = sharded.gather(int64_t(u));
+    std::vector<Tensor> reference = whole.gather(int64_t(u));
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      double worst = 0;
+      for (int64_t j = 0; j < gathered[i].numel(); ++j)
+        worst = std::max(
+            worst, double(std::abs(gathered[i].data<float>()[j] - reference[i].data<float>()[j])));
+      INFO(units[u].params[i].name);
+      CHECK(worst < 1e-5);
+    }
+    sharded.release(int64_t(u));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ring attention training equals one rank", "[cp][mpi]") {
+  const int world = mpi_world_size();
+  SECTION("cp = every rank") { check_against_one_rank(world); }
+  if (world == 4) {
+    SECTION("dp = 2 x cp = 2") { check_against_one_rank(2); }
+  }
+}
