@@ -1,0 +1,26 @@
+// Dequantization of 4-bit base weights on the GPU, one matrix at a time into a reused bf16
+// buffer: NF4 with double-quantized absmax (quant/nf4.h) and HQQ (quant/hqq.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace frugal::cuda {
+
+// out[n] = bf16(nf4[code] * (dynamic_map[absmax_code] * absmax_scale + absmax_offset)), the CPU's
+// nf4_dequantize rounded to bf16 (bit for bit). n is a multiple of 64; codes holds n / 2 bytes
+// (high nibble first), absmax_codes n / 64, absmax_scales ceil(n / 64 / 256). The two tables are
+// host arrays, frugal::nf4_values() (16) and frugal::dynamic_map_values() (256): the kernels
+// layer sits below quant/, so the caller hands them over; they travel as kernel parameters.
+void nf4_dequantize(__nv_bfloat16* out, const uint8_t* codes, const uint8_t* absmax_codes,
+                    const float* absmax_scales, float absmax_offset, const float* nf4_table,
+                    const float* absmax_map, int64_t n, cudaStream_t stream);
+
+// out[n] = bf16((code - zeros[g]) * scales[g]), g = i / 64, as the CPU's hqq_dequantize rounded
+// to bf16 (bit for bit). n is a multiple of 64; codes holds n / 2 bytes (high nibble first).
+void hqq_dequantize(__nv_bfloat16* out, const uint8_t* codes, const float* scales,
+                    const float* zeros, int64_t n, cudaStream_t stream);
+
+}  // namespace frugal::cuda
