@@ -16,6 +16,7 @@
 #include "data/tokenizer.h"
 #include "model/hf_model.h"
 #include "model/llama_model.h"
+#include "quant/quantized_parameters.h"
 #include "train/saved_model.h"
 
 namespace frugal {
@@ -64,6 +65,7 @@ namespace {
 
 struct EvalOptions {
   std::string hf_dir, ckpt_path, tokens_path, text_path, tokenizer_path, logits_path;
+  std::string quant = "none";
 };
 
 // Whitespace-separated ids, one sequence per line; blank lines are skipped.
@@ -128,6 +130,9 @@ int cmd_eval(const std::vector<std::string>& args) {
        "bos + ids (no eos)")
       ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
        "tokenizer.model for --text (default: the model's own)")
+      ("quant", po::value<std::string>(&opt.quant)->default_value(opt.quant)->value_name("Q"),
+       "none, nf4 (NF4 with double quantization) or hqq (HQQ 4-bit): store the blocks' "
+       "linear weights 4-bit on load and evaluate with them (rows must be multiples of 64)")
       ("logits-out", po::value<std::string>(&opt.logits_path)->value_name("FILE"),
        "also write the logits of every position of every line, lines one after another, as "
        "raw little-endian float32 [positions, vocab]");
@@ -155,8 +160,19 @@ int cmd_eval(const std::vector<std::string>& args) {
   for (const std::string* p : {&opt.tokens_path, &opt.text_path, &opt.tokenizer_path})
     if (!p->empty() && !fs::is_regular_file(*p)) fail("eval: '", *p, "' does not exist");
 
+  const QuantKind quant = quant_kind_from_name(opt.quant);
   InferenceModel model = load_inference_model("eval", opt.hf_dir, opt.ckpt_path);
   const LlamaConfig& c = model.config;
+  // With --quant the linear layers are quantized tensor by tensor and the fp32 copy dropped.
+  std::unique_ptr<ParameterProvider> weights;
+  if (quant == QuantKind::none) {
+    weights = std::move(model.params);
+  } else {
+    LocalParameters& whole = *model.params;
+    weights = std::make_unique<QuantizedParameters>(
+        llama_units(c), quant, [&](const ParamSpec& p) { return whole.param(p.name); });
+    model.params.reset();
+  }
   std::vector<std::vector<int32_t>> lines;
   std::string input = opt.tokens_path;
   if (!opt.tokens_path.empty()) {
@@ -209,12 +225,12 @@ int cmd_eval(const std::vector<std::string>& args) {
     }
     b.positions = sequence_positions(1, n);
     if (logits_out.is_open()) {
-      Tensor logits = llama.forward_logits(b, *model.params);
+      Tensor logits = llama.forward_logits(b, *weights);
       logits_out.write(static_cast<const char*>(logits.raw()),
                        static_cast<std::streamsize>(logits.bytes()));
     }
     if (n < 2) continue;
-    loss_sum += llama.forward_loss(b, *model.params);
+    loss_sum += llama.forward_loss(b, *weights);
     count += n - 1;
   }
   if (logits_out.is_open()) {
