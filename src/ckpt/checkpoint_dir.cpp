@@ -111,6 +111,21 @@ std::optional<int64_t> CheckpointDir::latest() const {
   return step;
 }
 
+std::vector<int64_t> CheckpointDir::committed_steps() const {
+  std::vector<int64_t> steps;
+  const std::optional<int64_t> newest = latest();
+  if (!newest) return steps;
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string name = entry.path().filename().string();
+    long long step = -1;
+    if (entry.is_directory() && name.rfind("step_", 0) == 0 &&
+        std::sscanf(name.c_str() + 5, "%lld", &step) == 1 && step <= *newest)
+      steps.push_back(step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
 namespace {
 nlohmann::json read_manifest(const H5Reader& reader) {
   const std::string text = reader.attribute(kManifest);

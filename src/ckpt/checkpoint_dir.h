@@ -35,6 +35,8 @@ class CheckpointDir {
   void commit(int64_t step, int64_t keep) const;
   // The committed step, if any; a LATEST that names a missing step is an Error.
   std::optional<int64_t> latest() const;
+  // Every committed step still on disk, newest first (LATEST's, then the older ones kept).
+  std::vector<int64_t> committed_steps() const;
 
   struct Loaded {
     nlohmann::json manifest;

@@ -199,6 +199,57 @@ int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters&
   return manifest.at("step").get<int64_t>();
 }
 
+// Loads the newest committed checkpoint that every rank can read, falling back to older
+// committed steps (ckpt.keep) when one is corrupt; returns the step (0: none found).
+int64_t resume(const CheckpointDir& dir, Zero3Parameters& params, AdamW& opt, BatchSampler& sampler,
+               const TrainConfig& c, Comm& world) {
+  const std::vector<int64_t> steps = dir.committed_steps();
+  if (steps.empty()) {
+    log_info("train.resume: no committed checkpoint under ", c.train.out_dir,
+             "/ckpt, starting from scratch");
+    return 0;
+  }
+  std::string errors;
+  for (int64_t step : steps) {
+    std::string error;
+    int64_t loaded = 0;
+    try {
+      loaded = load_checkpoint(dir, step, params, opt, sampler, c, world);
+    } catch (const Error& e) {
+      error = e.what();
+    } catch (const nlohmann::json::exception& e) {
+      error = "checkpoint '" + dir.step_dir(step) + "' has a malformed manifest: " + e.what();
+    }
+    // Every rank must resume from the same step: one rank's bad file rules the step out.
+    if (world.all_reduce_max(error.empty() ? 0 : 1) == 0) {
+      if (!errors.empty()) log_warn("resuming from an older checkpoint because:", errors);
+      log_info("resumed from step ", loaded, " (", dir.step_dir(step), ")");
+      return loaded;
+    }
+    const std::string why = error.empty() ? "another rank could not read its file" : error;
+    log_warn("checkpoint step ", step, " is unusable: ", why);
+    errors += " step " + std::to_string(step) + ": " + why + ";";
+  }
+  fail("no committed checkpoint under '", c.train.out_dir, "/ckpt' can be read:", errors,
+       " (the files are kept; start a new out_dir, or fix them)");
+}
+
+// A resumed run rewrites metrics.jsonl without the records after its step (a crash after
+// the checkpoint left some), so every step appears once.
+void truncate_metrics(const fs::path& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (!record.is_discarded() && record.value("step", int64_t(0)) <= step) kept += line + "\n";
+  }
+  in.close();
+  const fs::path tmp = path.string() + ".tmp";
+  std::ofstream(tmp) << kept;
+  fs::rename(tmp, path);
+}
+
 std::string fixed(double v, int digits) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
@@ -282,21 +333,13 @@ TrainSummary run_training(const TrainConfig& config) {
   int64_t start_step = 0;
   if (c.train.resume) {
     world.barrier();  // rank 0 may have just created out_dir
-    if (std::optional<int64_t> latest = ckpt_dir.latest()) {
-      try {
-        start_step = load_checkpoint(ckpt_dir, *latest, params, optimizer, sampler, c, world);
-      } catch (const nlohmann::json::exception& e) {
-        fail("checkpoint '", ckpt_dir.step_dir(*latest), "' has a malformed manifest: ", e.what());
-      }
-      log_info("resumed from step ", start_step, " (", ckpt_dir.step_dir(*latest), ")");
-    } else {
-      log_info("train.resume: no committed checkpoint under ", c.train.out_dir,
-               "/ckpt, starting from scratch");
-    }
+    start_step = resume(ckpt_dir, params, optimizer, sampler, c, world);
   }
   std::optional<MetricsWriter> metrics;
   if (rank == 0) {
-    metrics.emplace((fs::path(c.train.out_dir) / "metrics.jsonl").string(), start_step > 0);
+    const fs::path metrics_path = fs::path(c.train.out_dir) / "metrics.jsonl";
+    if (start_step > 0) truncate_metrics(metrics_path, start_step);
+    metrics.emplace(metrics_path.string(), start_step > 0);
     // The run directory is self-contained: eval, generate and export need only it.
     fs::copy_file(data_dir / "tokenizer.model", fs::path(c.train.out_dir) / "tokenizer.model",
                   fs::copy_options::overwrite_existing);

@@ -51,19 +51,41 @@ grep -q 'resumed from step 10' "$work/d.log" || { echo "FAIL: did not resume"; c
 cmp <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") \
   || { echo "FAIL: resumed losses differ from a straight run"; exit 1; }
 
-# A corrupt checkpoint stops the resume with a message naming the file; nothing is deleted.
-file="$work/c/ckpt/step_00000020/rank_00000.h5"
-size=$(stat -c %s "$file")
-# 8 bytes every 8 KiB through the middle of the file: some land in tensor data.
-for ((offset = size * 3 / 10; offset < size * 7 / 10; offset += 8192)); do
-  printf 'garbage!' | dd of="$file" bs=1 seek=$offset conv=notrunc status=none
-done
+# A corrupt checkpoint: the resume names the file and falls back to the previous committed
+# step, which continues exactly like a straight run; with every step corrupt it stops, and
+# nothing is deleted.
+corrupt() {
+  local file=$1 size offset
+  size=$(stat -c %s "$file")
+  # 8 bytes every 8 KiB through the middle of the file: some land in tensor data.
+  for ((offset = size * 3 / 10; offset < size * 7 / 10; offset += 8192)); do
+    printf 'garbage!' | dd of="$file" bs=1 seek=$offset conv=notrunc status=none
+  done
+}
+# A 30-step run that dies after its step-20 checkpoint; then step 20 turns out corrupt. The
+# resume falls back to step 10, and metrics.jsonl keeps each step once.
+FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 \
+  --train.out_dir="$work/e" >/dev/null 2>&1 || true
+corrupt "$work/e/ckpt/step_00000020/rank_00000.h5"
+"$frugal" train "${common[@]}" --train.steps=30 --train.resume=true --ckpt.every=10 \
+  --train.out_dir="$work/e" > "$work/fallback.log" 2>&1 \
+  || { echo "FAIL: no fallback to step 10"; cat "$work/fallback.log"; exit 1; }
+grep -q "step 20 is unusable: .*rank_00000.h5" "$work/fallback.log" \
+  || { echo "FAIL: the corrupt file was not named"; cat "$work/fallback.log"; exit 1; }
+grep -q "resumed from step 10" "$work/fallback.log" || { echo "FAIL: not resumed from 10"; exit 1; }
+"$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 --train.out_dir="$work/f" >/dev/null
+cmp <(losses "$work/e/metrics.jsonl") <(losses "$work/f/metrics.jsonl") \
+  || { echo "FAIL: after the fallback the losses differ from a straight run"; exit 1; }
+
+corrupt "$work/c/ckpt/step_00000010/rank_00000.h5"
+corrupt "$work/c/ckpt/step_00000020/rank_00000.h5"
 rc=0
 "$frugal" train "${common[@]}" --train.steps=30 --train.resume=true --train.out_dir="$work/c" \
   > "$work/corrupt.log" 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || { echo "FAIL: a corrupt checkpoint gave exit $rc"; cat "$work/corrupt.log"; exit 1; }
-grep -q "rank_00000.h5" "$work/corrupt.log" || { echo "FAIL: the error does not name the file"; cat "$work/corrupt.log"; exit 1; }
-[ -f "$file" ] && [ -f "$work/c/ckpt/step_00000010/rank_00000.h5" ] || { echo "FAIL: checkpoint files were lost"; exit 1; }
+[ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || { echo "FAIL: corrupt checkpoints gave exit $rc"; cat "$work/corrupt.log"; exit 1; }
+grep -q "no committed checkpoint .* can be read" "$work/corrupt.log" || { echo "FAIL: unclear error"; cat "$work/corrupt.log"; exit 1; }
+[ -f "$work/c/ckpt/step_00000020/rank_00000.h5" ] && [ -f "$work/c/ckpt/step_00000010/rank_00000.h5" ] \
+  || { echo "FAIL: checkpoint files were lost"; exit 1; }
 
 # Bad input: a clear message and a non-zero exit, never a crash.
 expect_error() {
