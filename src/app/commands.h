@@ -15,6 +15,7 @@ int run_frugal(int argc, char** argv);  // MPI start-up, dispatch, error reporti
 
 int cmd_train(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
+int cmd_ckpt(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);

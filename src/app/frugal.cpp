@@ -22,6 +22,7 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"train", {cmd_train, "train a model from a .cfg file (launch ranks with mpirun)"}},
+      {"ckpt", {cmd_ckpt, "list a run's checkpoints, or verify every byte of them (checksums)"}},
       {"prepare", {cmd_prepare, "tokenize text, directories or JSONL into train/val token files"}},
       {"eval", {cmd_eval, "mean next-token loss of a model (HF dir or checkpoint) on a file"}},
       {"generate", {cmd_generate, "continue a prompt with a model (greedy or sampled, KV cache)"}},

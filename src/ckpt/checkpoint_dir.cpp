@@ -129,14 +129,21 @@ std::vector<int64_t> CheckpointDir::committed_steps() const {
 namespace {
 nlohmann::json read_manifest(const H5Reader& reader) {
   const std::string text = reader.attribute(kManifest);
-  if (!reader.has_attribute(kManifestCrc) || reader.attribute(kManifestCrc) != crc_text(text))
+  const bool has_crc = reader.has_attribute(kManifestCrc);
+  if (has_crc && reader.attribute(kManifestCrc) != crc_text(text))
     fail("checkpoint file '", reader.path(), "': manifest checksum mismatch (the file is corrupt)");
+  nlohmann::json manifest;
   try {
-    return nlohmann::json::parse(text);
+    manifest = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint file '", reader.path(), "': manifest is not valid JSON: ", e.what());
   }
+  // Version 1 files predate the manifest checksum; every later one must carry it.
+  if (!has_crc && manifest.value("format", std::string()) != "frugal-checkpoint-1")
+    fail("checkpoint file '", reader.path(), "': manifest has no checksum");
+  return manifest;
 }
+
 }  // namespace
 
 nlohmann::json CheckpointDir::manifest(int64_t step) const {

@@ -146,7 +146,7 @@ void save_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& pa
     tensors.push_back({"optim/exp_avg_sq/" + s.name, opt.second_moment(i)});
   }
   nlohmann::json manifest = {
-      {"format", "frugal-checkpoint-1"},
+      {"format", "frugal-checkpoint-2"},
       {"step", step},
       {"world_size", world.size()},
       {"rank", world.rank()},

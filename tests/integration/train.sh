@@ -87,6 +87,17 @@ grep -q "no committed checkpoint .* can be read" "$work/corrupt.log" || { echo "
 [ -f "$work/c/ckpt/step_00000020/rank_00000.h5" ] && [ -f "$work/c/ckpt/step_00000010/rank_00000.h5" ] \
   || { echo "FAIL: checkpoint files were lost"; exit 1; }
 
+# frugal ckpt verify reads every byte back: the healed run passes, the damaged one does not.
+"$frugal" ckpt verify "$work/e" > "$work/verify-e.log" || { echo "FAIL: verify of a good run"; cat "$work/verify-e.log"; exit 1; }
+[ "$(grep -c '"ok":true' "$work/verify-e.log")" -eq 2 ] || { echo "FAIL: verify output"; cat "$work/verify-e.log"; exit 1; }
+rc=0
+"$frugal" ckpt verify "$work/c" > "$work/verify-c.log" || rc=$?
+[ "$rc" -eq 1 ] && grep -q '"ok":false' "$work/verify-c.log" || { echo "FAIL: verify of corrupt checkpoints gave $rc"; cat "$work/verify-c.log"; exit 1; }
+"$frugal" ckpt ls "$work/e" | grep -q '"step":30,.*"latest":true' || { echo "FAIL: ckpt ls"; exit 1; }
+rc=0
+"$frugal" ckpt ls "$work/nowhere" > "$work/ls.log" 2>&1 || rc=$?
+[ "$rc" -eq 1 ] && grep -q "holds no committed checkpoint" "$work/ls.log" || { echo "FAIL: ckpt ls of nothing"; exit 1; }
+
 # Bad input: a clear message and a non-zero exit, never a crash.
 expect_error() {
   local pattern=$1

@@ -1,0 +1,121 @@
+// `frugal ckpt ls|verify RUN_DIR`: what a run's checkpoints hold, and whether every byte of
+// them still reads back (checksums), without starting a run.
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/h5_file.h"
+#include "core/error.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace frugal {
+
+namespace {
+
+// A run directory or its ckpt/ directory.
+fs::path checkpoint_root(const std::string& path) {
+  const fs::path p(path);
+  if (fs::exists(p / "LATEST")) return p;
+  if (fs::exists(p / "ckpt" / "LATEST")) return p / "ckpt";
+  fail("ckpt: '", path, "' holds no committed checkpoint (no LATEST in it or in its ckpt/)");
+}
+
+// Reads every tensor of every rank file of `step` (verifying Fletcher32 and CRC32C) and
+// checks that the rank files agree with each other.
+nlohmann::ordered_json verify_step(const CheckpointDir& dir, int64_t step) {
+  nlohmann::ordered_json report = {{"step", step}};
+  int64_t tensors = 0, bytes = 0;
+  try {
+    const nlohmann::json manifest = dir.manifest(step);
+    const int world = manifest.at("world_size").get<int>();
+    for (int rank = 0; rank < world; ++rank) {
+      CheckpointDir::Loaded loaded = dir.load_rank(step, rank);
+      if (loaded.manifest.at("step") != manifest.at("step") ||
+          loaded.manifest.at("model") != manifest.at("model") ||
+          loaded.manifest.at("world_size") != manifest.at("world_size"))
+        fail("'", dir.rank_file(step, rank), "' disagrees with rank 0's manifest");
+      for (const NamedTensor& t : loaded.tensors) {
+        ++tensors;
+        bytes += int64_t(t.tensor.bytes());
+      }
+    }
+    report["ok"] = true;
+    report["world_size"] = world;
+  } catch (const Error& e) {
+    report["ok"] = false;
+    report["error"] = e.what();
+  } catch (const nlohmann::json::exception& e) {
+    report["ok"] = false;
+    report["error"] = std::string("malformed manifest: ") + e.what();
+  }
+  report["tensors"] = tensors;
+  report["bytes"] = bytes;
+  return report;
+}
+
+}  // namespace
+
+int cmd_ckpt(const std::vector<std::string>& args) {
+  std::string action, path;
+  int64_t only_step = -1;
+  po::options_description named("options");
+  named.add_options()("help,h", "print this help and exit")(
+      "step", po::value<int64_t>(&only_step)->value_name("N"),
+      "only this step (default: every committed step)");
+  po::options_description hidden;
+  hidden.add_options()("action", po::value<std::string>(&action))("path",
+                                                                  po::value<std::string>(&path));
+  po::options_description all;
+  all.add(named).add(hidden);
+  po::positional_options_description positional;
+  positional.add("action", 1).add("path", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    fail("ckpt: ", e.what(), " (see 'frugal ckpt --help')");
+  }
+  if (vm.count("help") || action.empty()) {
+    std::cout << "usage: frugal ckpt ls RUN_DIR       the committed steps, newest first\n"
+                 "       frugal ckpt verify RUN_DIR   read every tensor of every rank file back,\n"
+                 "                                    checking its checksums; exit 1 on damage\n\n"
+                 "RUN_DIR is a run's out_dir or its ckpt/ directory. One JSON line per step.\n\n"
+              << named << "\n";
+    return vm.count("help") ? 0 : 2;
+  }
+  if (action != "ls" && action != "verify")
+    fail("ckpt: unknown action '", action, "'; expected ls or verify");
+  if (path.empty()) fail("ckpt: ", action, " needs a run directory");
+  const CheckpointDir dir(checkpoint_root(path).string());
+  std::vector<int64_t> steps = dir.committed_steps();
+  if (only_step >= 0) {
+    if (std::find(steps.begin(), steps.end(), only_step) == steps.end())
+      fail("ckpt: step ", only_step, " is not a committed step of '", path, "'");
+    steps = {only_step};
+  }
+  const int64_t latest = dir.latest().value_or(-1);
+  bool all_ok = true;
+  for (int64_t step : steps) {
+    nlohmann::ordered_json line;
+    if (action == "verify") {
+      line = verify_step(dir, step);
+      all_ok = all_ok && line["ok"].get<bool>();
+    } else {
+      int64_t disk = 0;
+      for (const auto& entry : fs::directory_iterator(dir.step_dir(step)))
+        if (entry.is_regular_file()) disk += int64_t(entry.file_size());
+      line = {{"step", step}, {"dir", dir.step_dir(step)}, {"disk_bytes", disk}};
+    }
+    line["latest"] = step == latest;
+    std::cout << line.dump() << std::endl;
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace frugal
