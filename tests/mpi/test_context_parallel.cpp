@@ -11,6 +11,7 @@
 #include "dist/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
+#include "model_support.h"
 #include "train/train_step.h"
 
 using namespace frugal;
@@ -34,23 +35,7 @@ LlamaConfig gqa_config() {
 
 // Sequences [first, first + count) of the step's global batch.
 Batch sequences(int64_t first, int64_t count, int64_t step) {
-  std::mt19937 rng(uint32_t(77 + step));
-  std::vector<int32_t> tokens(kSequences * kSeq), targets(kSequences * kSeq);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = int32_t(rng() % 41);
-    targets[i] = i % 9 == 4 ? -1 : int32_t(rng() % 41);
-  }
-  Batch b;
-  b.batch = count;
-  b.seq = kSeq;
-  b.tokens = Tensor::empty({count * kSeq}, DType::i32);
-  b.targets = Tensor::empty({count * kSeq}, DType::i32);
-  std::copy(tokens.begin() + first * kSeq, tokens.begin() + (first + count) * kSeq,
-            b.tokens.data<int32_t>());
-  std::copy(targets.begin() + first * kSeq, targets.begin() + (first + count) * kSeq,
-            b.targets.data<int32_t>());
-  b.positions = sequence_positions(count, kSeq);
-  return b;
+  return test::slice_of_random_batch(uint32_t(77 + step), kSequences, kSeq, 41, first, count, 9);
 }
 
 void check_against_one_rank(int cp) {
@@ -84,20 +69,11 @@ void check_against_one_rank(int cp) {
     CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
     CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
   }
-  const std::vector<UnitSpec> units = llama_units(config);
-  for (size_t u = 0; u < units.size(); ++u) {
-    std::vector<Tensor> gathered = sharded.gather(int64_t(u));
-    std::vector<Tensor> reference = whole.gather(int64_t(u));
-    for (size_t i = 0; i < gathered.size(); ++i) {
-      double worst = 0;
-      for (int64_t j = 0; j < gathered[i].numel(); ++j)
-        worst = std::max(
-            worst, double(std::abs(gathered[i].data<float>()[j] - reference[i].data<float>()[j])));
-      INFO(units[u].params[i].name);
-      CHECK(worst < 1e-5);
-    }
-    sharded.release(int64_t(u));
-  }
+  std::string worst;
+  const double difference =
+      test::max_weight_difference(sharded, whole, llama_units(config), &worst);
+  INFO("largest weight difference " << difference << " at " << worst);
+  CHECK(difference < 1e-5);
 }
 
 }  // namespace

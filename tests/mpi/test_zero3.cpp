@@ -10,6 +10,7 @@
 #include "dist/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
+#include "model_support.h"
 #include "train/train_step.h"
 
 using namespace frugal;
@@ -29,26 +30,9 @@ LlamaConfig odd_config(bool tied) {
   return c;
 }
 
-// Sequences [first, first + count) of a fixed global batch of 4 sequences of 13 tokens.
+// Sequences [first, first + count) of the step's global batch of 4 sequences of 13 tokens.
 Batch slice_of_global_batch(int64_t first, int64_t count, int64_t step, int64_t micro) {
-  const int64_t seq = 13;
-  std::mt19937 rng(uint32_t(1000 * step + micro));
-  std::vector<int32_t> tokens(4 * seq), targets(4 * seq);
-  for (int64_t i = 0; i < 4 * seq; ++i) {
-    tokens[i] = int32_t(rng() % 37);
-    targets[i] = i % 7 == 2 ? -1 : int32_t(rng() % 37);
-  }
-  Batch b;
-  b.batch = count;
-  b.seq = seq;
-  b.tokens = Tensor::empty({count * seq}, DType::i32);
-  b.targets = Tensor::empty({count * seq}, DType::i32);
-  std::copy(tokens.begin() + first * seq, tokens.begin() + (first + count) * seq,
-            b.tokens.data<int32_t>());
-  std::copy(targets.begin() + first * seq, targets.begin() + (first + count) * seq,
-            b.targets.data<int32_t>());
-  b.positions = sequence_positions(count, seq);
-  return b;
+  return test::slice_of_random_batch(uint32_t(1000 * step + micro), 4, 13, 37, first, count, 7);
 }
 
 void check_equivalence(bool tied, CheckpointPolicy policy) {
@@ -90,20 +74,10 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
 
   // Final weights: gather every unit (a collective) and compare with the whole model.
   const std::vector<UnitSpec> units = llama_units(config);
-  for (size_t u = 0; u < units.size(); ++u) {
-    std::vector<Tensor> gathered = sharded.gather(int64_t(u));
-    std::vector<Tensor> reference = whole.gather(int64_t(u));
-    for (size_t i = 0; i < gathered.size(); ++i) {
-      REQUIRE(gathered[i].shape() == reference[i].shape());
-      double worst = 0;
-      for (int64_t j = 0; j < gathered[i].numel(); ++j)
-        worst = std::max(
-            worst, double(std::abs(gathered[i].data<float>()[j] - reference[i].data<float>()[j])));
-      INFO(units[u].params[i].name);
-      CHECK(worst < 1e-5);
-    }
-    sharded.release(int64_t(u));
-  }
+  std::string worst;
+  const double difference = test::max_weight_difference(sharded, whole, units, &worst);
+  INFO("largest weight difference " << difference << " at " << worst);
+  CHECK(difference < 1e-5);
 
   // Memory: the parameter shards are ceil(rows / N) rows of each tensor, computed here from
   // the config alone; gradients and optimizer state likewise (two moments).
