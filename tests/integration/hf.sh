@@ -152,6 +152,7 @@ expect_error "--out DIR is required" export --ckpt "$work/run"
 expect_error "holds a sharded model" export --hf-model "$gqa" --out "$work/noshard"
 expect_error "no LATEST found" export --ckpt "$work/data" --out "$work/x"
 for cmd in eval generate export; do
-  "$frugal" $cmd --help | grep -q "usage: frugal $cmd" || { echo "FAIL: $cmd --help"; exit 1; }
+  help=$("$frugal" $cmd --help)
+  grep -q "usage: frugal $cmd" <<< "$help" || { echo "FAIL: $cmd --help"; exit 1; }
 done
 echo "integration hf: ok"

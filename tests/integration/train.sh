@@ -33,9 +33,10 @@ grep -q '^sample: ' "$work/a.log" || { echo "FAIL: no sample printed"; exit 1; }
 [ -f "$work/a/ckpt/LATEST" ] || { echo "FAIL: no final checkpoint"; exit 1; }
 
 # The loss falls: the mean of the last 5 steps is below the mean of the first 5.
-python_free_mean() { awk -F: '{ s += $2; n++ } END { printf "%.6f\n", s / n }'; }
-first=$(losses "$work/a/metrics.jsonl" | head -5 | python_free_mean)
-last=$(losses "$work/a/metrics.jsonl" | tail -5 | python_free_mean)
+mean_of() { awk -F: '{ s += $2; n++ } END { printf "%.6f\n", s / n }'; }
+losses "$work/a/metrics.jsonl" > "$work/a.losses"  # (no early-exiting reader in a pipe)
+first=$(head -5 "$work/a.losses" | mean_of)
+last=$(tail -5 "$work/a.losses" | mean_of)
 awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' \
   || { echo "FAIL: loss did not fall ($first -> $last)"; exit 1; }
 
@@ -93,7 +94,8 @@ grep -q "no committed checkpoint .* can be read" "$work/corrupt.log" || { echo "
 rc=0
 "$frugal" ckpt verify "$work/c" > "$work/verify-c.log" || rc=$?
 [ "$rc" -eq 1 ] && grep -q '"ok":false' "$work/verify-c.log" || { echo "FAIL: verify of corrupt checkpoints gave $rc"; cat "$work/verify-c.log"; exit 1; }
-"$frugal" ckpt ls "$work/e" | grep -q '"step":30,.*"latest":true' || { echo "FAIL: ckpt ls"; exit 1; }
+"$frugal" ckpt ls "$work/e" > "$work/ls-e.log"
+grep -q '"step":30,.*"latest":true' "$work/ls-e.log" || { echo "FAIL: ckpt ls"; cat "$work/ls-e.log"; exit 1; }
 rc=0
 "$frugal" ckpt ls "$work/nowhere" > "$work/ls.log" 2>&1 || rc=$?
 [ "$rc" -eq 1 ] && grep -q "holds no committed checkpoint" "$work/ls.log" || { echo "FAIL: ckpt ls of nothing"; exit 1; }
@@ -108,7 +110,7 @@ expect_error() {
   if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then
     echo "FAIL: '$*' exited $rc"; echo "$out"; exit 1
   fi
-  echo "$out" | grep -q -- "$pattern" || { echo "FAIL: '$*' said:"; echo "$out"; echo "expected: $pattern"; exit 1; }
+  grep -q -- "$pattern" <<< "$out" || { echo "FAIL: '$*' said:"; echo "$out"; echo "expected: $pattern"; exit 1; }
 }
 expect_error "unknown config key 'train.no_such_key'" "${common[@]}" --train.no_such_key=1
 expect_error "not divisible by model.num_attention_heads" "${common[@]}" --model.hidden_size=50
