@@ -16,6 +16,7 @@
 
 #include "catch_compat.h"
 #include "core/dtype.h"
+#include "gpu_support.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -33,67 +34,14 @@
 
 namespace {
 
+using frugal::test::DeviceBuffer;
+
 using bf16 = __nv_bfloat16;
 using FVec = std::vector<float>;
 
 constexpr double kBf16Tol = 1e-2;  // bf16 outputs, relative to max |reference|
 constexpr double kFp32Tol = 1e-5;  // fp32 outputs computed in another order
 constexpr float kEps = 1e-5f;
-
-// Each test case starts with this: without a GPU the program passes and says why.
-bool have_gpu() {
-  static const bool present = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      std::printf("no GPU: skipping\n");
-      cudaGetLastError();  // clear the sticky error, if any
-      return false;
-    }
-    return true;
-  }();
-  return present;
-}
-#define SKIP_WITHOUT_GPU()         \
-  do {                             \
-    if (!have_gpu()) {             \
-      SUCCEED("no GPU: skipping"); \
-      return;                      \
-    }                              \
-  } while (0)
-
-// Device memory for n elements of T, plus `offset` leading elements so a test can hand the
-// kernels a pointer that is not 16-byte aligned.
-template <class T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t n, size_t offset = 0) : n_(n), offset_(offset) {
-    CUDA_CHECK(cudaMalloc(&base_, sizeof(T) * std::max<size_t>(n + offset, 1)));
-    CUDA_CHECK(cudaMemset(base_, 0, sizeof(T) * std::max<size_t>(n + offset, 1)));
-  }
-  ~DeviceBuffer() { cudaFree(base_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  T* get() { return base_ + offset_; }
-  template <class H>
-  void upload(const std::vector<H>& host) {
-    static_assert(sizeof(H) == sizeof(T));
-    REQUIRE(host.size() == n_);
-    CUDA_CHECK(cudaMemcpy(get(), host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice));
-  }
-  template <class H>
-  std::vector<H> download() {
-    static_assert(sizeof(H) == sizeof(T));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<H> host(n_);
-    CUDA_CHECK(cudaMemcpy(host.data(), get(), sizeof(T) * n_, cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* base_ = nullptr;
-  size_t n_, offset_;
-};
 
 // Random values already rounded to bf16: `bits` goes to the GPU, `f` (the same values as float)
 // to the CPU kernel.

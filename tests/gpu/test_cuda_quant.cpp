@@ -13,6 +13,7 @@
 #include "catch_compat.h"
 #include "core/dtype.h"
 #include "core/random.h"
+#include "gpu_support.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/quant.h"
 #include "quant/hqq.h"
@@ -20,56 +21,10 @@
 
 namespace {
 
+using frugal::test::DeviceBuffer;
+
 using bf16 = __nv_bfloat16;
 using FVec = std::vector<float>;
-
-bool have_gpu() {
-  static const bool present = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      std::printf("no GPU: skipping\n");
-      cudaGetLastError();  // clear the sticky error, if any
-      return false;
-    }
-    return true;
-  }();
-  return present;
-}
-#define SKIP_WITHOUT_GPU()         \
-  do {                             \
-    if (!have_gpu()) {             \
-      SUCCEED("no GPU: skipping"); \
-      return;                      \
-    }                              \
-  } while (0)
-
-// Device memory for n elements of T after `offset` leading ones (an unaligned pointer).
-template <class T>
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t n, size_t offset = 0) : n_(n), offset_(offset) {
-    CUDA_CHECK(cudaMalloc(&base_, sizeof(T) * std::max<size_t>(n + offset, 1)));
-  }
-  DeviceBuffer(const T* host, size_t n) : DeviceBuffer(n) {
-    CUDA_CHECK(cudaMemcpy(base_, host, sizeof(T) * n, cudaMemcpyHostToDevice));
-  }
-  ~DeviceBuffer() { cudaFree(base_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  T* get() { return base_ + offset_; }
-  std::vector<uint16_t> download_bits() {
-    static_assert(sizeof(T) == 2);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> host(n_);
-    CUDA_CHECK(cudaMemcpy(host.data(), get(), sizeof(T) * n_, cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* base_ = nullptr;
-  size_t n_, offset_;
-};
 
 // Gaussian-ish weights (sum of uniforms) with an outlier and an all-zero block.
 FVec test_weights(int64_t n, uint64_t seed) {
