@@ -3,7 +3,6 @@
 
 #include <boost/program_options.hpp>
 #include <charconv>
-#include <cmath>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -243,43 +242,6 @@ std::string train_options_help() {
          "Launch several ranks with mpirun -np N.\n\n"
       << all;
   return out.str();
-}
-
-size_t parse_byte_size(const std::string& text, const std::string& key) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (...) {
-    fail("config key '", key, "': value '", text, "' is not a size such as 24GiB");
-  }
-  std::string unit = text.substr(used);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
-  double scale = 0;
-  if (unit.empty() || unit == "B")
-    scale = 1;
-  else if (unit == "KiB")
-    scale = 1024.0;
-  else if (unit == "MiB")
-    scale = 1024.0 * 1024;
-  else if (unit == "GiB")
-    scale = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB")
-    scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB")
-    scale = 1e3;
-  else if (unit == "MB")
-    scale = 1e6;
-  else if (unit == "GB")
-    scale = 1e9;
-  else if (unit == "TB")
-    scale = 1e12;
-  else
-    fail("config key '", key, "': unit '", unit, "' in '", text,
-         "' is not one of B, KiB, MiB, GiB, TiB, KB, MB, GB, TB");
-  if (!(value >= 0) || !std::isfinite(value))
-    fail("config key '", key, "': value '", text, "' must be a non-negative size");
-  return static_cast<size_t>(value * scale);
 }
 
 }  // namespace frugal

@@ -21,7 +21,4 @@ struct TrainOptions {
 TrainOptions parse_train_options(const std::vector<std::string>& args);
 std::string train_options_help();
 
-// Byte sizes in configs and flags: "24GiB", "512MiB", "1.5GB", "1024".
-size_t parse_byte_size(const std::string& text, const std::string& key);
-
 }  // namespace frugal
