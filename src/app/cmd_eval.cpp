@@ -214,16 +214,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   int64_t count = 0;
   for (const std::vector<int32_t>& ids : lines) {
     const auto n = static_cast<int64_t>(ids.size());
-    Batch b;
-    b.batch = 1;
-    b.seq = n;
-    b.tokens = Tensor::empty({n}, DType::i32);
-    b.targets = Tensor::empty({n}, DType::i32);
-    for (int64_t i = 0; i < n; ++i) {
-      b.tokens.data<int32_t>()[i] = ids[i];
-      b.targets.data<int32_t>()[i] = i + 1 < n ? ids[i + 1] : -1;
-    }
-    b.positions = sequence_positions(1, n);
+    const Batch b = next_token_batch(ids);
     if (logits_out.is_open()) {
       Tensor logits = llama.forward_logits(b, *weights);
       logits_out.write(static_cast<const char*>(logits.raw()),

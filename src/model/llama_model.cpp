@@ -16,6 +16,20 @@ Tensor sequence_positions(int64_t batch, int64_t seq) {
   return positions;
 }
 
+Batch next_token_batch(const int32_t* ids, int64_t n) {
+  Batch b;
+  b.batch = 1;
+  b.seq = n;
+  b.tokens = Tensor::empty({n}, DType::i32);
+  b.targets = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) {
+    b.tokens.data<int32_t>()[i] = ids[i];
+    b.targets.data<int32_t>()[i] = i + 1 < n ? ids[i + 1] : -1;
+  }
+  b.positions = sequence_positions(1, n);
+  return b;
+}
+
 int64_t counted_targets(const Tensor& targets) {
   const int32_t* t = targets.data<int32_t>();
   return std::count_if(t, t + targets.numel(), [](int32_t v) { return v >= 0; });

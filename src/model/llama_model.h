@@ -25,6 +25,12 @@ struct Batch {
 
 // Positions 0..seq-1 repeated for each sequence.
 Tensor sequence_positions(int64_t batch, int64_t seq);
+// One sequence as a batch for next-token prediction: targets are the ids shifted by one,
+// the last position masked.
+Batch next_token_batch(const int32_t* ids, int64_t n);
+inline Batch next_token_batch(const std::vector<int32_t>& ids) {
+  return next_token_batch(ids.data(), static_cast<int64_t>(ids.size()));
+}
 // Number of counted (unmasked) targets.
 int64_t counted_targets(const Tensor& targets);
 

@@ -40,13 +40,7 @@ std::vector<int32_t> generate(LlamaModel& model, ParameterProvider& params,
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     const int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - window);
     const int64_t seq = int64_t(tokens.size()) - start;
-    Batch b;
-    b.batch = 1;
-    b.seq = seq;
-    b.tokens = Tensor::empty({seq}, DType::i32);
-    std::copy(tokens.begin() + start, tokens.end(), b.tokens.data<int32_t>());
-    b.targets = Tensor::empty({seq}, DType::i32);
-    b.positions = sequence_positions(1, seq);
+    const Batch b = next_token_batch(tokens.data() + start, seq);
     Tensor logits = model.forward_logits(b, params, 1);
     int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
     tokens.push_back(next);

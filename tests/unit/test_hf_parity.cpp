@@ -53,21 +53,6 @@ Fixture load_fixture(const std::string& name) {
   return f;
 }
 
-Batch line_batch(const std::vector<int32_t>& ids) {
-  const auto n = static_cast<int64_t>(ids.size());
-  Batch b;
-  b.batch = 1;
-  b.seq = n;
-  b.tokens = Tensor::empty({n}, DType::i32);
-  b.targets = Tensor::empty({n}, DType::i32);
-  for (int64_t i = 0; i < n; ++i) {
-    b.tokens.data<int32_t>()[i] = ids[i];
-    b.targets.data<int32_t>()[i] = i + 1 < n ? ids[i + 1] : -100;
-  }
-  b.positions = sequence_positions(1, n);
-  return b;
-}
-
 float max_abs_diff(const float* a, const float* b, int64_t n) {
   float worst = 0;
   for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
@@ -97,7 +82,7 @@ void check_against_transformers(const std::string& name) {
   int64_t count = 0, row = 0;
   float logits_err = 0;
   for (const auto& ids : f.lines) {
-    Batch b = line_batch(ids);
+    Batch b = next_token_batch(ids);
     loss_sum += model.forward_loss(b, *params);
     count += counted_targets(b.targets);
     Tensor logits = model.forward_logits(b, *params);
@@ -163,7 +148,7 @@ TEST_CASE("KV-cache forward equals the full forward, row for row") {
     LlamaModel model(hf.config());
     const std::vector<int32_t>& ids = f.lines[0];
     const auto n = static_cast<int64_t>(ids.size());
-    Tensor full = model.forward_logits(line_batch(ids), *params);
+    Tensor full = model.forward_logits(next_token_batch(ids), *params);
 
     // A prefill of 5, then chunks of 1 and 3 tokens.
     KvCache cache(hf.config(), n);
