@@ -131,6 +131,20 @@ struct RingShape {
   int source(int s) const { return (rank - s % P + P) % P; }
 };
 
+// One step of the ring: `out` goes to the next rank while `in` arrives from the previous
+// one, as one group (NCCL would deadlock on an ungrouped send/recv pair).
+struct RingTransfer {
+  Pending send, recv;
+};
+RingTransfer pass_along(Comm& cp, const RingShape& r, const Tensor& out, Tensor& in, int tag) {
+  RingTransfer t;
+  CommGroup group(cp);
+  t.send = cp.send(out, r.next(), tag);
+  t.recv = cp.recv(in, r.prev(), tag);
+  group.end();
+  return t;
+}
+
 RingShape ring_shape(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
                      const Comm& cp) {
   for (const Tensor* t : {&q, &k, &v})
@@ -289,13 +303,8 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
   if (r.P > 1) kv[1] = Tensor::empty(kv[0].shape(), DType::f32);
   for (int s = 0; s < r.P; ++s) {
     const Tensor& cur = kv[s % 2];
-    Pending send, recv;
-    if (s + 1 < r.P) {
-      CommGroup group(cp);
-      send = cp.send(cur, r.next(), kTagKv);
-      recv = cp.recv(kv[(s + 1) % 2], r.prev(), kTagKv);
-      group.end();
-    }
+    RingTransfer next_kv;
+    if (s + 1 < r.P) next_kv = pass_along(cp, r, cur, kv[(s + 1) % 2], kTagKv);
     const int src = r.source(s);
     for (int qh = 0; qh < 2; ++qh) {
       for (int kh = 0; kh < 2; ++kh) {
@@ -307,8 +316,8 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
         merge_partial(out_half[qh], lse_half[qh], part, batch);
       }
     }
-    if (send) send->wait();
-    if (recv) recv->wait();
+    if (next_kv.send) next_kv.send->wait();
+    if (next_kv.recv) next_kv.recv->wait();
   }
 
   return {join_halves(out_half[0], out_half[1], batch, q.shape()),
@@ -358,13 +367,8 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
   Pending dkv_send[2], dkv_recv;
   for (int s = 0; s < r.P; ++s) {
     const Tensor& cur = kv[s % 2];
-    Pending kv_send, kv_recv;
-    if (s + 1 < r.P) {
-      CommGroup group(cp);
-      kv_send = cp.send(cur, r.next(), kTagKv);
-      kv_recv = cp.recv(kv[(s + 1) % 2], r.prev(), kTagKv);
-      group.end();
-    }
+    RingTransfer next_kv;
+    if (s + 1 < r.P) next_kv = pass_along(cp, r, cur, kv[(s + 1) % 2], kTagKv);
     // This buffer was last sent two steps ago; that send must be done before it is reused.
     Tensor& acc = dkv_out[s % 2];
     if (dkv_send[s % 2]) dkv_send[s % 2]->wait();
@@ -387,13 +391,12 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
         dkv_recv->wait();
         ops::add_inplace(acc, dkv_in);
       }
-      CommGroup group(cp);
-      dkv_send[s % 2] = cp.send(acc, r.next(), kTagDkv);
-      dkv_recv = cp.recv(dkv_in, r.prev(), kTagDkv);
-      group.end();
+      RingTransfer dkv = pass_along(cp, r, acc, dkv_in, kTagDkv);
+      dkv_send[s % 2] = std::move(dkv.send);
+      dkv_recv = std::move(dkv.recv);
     }
-    if (kv_send) kv_send->wait();
-    if (kv_recv) kv_recv->wait();
+    if (next_kv.send) next_kv.send->wait();
+    if (next_kv.recv) next_kv.recv->wait();
   }
   Tensor* own = &dkv_out[0];
   if (r.P > 1) {
