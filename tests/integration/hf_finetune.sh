@@ -3,12 +3,8 @@
 # new run starts from the export on 1 and on 2 ranks (each rank reading only its rows); the
 # starting validation loss equals the first run's final one, and training goes on from there.
 # usage: hf_finetune.sh FRUGAL_BINARY REPO_ROOT
-set -euo pipefail
-frugal=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
 "$frugal" prepare /usr/share/games/fortunes/fortunes --out "$work/data" --vocab-size 400 >/dev/null
 common=(--data.dir="$work/data" --train.seq_len=24 --train.lr=3e-3

@@ -3,11 +3,8 @@
 # evaluates close to the fp32 model; a model whose rows do not split into 64-blocks is
 # refused with the tensor named.
 # usage: quant.sh FRUGAL_BINARY REPO_ROOT
-set -euo pipefail
-frugal=$1
+source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 root=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=2
 
 "$frugal" prepare /usr/share/games/fortunes/fortunes --out "$work/data" --vocab-size 400 >/dev/null

@@ -3,11 +3,8 @@
 # bit-identical losses, a resumed run continues exactly where a straight run would be, and
 # bad configurations stop with a message that names the problem.
 # usage: train.sh FRUGAL_BINARY REPO_ROOT
-set -euo pipefail
-frugal=$1
+source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 root=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=2
 
 corpus=/usr/share/games/fortunes/fortunes
@@ -21,7 +18,6 @@ common=(--data.dir="$work/data" --model.hidden_size=48 --model.intermediate_size
         --train.warmup_steps=2 --train.eval_batches=4 --train.sample_tokens=8
         --monitor.log_every=5)
 
-losses() { grep -o '"loss":[^,}]*' "$1"; }
 
 "$frugal" train "${common[@]}" --train.steps=20 --train.out_dir="$work/a" > "$work/a.log"
 "$frugal" train "${common[@]}" --train.steps=20 --train.out_dir="$work/b" > "$work/b.log"
@@ -33,7 +29,7 @@ grep -q '^sample: ' "$work/a.log" || { echo "FAIL: no sample printed"; exit 1; }
 [ -f "$work/a/ckpt/LATEST" ] || { echo "FAIL: no final checkpoint"; exit 1; }
 
 # The loss falls: the mean of the last 5 steps is below the mean of the first 5.
-mean_of() { awk -F: '{ s += $2; n++ } END { printf "%.6f\n", s / n }'; }
+mean_of() { awk '{ s += $1; n++ } END { printf "%.6f\n", s / n }'; }
 losses "$work/a/metrics.jsonl" > "$work/a.losses"  # (no early-exiting reader in a pipe)
 first=$(head -5 "$work/a.losses" | mean_of)
 last=$(tail -5 "$work/a.losses" | mean_of)

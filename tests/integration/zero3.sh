@@ -3,13 +3,8 @@
 # offload modes change nothing, a checkpoint saved on 2 ranks resumes on 1, and a rank that
 # dies, hangs or runs another configuration stops every rank with a message.
 # usage: zero3.sh FRUGAL_BINARY REPO_ROOT
-set -euo pipefail
-frugal=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-mpi=(mpirun --oversubscribe --bind-to none)
 
 "$frugal" prepare /usr/share/games/fortunes/fortunes --out "$work/data" --vocab-size 400 >/dev/null
 common=(--data.dir="$work/data" --model.hidden_size=40 --model.intermediate_size=72
@@ -17,9 +12,6 @@ common=(--data.dir="$work/data" --model.hidden_size=40 --model.intermediate_size
         --model.vocab_size=403 --model.max_position_embeddings=64 --train.seq_len=24
         --train.lr=5e-3 --train.warmup_steps=2 --train.eval_batches=2 --train.sample_tokens=4
         --train.steps=12 --train.eval_every=6 --optim.eps=1e-6)
-losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
-# Largest relative difference between two columns of numbers.
-max_rel() { paste <(losses "$1") <(losses "$2") | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > m) m = r } END { printf "%.3g\n", m }'; }
 
 "${mpi[@]}" -np 1 "$frugal" train "${common[@]}" --train.micro_batch_size=4 --train.out_dir="$work/one" >/dev/null
 "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.micro_batch_size=2 --train.out_dir="$work/two" > "$work/two.log"

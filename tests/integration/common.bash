@@ -1,0 +1,17 @@
+# Sourced by the integration scripts (not a test itself: ctest runs *.sh only).
+# Sets frugal (the binary, $1) and work (a scratch directory removed at exit), lets Open MPI
+# run as root, and defines the helpers the scripts share.
+set -euo pipefail
+frugal=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+mpi=(mpirun --oversubscribe --bind-to none)
+
+# The training losses of a metrics.jsonl, one per line.
+losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+# The largest relative difference between the losses of two metrics.jsonl files.
+max_rel() {
+  paste <(losses "$1") <(losses "$2") \
+    | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > m) m = r } END { printf "%.3g\n", m }'
+}
