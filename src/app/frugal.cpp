@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <map>
 
 #include "app/commands.h"
@@ -88,6 +89,10 @@ int run_frugal(int argc, char** argv) {
     abort_all(1);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "frugal: out of host memory\n");
+    abort_all(1);
+  } catch (const std::filesystem::filesystem_error& e) {
+    // An unwritable out_dir, a full disk: the user's to fix, so no "unexpected".
+    std::fprintf(stderr, "frugal: %s\n", e.what());
     abort_all(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "frugal: unexpected error: %s\n", e.what());
