@@ -1,7 +1,10 @@
-// Causal attention with grouped-query heads on the GPU: a fused forward (online softmax, K/V
-// tiles in shared memory) and a two-kernel backward (dK/dV per key tile, dQ per query tile).
+// Causal attention with grouped-query heads on the GPU: the launchers, which send head dims 64
+// and 128 to the tensor-core kernels (flash_attention.cu), and the simple kernels that take the
+// other head dims (16 and 32, tiny test models) and unaligned pointers: a fused forward (online
+// softmax, K/V tiles in shared memory) and a two-kernel backward (dK/dV per key tile, dQ per
+// query tile).
 //
-// Simple and correct rather than fast (tensor cores are the next issue's job):
+// The simple kernels, correct rather than fast (about 7 TFLOP/s):
 //  - A query row (forward, dQ) or key row (dK/dV) is owned by `kThreadsPerRow` consecutive
 //    lanes, each holding head_dim / kThreadsPerRow of its columns in registers (column
 //    sub + kThreadsPerRow * c). Dot products are summed per lane, then across the row's lanes
@@ -20,6 +23,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attention.h"
 
 namespace frugal::cuda {
 
@@ -349,11 +353,17 @@ bool attention_supports_head_dim(int64_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
 }
 
+int64_t attention_backward_scratch_floats(const AttentionShape& s) {
+  return flash_attention_backward_scratch_floats(s);
+}
+
 void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* v, const AttentionShape& s,
                        cudaStream_t stream) {
   check_shape(s);
   if (s.batch == 0 || s.q_len == 0) return;
+  if (flash_attention_supports(s, {out, q, k, v}, {}))
+    return flash_attention_forward(out, lse, q, k, v, s, stream);
   switch (s.head_dim) {
     case 16:
       return forward_for<16>(out, lse, q, k, v, s, stream);
@@ -369,9 +379,11 @@ void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
 void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                         const __nv_bfloat16* out, const float* lse, const AttentionShape& s,
-                        cudaStream_t stream) {
+                        float* scratch, cudaStream_t stream) {
   check_shape(s);
   if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return;
+  if (flash_attention_supports(s, {dout, q, k, v, out}, {dq, dk, dv}))
+    return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
   switch (s.head_dim) {
     case 16:
       return backward_for<16>(dq, dk, dv, dout, q, k, v, out, lse, s, stream);

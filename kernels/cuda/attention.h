@@ -1,9 +1,12 @@
-// Causal attention with grouped-query heads on the GPU (bf16 in and out, fp32 math): a simple
-// fused forward returning the per-row log-sum-exp and a deterministic backward recomputing P.
+// Causal attention with grouped-query heads on the GPU (bf16 in and out, fp32 math): a fused
+// forward returning the per-row log-sum-exp and a deterministic backward recomputing P. Head
+// dims 64 and 128 run on the tensor cores (flash_attention.h); others (16, 32) on simple kernels.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "kernels/cpu/attention.h"
 
@@ -24,13 +27,18 @@ void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* v, const AttentionShape& s,
                        cudaStream_t stream);
 
+// Floats of device scratch attention_backward needs for this shape (2 per query row and head).
+int64_t attention_backward_scratch_floats(const AttentionShape& s);
+
 // dq, dk, dv (fp32, shaped like q, k, v) are ACCUMULATED (+=) so the blocks of a ring add into
 // the same buffers: zero them first. out and lse are the forward's (for a ring: the MERGED ones
-// of the whole row, as for the CPU kernel). Deterministic: every gradient element is summed by
-// one thread in a fixed order, no atomics.
+// of the whole row, as for the CPU kernel). scratch: attention_backward_scratch_floats(s)
+// floats of device memory, overwritten (free again when the stream reaches the end of the
+// call). Deterministic: every gradient element is summed by one thread in a fixed order, no
+// atomics.
 void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                         const __nv_bfloat16* out, const float* lse, const AttentionShape& s,
-                        cudaStream_t stream);
+                        float* scratch, cudaStream_t stream);
 
 }  // namespace frugal::cuda

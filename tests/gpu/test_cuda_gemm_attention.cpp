@@ -237,7 +237,8 @@ void check_attention(const AttentionCase& c) {
                                  s);
 
   DeviceArray<Bf16> q_d(q_size), k_d(kv_size), v_d(kv_size), out_d(q_size), dout_d(q_size);
-  DeviceArray<float> lse_d(lse_size), dq_d(q_size), dk_d(kv_size), dv_d(kv_size);
+  DeviceArray<float> lse_d(lse_size), dq_d(q_size), dk_d(kv_size), dv_d(kv_size),
+      scratch_d(static_cast<size_t>(frugal::cuda::attention_backward_scratch_floats(s)));
   q_d.upload(q.h);
   k_d.upload(k.h);
   v_d.upload(v.h);
@@ -285,7 +286,8 @@ void check_attention(const AttentionCase& c) {
   dk_d.upload(dk0);
   dv_d.upload(dv0);
   frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), dout_d.get(), q_d.get(),
-                                   k_d.get(), v_d.get(), out_in_d.get(), lse_d.get(), s, stream);
+                                   k_d.get(), v_d.get(), out_in_d.get(), lse_d.get(), s,
+                                   scratch_d.get(), stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const auto dq = dq_d.download(), dk = dk_d.download(), dv = dv_d.download();
   // Compare what was added to the random initial values (accumulation, as a ring needs).
@@ -304,7 +306,8 @@ void check_attention(const AttentionCase& c) {
   dk_d.upload(dk0);
   dv_d.upload(dv0);
   frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), dout_d.get(), q_d.get(),
-                                   k_d.get(), v_d.get(), out_in_d.get(), lse_d.get(), s, stream);
+                                   k_d.get(), v_d.get(), out_in_d.get(), lse_d.get(), s,
+                                   scratch_d.get(), stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CHECK(bitwise_equal(dq_d.download(), dq));
   CHECK(bitwise_equal(dk_d.download(), dk));

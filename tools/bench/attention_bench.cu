@@ -1,0 +1,203 @@
+// bench_attention: times frugal's CUDA causal attention (forward, forward + backward) on one
+// shape and prints one JSON line; with --dump FILE it also writes the inputs and outputs of one
+// forward + backward for tools/bench/torch_sdpa.py to compare with PyTorch.
+//
+// usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D
+//                        [--iters N] [--dump FILE] [--backward-tiles large|small]
+// (--backward-tiles forces the backward's tiling, e.g. the one for 99 KiB of shared memory.)
+// Layouts are frugal's: q, out [B, S, H, D]; k, v [B, S, KVH, D]; lse [B, H, S] (bf16, fp32).
+// FLOPs counted as FlashAttention does: forward 4 B H S^2 D / 2 (causal), backward 2.5x that.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attention.h"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// Uniform values in [-amplitude, amplitude] from a counter hash (splitmix64), so inputs are
+// random but cheap to make at any size.
+__global__ void fill_random(bf16* x, int64_t n, uint64_t seed, float amplitude) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
+    x[i] = __float2bfloat16((2.0f * u - 1.0f) * amplitude);
+  }
+}
+
+template <class T>
+T* device_alloc(int64_t n) {
+  T* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, sizeof(T) * static_cast<size_t>(std::max<int64_t>(n, 1))));
+  return p;
+}
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class T>
+void write_device(FILE* f, const T* d, int64_t n) {
+  std::vector<T> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(h.data(), d, sizeof(T) * h.size(), cudaMemcpyDeviceToHost));
+  if (std::fwrite(h.data(), sizeof(T), h.size(), f) != h.size()) {
+    std::fprintf(stderr, "bench_attention: short write\n");
+    std::exit(1);
+  }
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D "
+               "[--iters N] [--dump FILE] [--backward-tiles large|small]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0;
+  int iters = 10;
+  std::string dump, tiles_name = "auto";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--batch")
+      batch = std::atoll(value.c_str());
+    else if (key == "--heads")
+      heads = std::atoll(value.c_str());
+    else if (key == "--kv-heads")
+      kv_heads = std::atoll(value.c_str());
+    else if (key == "--seq")
+      seq = std::atoll(value.c_str());
+    else if (key == "--head-dim")
+      head_dim = std::atoll(value.c_str());
+    else if (key == "--iters")
+      iters = std::atoi(value.c_str());
+    else if (key == "--dump")
+      dump = value;
+    else if (key == "--backward-tiles")
+      tiles_name = value;
+    else
+      return usage();
+  }
+  if (argc % 2 == 0 || batch <= 0 || heads <= 0 || kv_heads <= 0 || seq <= 0 || head_dim <= 0 ||
+      iters <= 0 || (tiles_name != "auto" && tiles_name != "large" && tiles_name != "small"))
+    return usage();
+  const auto tiles = tiles_name == "large"   ? frugal::cuda::FlashBackwardTiles::kLargeSmem
+                     : tiles_name == "small" ? frugal::cuda::FlashBackwardTiles::kSmallSmem
+                                             : frugal::cuda::FlashBackwardTiles::kAuto;
+
+  try {
+    frugal::cuda::AttentionShape s;
+    s.batch = batch;
+    s.q_len = s.kv_len = seq;
+    s.n_heads = heads;
+    s.n_kv_heads = kv_heads;
+    s.head_dim = head_dim;
+    s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    s.causal_offset = 0;
+    const int64_t q_n = batch * seq * heads * head_dim, kv_n = batch * seq * kv_heads * head_dim;
+    const int64_t lse_n = batch * heads * seq;
+    bf16 *q = device_alloc<bf16>(q_n), *k = device_alloc<bf16>(kv_n), *v = device_alloc<bf16>(kv_n);
+    bf16 *out = device_alloc<bf16>(q_n), *dout = device_alloc<bf16>(q_n);
+    float *lse = device_alloc<float>(lse_n), *dq = device_alloc<float>(q_n);
+    float *dk = device_alloc<float>(kv_n), *dv = device_alloc<float>(kv_n);
+    float* scratch = device_alloc<float>(frugal::cuda::attention_backward_scratch_floats(s));
+    fill_random<<<1024, 256>>>(q, q_n, 1, 2.0f);
+    fill_random<<<1024, 256>>>(k, kv_n, 2, 2.0f);
+    fill_random<<<1024, 256>>>(v, kv_n, 3, 1.0f);
+    fill_random<<<1024, 256>>>(dout, q_n, 4, 1.0f);
+    CUDA_CHECK_LAUNCH();
+    const cudaStream_t stream = nullptr;
+
+    auto forward = [&] { frugal::cuda::attention_forward(out, lse, q, k, v, s, stream); };
+    auto forward_backward = [&] {
+      forward();
+      // The backward accumulates: a caller zeroes the gradients first, so that is timed too.
+      CUDA_CHECK(cudaMemsetAsync(dq, 0, sizeof(float) * q_n, stream));
+      CUDA_CHECK(cudaMemsetAsync(dk, 0, sizeof(float) * kv_n, stream));
+      CUDA_CHECK(cudaMemsetAsync(dv, 0, sizeof(float) * kv_n, stream));
+      if (tiles == frugal::cuda::FlashBackwardTiles::kAuto)
+        frugal::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+      else
+        frugal::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
+                                               stream, tiles);
+    };
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    auto time_ms = [&](auto&& fn) {
+      for (int i = 0; i < 3; ++i) fn();  // warm-up
+      std::vector<float> ms;
+      for (int i = 0; i < iters; ++i) {
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        fn();
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+        ms.push_back(t);
+      }
+      return median(ms);
+    };
+    const double fwd_ms = time_ms(forward);
+    const double fwdbwd_ms = time_ms(forward_backward);
+    const double fwd_flop = 4.0 * batch * heads * double(seq) * seq * head_dim / 2;
+    const double fwdbwd_flop = fwd_flop * 3.5;
+    std::printf(
+        "{\"impl\": \"frugal\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"seq\": "
+        "%lld, \"head_dim\": %lld, \"backward_tiles\": \"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": "
+        "%.1f, \"fwdbwd_ms\": %.4f, "
+        "\"fwdbwd_tflops\": %.1f}\n",
+        static_cast<long long>(batch), static_cast<long long>(heads),
+        static_cast<long long>(kv_heads), static_cast<long long>(seq),
+        static_cast<long long>(head_dim), tiles_name.c_str(), fwd_ms, fwd_flop / fwd_ms * 1e-9,
+        fwdbwd_ms, fwdbwd_flop / fwdbwd_ms * 1e-9);
+
+    if (!dump.empty()) {
+      // One more forward + backward on the same inputs (the result is deterministic), then
+      // header (5 int64: B H KVH S D) q k v dout out (bf16) lse dq dk dv (fp32).
+      forward_backward();
+      CUDA_CHECK(cudaDeviceSynchronize());
+      FILE* f = std::fopen(dump.c_str(), "wb");
+      if (f == nullptr) {
+        std::fprintf(stderr, "bench_attention: cannot write %s\n", dump.c_str());
+        return 1;
+      }
+      const int64_t header[5] = {batch, heads, kv_heads, seq, head_dim};
+      std::fwrite(header, sizeof(int64_t), 5, f);
+      write_device(f, q, q_n);
+      write_device(f, k, kv_n);
+      write_device(f, v, kv_n);
+      write_device(f, dout, q_n);
+      write_device(f, out, q_n);
+      write_device(f, lse, lse_n);
+      write_device(f, dq, q_n);
+      write_device(f, dk, kv_n);
+      write_device(f, dv, kv_n);
+      std::fclose(f);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
