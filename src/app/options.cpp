@@ -123,10 +123,17 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
         "(must divide the number of ranks; the rest are data-parallel)");
   t.add(parallel, "parallel.timeout_s", &c.parallel.timeout_s,
         "seconds a collective may wait for the other ranks before the run stops with an error");
+  t.add_string(parallel, "parallel.device", &c.parallel.device,
+               "auto | cpu | cuda: where the model runs (auto: a GPU when this build and machine "
+               "have one, one GPU per rank)");
+  t.add_string(parallel, "parallel.gpu_mem_limit", &c.parallel.gpu_mem_limit,
+               "cap on each rank's GPU memory, e.g. 24GiB to behave like a consumer card (0: the "
+               "whole card); allocations past it stop the run naming what did not fit");
 
   po::options_description ckpt("[ckpt] checkpoints");
   t.add(ckpt, "ckpt.every", &c.ckpt.every, "save every N steps (0: only at the end)");
   t.add(ckpt, "ckpt.keep", &c.ckpt.keep, "committed checkpoints to keep");
+  t.add(ckpt, "ckpt.final", &c.ckpt.final, "save a checkpoint after the last step");
 
   po::options_description monitor("[monitor] progress and metrics");
   t.add(monitor, "monitor.log_every", &c.monitor.log_every,

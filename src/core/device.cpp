@@ -81,7 +81,7 @@ CachingArena::CachingArena(std::string name, Device device, size_t limit_bytes)
 
 CachingArena::~CachingArena() = default;
 
-void* CachingArena::raw_allocate(size_t bytes) {
+void* CachingArena::raw_allocate(size_t bytes, const std::string& what) {
   // Arena::allocate has already checked the requested bytes against the cap; this checks the
   // whole blocks, which are larger by the rounding and by what the cache holds.
   Cache& c = *cache_;
@@ -98,8 +98,8 @@ void* CachingArena::raw_allocate(size_t bytes) {
   const size_t limit = stats().limit_bytes;
   if (limit && c.reserved_bytes + block > limit) trim();
   if (limit && c.reserved_bytes + block > limit)
-    fail("out of memory in ", name(), ": a block of ", format_bytes(block), " (for ",
-         format_bytes(bytes), ") does not fit: ", usage_report());
+    fail("out of memory in ", name(), ": ", what, " (", format_bytes(bytes), ") needs a block of ",
+         format_bytes(block), ", which does not fit: ", usage_report());
   void* ptr = driver_allocate(block);
   if (!ptr && c.cached_bytes > 0) {
     trim();  // the driver is out of memory; give back what the cache holds and try again
@@ -107,7 +107,7 @@ void* CachingArena::raw_allocate(size_t bytes) {
   }
   if (!ptr)
     fail("out of memory in ", name(), ": the driver refused a block of ", format_bytes(block),
-         " (for ", format_bytes(bytes), "): ", usage_report());
+         " for ", what, " (", format_bytes(bytes), "): ", usage_report());
   c.live_blocks.emplace(ptr, block);
   c.reserved_bytes += block;
   c.peak_reserved_bytes = std::max(c.peak_reserved_bytes, c.reserved_bytes);

@@ -18,6 +18,12 @@ struct CUevent_st;
 
 namespace frugal {
 
+#ifdef FRUGAL_HAVE_CUDA
+inline constexpr bool kHaveCuda = true;
+#else
+inline constexpr bool kHaveCuda = false;
+#endif
+
 // Number of CUDA devices this process can use; 0 without a driver or a GPU, and in a build
 // without CUDA. Never throws.
 int device_count();
@@ -62,7 +68,7 @@ class CachingArena : public Arena {
 
  protected:
   CachingArena(std::string name, Device device, size_t limit_bytes);
-  void* raw_allocate(size_t bytes) override;
+  void* raw_allocate(size_t bytes, const std::string& what) override;
   void raw_release(void* ptr) override;
   // A block of exactly `bytes` from the driver, nullptr when it has none; and its release.
   virtual void* driver_allocate(size_t bytes) = 0;

@@ -15,6 +15,9 @@ void set_log_quiet(bool quiet);    // info lines suppressed (warnings and errors
 
 // "1.5 GiB", "12 MiB", "512 B": sizes in messages.
 std::string format_bytes(size_t bytes);
+// "24GiB", "512 MiB", "1.5GB", "1000000" (bytes): binary (KiB, MiB, GiB, TiB) and decimal (KB,
+// MB, GB, TB) units, case-insensitive. Throws Error naming `key` for anything else.
+size_t parse_bytes(const std::string& text, const std::string& key);
 
 void log_line(const std::string& line);   // info, to stdout
 void warn_line(const std::string& line);  // "frugal: warning: ...", to stderr, every rank

@@ -21,7 +21,7 @@ void* Arena::allocate(size_t bytes, const std::string& what) {
     fail("out of memory in ", name_, ": allocating ", format_bytes(bytes), " for ", what, " with ",
          format_bytes(stats_.in_use_bytes), " in use of a ", format_bytes(stats_.limit_bytes),
          " limit");
-  void* ptr = raw_allocate(bytes);
+  void* ptr = raw_allocate(bytes, what);
   if (!ptr) fail("out of memory in ", name_, ": allocating ", format_bytes(bytes), " for ", what);
   stats_.in_use_bytes += bytes;
   if (stats_.in_use_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.in_use_bytes;
@@ -33,13 +33,31 @@ void Arena::release(void* ptr, size_t bytes) {
   stats_.in_use_bytes -= bytes;
 }
 
-void* Arena::raw_allocate(size_t bytes) {
+void* Arena::raw_allocate(size_t bytes, const std::string& /*what*/) {
   // 64-byte alignment: whole cache lines, and any SIMD width.
   size_t rounded = (bytes + 63) / 64 * 64;
   return std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
 }
 
 void Arena::raw_release(void* ptr) { std::free(ptr); }
+
+SubArena::SubArena(std::string name, Arena& parent)
+    : Arena(std::move(name), parent.device()), parent_(parent) {}
+
+SubArena::~SubArena() = default;
+
+void* SubArena::raw_allocate(size_t bytes, const std::string& what) {
+  void* ptr = parent_.allocate(bytes, what + " (" + name() + ")");
+  sizes_.emplace(ptr, bytes);
+  return ptr;
+}
+
+void SubArena::raw_release(void* ptr) {
+  auto it = sizes_.find(ptr);
+  FRUGAL_CHECK(it != sizes_.end(), "release of a block ", name(), " did not hand out");
+  parent_.release(ptr, it->second);
+  sizes_.erase(it);
+}
 
 Arena& host_arena() {
   static Arena arena("host memory", Device::cpu);

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/dtype.h"
@@ -40,13 +41,32 @@ class Arena {
   void set_limit(size_t limit_bytes) { stats_.limit_bytes = limit_bytes; }
 
  protected:
-  virtual void* raw_allocate(size_t bytes);
+  // `what` names the tensor, for the message of an arena that refuses.
+  virtual void* raw_allocate(size_t bytes, const std::string& what);
   virtual void raw_release(void* ptr);
 
  private:
   std::string name_;
   Device device_;
   MemoryStats stats_;
+};
+
+// An accounting domain inside another arena: what it hands out is counted here and served
+// (and counted, and capped) by the parent. One GPU's memory is one capped arena; the trainer
+// counts parameters, gradients, optimizer state and gathered units apart inside it.
+class SubArena : public Arena {
+ public:
+  SubArena(std::string name, Arena& parent);
+  ~SubArena() override;
+  Arena& parent() const { return parent_; }
+
+ protected:
+  void* raw_allocate(size_t bytes, const std::string& what) override;
+  void raw_release(void* ptr) override;
+
+ private:
+  Arena& parent_;
+  std::unordered_map<void*, size_t> sizes_;
 };
 
 // The arena of ordinary CPU tensors (activations, gathered weights, gradients on the CPU

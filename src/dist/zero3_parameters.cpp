@@ -39,19 +39,44 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     std::vector<Tensor> shards, grads;
     for (const ParamSpec& spec : unit.params) {
       ShardLayout l = shard_layout(spec, ranks);
-      Tensor shard = Tensor::zeros(l.shard_shape(), DType::f32, *arenas_.params);
+      // Initialised in host memory (the same numbers whatever the device), then moved.
+      Tensor init = Tensor::zeros(l.shard_shape(), DType::f32);
       const int64_t first = l.first_row(rank), last = l.last_row(rank);
       if (last > first) {
-        Tensor real_rows = shard.rows(0, last - first);
+        Tensor real_rows = init.rows(0, last - first);
         init_parameter_rows(real_rows, spec.name, first, seed, init_std);
       }
+      Tensor shard = Tensor::empty(l.shard_shape(), DType::f32, *arenas_.params);
+      ops::copy(shard, init);
       shards.push_back(shard);
-      if (with_grads) grads.push_back(Tensor::zeros(l.shard_shape(), DType::f32, *arenas_.grads));
+      if (with_grads) grads.push_back(ops::zeros(l.shard_shape(), DType::f32, *arenas_.grads));
       layouts.push_back(l);
     }
     layouts_.push_back(std::move(layouts));
     shards_.push_back(std::move(shards));
     grad_shards_.push_back(std::move(grads));
+  }
+  refresh_copies();
+}
+
+void Zero3Parameters::refresh_copies() {
+  if (!arenas_.copies) return;
+  copies_.resize(shards_.size());
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    copies_[u].resize(shards_[u].size());
+    for (size_t i = 0; i < shards_[u].size(); ++i) {
+      // A host master (offloaded) goes to the GPU in fp32 first, to be rounded there.
+      const Tensor& master = shards_[u][i];
+      Tensor on_gpu = master.device() == arenas_.copies->device()
+                          ? master
+                          : ops::convert(master, DType::f32, *arenas_.copies);
+      Tensor copy = ops::convert(on_gpu, DType::bf16, *arenas_.copies);
+      // Into the existing copies: the optimizer holds them (TrainableShard::param_copy).
+      if (copies_[u][i].defined())
+        ops::copy(copies_[u][i], copy);
+      else
+        copies_[u][i] = copy;
+    }
   }
 }
 
@@ -62,13 +87,18 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   auto it = gathered_.find(unit);
   if (it != gathered_.end()) return it->second;
   Gathered& g = gathered_[unit];
+  const std::vector<Tensor>& source = arenas_.copies ? copies_[unit] : shards_[unit];
+  if (alone()) {
+    g.full = source;
+    return g;
+  }
   // One all-gather per parameter, posted together as one group: each lands a contiguous
   // full matrix, because a shard is a contiguous block of rows.
   CommGroup group(comm_);
   for (size_t i = 0; i < layouts_[unit].size(); ++i) {
-    g.full.push_back(
-        Tensor::empty(layouts_[unit][i].padded_shape(), DType::f32, *arenas_.gathered));
-    g.ops.push_back(comm_.all_gather(shards_[unit][i], g.full.back()));
+    g.full.push_back(Tensor::empty(layouts_[unit][i].padded_shape(), source[i].dtype(),
+                                   *arenas_.gathered));
+    g.ops.push_back(comm_.all_gather(source[i], g.full.back()));
   }
   group.end();
   return g;
@@ -104,11 +134,13 @@ void Zero3Parameters::release(int64_t unit) {
 
 std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
   FRUGAL_CHECK(!grad_shards_.at(unit).empty(), "gradients asked of inference-only parameters");
+  if (alone() && arenas_.grads->device() == arenas_.gathered->device())
+    return unpadded(unit, grad_shards_[unit]);  // accumulate straight into the shards
   auto it = full_grads_.find(unit);
   if (it == full_grads_.end()) {
     std::vector<Tensor> full;
     for (const ShardLayout& l : layouts_[unit])
-      full.push_back(Tensor::zeros(l.padded_shape(), DType::f32, *arenas_.gathered));
+      full.push_back(ops::zeros(l.padded_shape(), DType::f32, *arenas_.gathered));
     it = full_grads_.emplace(unit, std::move(full)).first;
   }
   return unpadded(unit, it->second);
@@ -117,12 +149,16 @@ std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
 void Zero3Parameters::complete_reduction() {
   if (!in_flight_) return;
   for (Pending& op : in_flight_->ops) op->wait();
-  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
-    ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
+  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i) {
+    // Offloaded gradient shards live in host memory: the sum comes down first.
+    Tensor& shard = grad_shards_[in_flight_->unit][i];
+    ops::add_inplace(shard, ops::on_device_of(in_flight_->shard_sum[i], shard));
+  }
   in_flight_.reset();
 }
 
 void Zero3Parameters::grads_done(int64_t unit) {
+  if (alone() && arenas_.grads->device() == arenas_.gathered->device()) return;
   auto it = full_grads_.find(unit);
   FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
   // One reduction in flight at a time: the previous unit's finishes while this one's
@@ -149,6 +185,9 @@ void Zero3Parameters::finish_backward() {
 }
 
 void Zero3Parameters::zero_grads() {
+  // Offloaded gradient shards are host memory that the last step's optimizer kernels on the
+  // GPU may still be reading (parallel.offload = optimizer): the host clears them after.
+  if (arenas_.grads->device() != arenas_.gathered->device()) ops::synchronize();
   for (auto& unit : grad_shards_)
     for (Tensor& g : unit) ops::zero(g);
 }
@@ -158,7 +197,8 @@ std::vector<TrainableShard> Zero3Parameters::trainable() {
   for (size_t u = 0; u < units_.size(); ++u)
     for (size_t i = 0; i < units_[u].params.size(); ++i)
       out.push_back({layouts_[u][i].name, shards_[u][i],
-                     grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i]});
+                     grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
+                     copies_.empty() ? Tensor() : copies_[u][i]});
   return out;
 }
 

@@ -36,6 +36,9 @@ struct Zero3Arenas {
   Arena* params;    // fp32 master shards
   Arena* grads;     // gradient shards
   Arena* gathered;  // whole units in use: gathered weights and full-size gradients
+  // On a GPU: where the bf16 copies of the shards live, which are what the ranks gather (half
+  // the bytes of fp32) and the layers read. Null on the CPU: the fp32 shards are gathered.
+  Arena* copies = nullptr;
 };
 
 class Zero3Parameters : public ParameterProvider {
@@ -58,6 +61,9 @@ class Zero3Parameters : public ParameterProvider {
   const std::vector<UnitSpec>& units() const { return units_; }
   const ShardLayout& layout(int64_t unit, size_t i) const { return layouts_[unit][i]; }
   Tensor& shard(int64_t unit, size_t i) { return shards_[unit][i]; }
+  // After the fp32 shards changed other than through the optimizer (a checkpoint or weights
+  // loaded into them): the bf16 copies are made again. Nothing to do on the CPU.
+  void refresh_copies();
   // Bytes of this rank's shards (padding included) and of the largest whole unit.
   size_t shard_bytes() const;
   size_t largest_unit_bytes() const;
@@ -81,7 +87,11 @@ class Zero3Parameters : public ParameterProvider {
   std::vector<std::vector<ShardLayout>> layouts_;
   Comm& comm_;
   Zero3Arenas arenas_;
+  // One rank needs no collective: the shards are the whole weights and gradients.
+  bool alone() const { return comm_.size() == 1; }
+
   std::vector<std::vector<Tensor>> shards_, grad_shards_;
+  std::vector<std::vector<Tensor>> copies_;  // bf16 copies of shards_ (GPU), else empty
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;
   std::optional<Reduction> in_flight_;

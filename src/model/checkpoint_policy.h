@@ -1,6 +1,6 @@
 // Activation checkpointing: what a transformer block keeps from its forward for the backward.
 //   none       keep every intermediate (fastest, most memory)
-//   selective  keep the matmul and attention outputs; recompute norms, rotary and SwiGLU
+//   selective  keep the matmul, rotary and attention outputs; recompute norms and SwiGLU
 //   full       keep only the block input; recompute the whole block forward
 #pragma once
 

@@ -60,8 +60,10 @@ Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContex
   return ops::add(a.h, ops::linear(a.act, w.down_proj));
 }
 
-// Drop what the policy does not keep.
+// Drop what the policy does not keep. The projections before rotary (q, k) are never needed
+// by the backward (it differentiates through rope with the positions alone).
 void keep_only(BlockActivations& a, CheckpointPolicy policy) {
+  a.q = a.k = Tensor();
   if (policy == CheckpointPolicy::none) return;
   if (policy == CheckpointPolicy::full) {
     Tensor x = a.x;
@@ -69,8 +71,8 @@ void keep_only(BlockActivations& a, CheckpointPolicy policy) {
     a.x = x;
     return;
   }
-  // selective: the cheap, elementwise results go; matmul and attention outputs stay.
-  a.n1 = a.rstd1 = a.q_rot = a.k_rot = a.n2 = a.rstd2 = a.act = Tensor();
+  // selective: the cheap, elementwise results go; matmul, rotary and attention outputs stay.
+  a.n1 = a.rstd1 = a.n2 = a.rstd2 = a.act = Tensor();
 }
 
 }  // namespace
@@ -96,8 +98,6 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
       return;
     case CheckpointPolicy::selective:
       a.n1 = ops::rmsnorm(a.x, w.input_norm, eps_of(ctx), &a.rstd1);
-      a.q_rot = ops::rope(a.q, ctx.positions, theta_of(ctx));
-      a.k_rot = ops::rope(a.k, ctx.positions, theta_of(ctx));
       a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
       a.act = ops::swiglu(a.gate, a.up);
       return;

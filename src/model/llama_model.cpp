@@ -54,8 +54,11 @@ BlockContext block_context(const LlamaConfig& config, const Batch& batch, Checkp
 
 }  // namespace
 
-Tensor LlamaModel::embed(const Batch& batch, ParameterProvider& params) {
+Tensor LlamaModel::embed(Batch& batch, ParameterProvider& params) {
   std::vector<Tensor> unit = params.gather(embed_unit());
+  batch.tokens = ops::on_device_of(batch.tokens, unit[0]);
+  batch.targets = ops::on_device_of(batch.targets, unit[0]);
+  batch.positions = ops::on_device_of(batch.positions, unit[0]);
   Tensor x = ops::embedding(batch.tokens, unit[0]);
   params.release(embed_unit());
   return x;
@@ -81,7 +84,7 @@ Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvide
 
 Tensor LlamaModel::head_forward_backward(const Tensor& x, const Batch& batch,
                                          ParameterProvider& params, float grad_scale,
-                                         double* loss_sum) {
+                                         Tensor* loss_sum) {
   // Head and loss, forward and backward together, a chunk of rows at a time, so the
   // [tokens, vocab] logits never exist whole. The head's weights and whole gradients live
   // only inside this function.
@@ -94,16 +97,17 @@ Tensor LlamaModel::head_forward_backward(const Tensor& x, const Batch& batch,
       config_.tie_word_embeddings ? params.grads(embed_unit())[0] : head_g[kLmHead];
   Tensor rstd;
   Tensor xn = ops::rmsnorm(x, head_w[kFinalNorm], eps, &rstd);
-  Tensor d_xn = Tensor::empty(xn.shape());
-  *loss_sum = 0;
+  Tensor d_xn = ops::empty_like(xn, xn.shape(), xn.dtype());
+  Tensor& loss = *loss_sum = ops::loss_accumulator(xn);
   const int64_t rows = xn.size(0);
   for (int64_t begin = 0; begin < rows; begin += loss_chunk_rows_) {
     const int64_t end = std::min(rows, begin + loss_chunk_rows_);
     Tensor xn_rows = xn.rows(begin, end);
     Tensor logits = ops::linear(xn_rows, lm_head);
     Tensor d_logits;
-    *loss_sum += ops::cross_entropy(logits, batch.targets.rows(begin, end), grad_scale, &d_logits);
-    d_xn.rows(begin, end).copy_from(ops::linear_backward(d_logits, xn_rows, lm_head, lm_head_grad));
+    ops::cross_entropy(logits, batch.targets.rows(begin, end), grad_scale, &d_logits, loss);
+    Tensor d_xn_rows = d_xn.rows(begin, end);
+    ops::copy(d_xn_rows, ops::linear_backward(d_logits, xn_rows, lm_head, lm_head_grad));
   }
   Tensor dx = ops::rmsnorm_backward(d_xn, x, head_w[kFinalNorm], rstd, head_g[kFinalNorm]);
   head_w.clear();
@@ -118,13 +122,16 @@ Tensor LlamaModel::head_forward_backward(const Tensor& x, const Batch& batch,
   return dx;
 }
 
-double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& params, float grad_scale,
-                                    CheckpointPolicy policy) {
+double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& params,
+                                    float grad_scale, CheckpointPolicy policy) {
   const int64_t layers = config_.num_hidden_layers;
   std::vector<BlockActivations> saved(layers);
-  Tensor x = blocks_forward(embed(batch, params), batch, params, policy, &saved);
+  Batch batch = host_batch;
+  Tensor embedded = embed(batch, params);
+  Tensor x = blocks_forward(embedded, batch, params, policy, &saved);
 
-  double loss_sum = 0;
+  // The loss is read after the backward is queued, so the GPU never waits for the host.
+  Tensor loss_sum;
   Tensor dx = head_forward_backward(x, batch, params, grad_scale, &loss_sum);
 
   // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
@@ -147,36 +154,42 @@ double LlamaModel::forward_backward(const Batch& batch, ParameterProvider& param
   }
   params.grads_done(embed_unit());
   params.finish_backward();
-  return loss_sum;
+  return ops::read_loss(loss_sum);
 }
 
-double LlamaModel::forward_loss(const Batch& batch, ParameterProvider& params) {
-  Tensor x = blocks_forward(embed(batch, params), batch, params, CheckpointPolicy::none, nullptr);
+double LlamaModel::forward_loss(const Batch& host_batch, ParameterProvider& params) {
+  Batch batch = host_batch;
+  Tensor embedded = embed(batch, params);
+  Tensor x = blocks_forward(embedded, batch, params, CheckpointPolicy::none, nullptr);
   const int64_t head = head_unit(config_);
   std::vector<Tensor> head_w = params.gather(head);
   Tensor lm_head = head_weight(head_w, params);
   Tensor xn =
       ops::rmsnorm(x, head_w[kFinalNorm], static_cast<float>(config_.rms_norm_eps), nullptr);
-  double loss_sum = 0;
+  Tensor loss = ops::loss_accumulator(xn);
   for (int64_t begin = 0; begin < xn.size(0); begin += loss_chunk_rows_) {
     const int64_t end = std::min(xn.size(0), begin + loss_chunk_rows_);
     Tensor logits = ops::linear(xn.rows(begin, end), lm_head);
-    loss_sum += ops::cross_entropy(logits, batch.targets.rows(begin, end), 0.0f, nullptr);
+    ops::cross_entropy(logits, batch.targets.rows(begin, end), 0.0f, nullptr, loss);
   }
+  const double loss_sum = ops::read_loss(loss);
   if (config_.tie_word_embeddings) params.release(embed_unit());
   params.release(head);
   return loss_sum;
 }
 
-Tensor LlamaModel::forward_logits(const Batch& batch, ParameterProvider& params,
+Tensor LlamaModel::forward_logits(const Batch& host_batch, ParameterProvider& params,
                                   int64_t last_rows) {
-  Tensor x = blocks_forward(embed(batch, params), batch, params, CheckpointPolicy::none, nullptr);
+  Batch batch = host_batch;
+  Tensor embedded = embed(batch, params);
+  Tensor x = blocks_forward(embedded, batch, params, CheckpointPolicy::none, nullptr);
   const int64_t keep = last_rows > 0 ? std::min(last_rows, batch.seq) : batch.seq;
   const int64_t hidden = config_.hidden_size;
-  Tensor picked = Tensor::empty({batch.batch * keep, hidden});
-  for (int64_t b = 0; b < batch.batch; ++b)
-    picked.rows(b * keep, (b + 1) * keep)
-        .copy_from(x.rows(b * batch.seq + batch.seq - keep, (b + 1) * batch.seq));
+  Tensor picked = ops::empty_like(x, {batch.batch * keep, hidden}, x.dtype());
+  for (int64_t b = 0; b < batch.batch; ++b) {
+    Tensor rows = picked.rows(b * keep, (b + 1) * keep);
+    ops::copy(rows, x.rows(b * batch.seq + batch.seq - keep, (b + 1) * batch.seq));
+  }
   const int64_t head = head_unit(config_);
   std::vector<Tensor> head_w = params.gather(head);
   Tensor lm_head = head_weight(head_w, params);
@@ -185,7 +198,7 @@ Tensor LlamaModel::forward_logits(const Batch& batch, ParameterProvider& params,
       lm_head);
   if (config_.tie_word_embeddings) params.release(embed_unit());
   params.release(head);
-  return logits;
+  return ops::to_host_f32(logits);
 }
 
 }  // namespace frugal

@@ -45,8 +45,8 @@ class LlamaModel {
                           CheckpointPolicy policy);
   // Forward only: the sum of the token losses.
   double forward_loss(const Batch& batch, ParameterProvider& params);
-  // Forward only: logits [rows, vocab] of the last `last_rows` positions of each sequence
-  // (all of them when last_rows <= 0).
+  // Forward only: logits [rows, vocab] (f32, host memory) of the last `last_rows` positions of
+  // each sequence (all of them when last_rows <= 0).
   Tensor forward_logits(const Batch& batch, ParameterProvider& params, int64_t last_rows = 0);
 
   // Rows of logits that the loss computes at once, bounding the [rows, vocab] buffer.
@@ -56,12 +56,14 @@ class LlamaModel {
   void set_attention(const AttentionOperator* attention) { attention_ = attention; }
 
  private:
-  Tensor embed(const Batch& batch, ParameterProvider& params);
+  // Looks up the embeddings; moves the batch's ids and positions to the weights' device first
+  // (once per call on a GPU).
+  Tensor embed(Batch& batch, ParameterProvider& params);
   Tensor blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                         CheckpointPolicy policy, std::vector<BlockActivations>* saved);
   // Final norm, head and loss forward and backward; returns d(loss)/d(x).
   Tensor head_forward_backward(const Tensor& x, const Batch& batch, ParameterProvider& params,
-                               float grad_scale, double* loss_sum);
+                               float grad_scale, Tensor* loss_sum);
   Tensor head_weight(const std::vector<Tensor>& head_unit, ParameterProvider& params);
 
   LlamaConfig config_;

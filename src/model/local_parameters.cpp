@@ -34,7 +34,8 @@ std::vector<TrainableShard> LocalParameters::trainable() {
   for (size_t u = 0; u < specs_.size(); ++u)
     for (size_t i = 0; i < specs_[u].params.size(); ++i)
       shards.push_back(
-          {specs_[u].params[i].name, units_[u][i], grads_[u].empty() ? Tensor() : grads_[u][i]});
+          {specs_[u].params[i].name, units_[u][i], grads_[u].empty() ? Tensor() : grads_[u][i],
+           Tensor()});
   return shards;
 }
 

@@ -16,6 +16,7 @@ struct TrainableShard {
   std::string name;  // the full parameter's Hugging Face name
   Tensor param;
   Tensor grad;
+  Tensor param_copy;  // on a GPU: the bf16 copy the forward gathers, refreshed by the optimizer
 };
 
 class ParameterProvider {

@@ -12,6 +12,16 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "ops/gpu_ops.h"
+
+// Operations on GPU tensors go to ops/gpu_ops.cpp (built with the CUDA backend only):
+//   FRUGAL_ON_GPU(t, f(args)) returns gpu::f(args) when t lives in device memory.
+#ifdef FRUGAL_HAVE_CUDA
+#define FRUGAL_ON_GPU(tensor, call) \
+  if ((tensor).defined() && (tensor).device() == Device::cuda) return gpu::call
+#else
+#define FRUGAL_ON_GPU(tensor, call)
+#endif
 
 namespace frugal::ops {
 
@@ -32,7 +42,10 @@ void expect_cpu_f32(const Tensor& t, const char* what) {
 // Results of an operation are activations: they go to the compute arena of the device, never
 // to the arena of an input (which may be gathered weights or offloaded state).
 Arena& compute_arena(const Tensor& like) {
-  FRUGAL_CHECK(like.device() == Device::cpu, "no compute arena for this device yet");
+#ifdef FRUGAL_HAVE_CUDA
+  if (like.device() == Device::cuda) return gpu::compute_arena();
+#endif
+  FRUGAL_CHECK(like.device() == Device::cpu, "a GPU tensor in a build without CUDA");
   return host_arena();
 }
 
@@ -40,10 +53,75 @@ Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), 
 
 }  // namespace
 
+// --- devices --------------------------------------------------------------------------------
+
+void bind_device(DeviceContext* context) {
+#ifdef FRUGAL_HAVE_CUDA
+  gpu::bind(context);
+#else
+  if (context) fail("this frugal was built without CUDA");
+#endif
+}
+
+DType compute_dtype(Device device) { return device == Device::cuda ? DType::bf16 : DType::f32; }
+
+Tensor empty_like(const Tensor& like, const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, compute_arena(like));
+}
+
+Tensor zeros(const Shape& shape, DType dtype, Arena& arena) {
+#ifdef FRUGAL_HAVE_CUDA
+  if (arena.device() == Device::cuda) return gpu::zeros(shape, dtype, arena);
+#endif
+  return Tensor::zeros(shape, dtype, arena);
+}
+
+void copy(Tensor& dst, const Tensor& src) {
+  FRUGAL_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(), "copy ",
+               shape_string(src.shape()), " ", dtype_name(src.dtype()), " into ",
+               shape_string(dst.shape()), " ", dtype_name(dst.dtype()));
+  if (dst.device() == Device::cpu && src.device() == Device::cpu) return dst.copy_from(src);
+#ifdef FRUGAL_HAVE_CUDA
+  gpu::copy(dst, src);
+#endif
+}
+
+Tensor convert(const Tensor& src, DType dtype, Arena& arena) {
+#ifdef FRUGAL_HAVE_CUDA
+  if (src.device() == Device::cuda || arena.device() == Device::cuda)
+    return gpu::convert(src, dtype, arena);
+#endif
+  FRUGAL_CHECK(src.dtype() == dtype, "no host conversion from ", dtype_name(src.dtype()), " to ",
+               dtype_name(dtype));
+  return src.clone(arena);
+}
+
+Tensor on_device_of(const Tensor& src, const Tensor& like) {
+  if (!src.defined() || src.device() == like.device()) return src;
+  Tensor out = Tensor::empty(src.shape(), src.dtype(), compute_arena(like));
+  copy(out, src);
+  return out;
+}
+
+Tensor to_host_f32(const Tensor& src) {
+  FRUGAL_ON_GPU(src, to_host_f32(src));
+  FRUGAL_CHECK(src.dtype() == DType::f32, "host tensor of dtype ", dtype_name(src.dtype()));
+  return src;
+}
+
+void synchronize() {
+#ifdef FRUGAL_HAVE_CUDA
+  gpu::synchronize();
+#endif
+}
+
+// --- layers ---------------------------------------------------------------------------------
+
 Tensor embedding(const Tensor& tokens, const Tensor& table) {
-  expect_cpu_f32(table, "embedding table");
   FRUGAL_CHECK(tokens.dtype() == DType::i32 && tokens.ndim() == 1, "tokens ",
                shape_string(tokens.shape()));
+  FRUGAL_ON_GPU(table, embedding(tokens, table));
+  expect_cpu_f32(table, "embedding table");
   Tensor out = Tensor::empty({tokens.numel(), table.size(1)}, DType::f32, compute_arena(table));
   cpu::embedding_forward(out.data<float>(), tokens.data<int32_t>(), table.data<float>(),
                          tokens.numel(), table.size(0), table.size(1));
@@ -51,16 +129,18 @@ Tensor embedding(const Tensor& tokens, const Tensor& table) {
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens) {
-  expect_cpu_f32(dtable, "embedding gradient");
   expect_shape(dout, {tokens.numel(), dtable.size(1)}, "embedding output gradient");
+  FRUGAL_ON_GPU(dtable, embedding_backward(dtable, dout, tokens));
+  expect_cpu_f32(dtable, "embedding gradient");
   cpu::embedding_backward(dtable.data<float>(), dout.data<float>(), tokens.data<int32_t>(),
                           tokens.numel(), dtable.size(0), dtable.size(1));
 }
 
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd) {
-  expect_cpu_f32(x, "rmsnorm input");
   int64_t dim = x.size(-1), rows = x.numel() / dim;
   expect_shape(w, {dim}, "rmsnorm weight");
+  FRUGAL_ON_GPU(x, rmsnorm(x, w, eps, rstd));
+  expect_cpu_f32(x, "rmsnorm input");
   Tensor y = empty_like(x);
   if (rstd) *rstd = Tensor::empty({rows}, DType::f32, compute_arena(x));
   cpu::rmsnorm_forward(y.data<float>(), rstd ? rstd->data<float>() : nullptr, x.data<float>(),
@@ -73,6 +153,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   expect_shape(dy, x.shape(), "rmsnorm output gradient");
   int64_t dim = x.size(-1), rows = x.numel() / dim;
   expect_shape(rstd, {rows}, "rmsnorm rstd");
+  FRUGAL_ON_GPU(x, rmsnorm_backward(dy, x, w, rstd, dw));
   Tensor dx = empty_like(x);
   cpu::rmsnorm_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
                         dy.data<float>(), x.data<float>(), w.data<float>(), rstd.data<float>(),
@@ -81,11 +162,12 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 }
 
 Tensor linear(const Tensor& x, const Tensor& w) {
-  expect_cpu_f32(x, "linear input");
-  expect_cpu_f32(w, "linear weight");
   int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   FRUGAL_CHECK(w.ndim() == 2 && w.size(1) == k, "linear weight ", shape_string(w.shape()),
                " against input ", shape_string(x.shape()));
+  FRUGAL_ON_GPU(x, linear(x, w));
+  expect_cpu_f32(x, "linear input");
+  expect_cpu_f32(w, "linear weight");
   Tensor y = Tensor::empty({m, n}, DType::f32, compute_arena(x));
   cpu::linear_forward(y.data<float>(), x.data<float>(), w.data<float>(), m, n, k);
   return y;
@@ -95,6 +177,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   expect_shape(dy, {m, n}, "linear output gradient");
   if (dw.defined()) expect_shape(dw, w.shape(), "linear weight gradient");
+  FRUGAL_ON_GPU(x, linear_backward(dy, x, w, dw));
   Tensor dx = Tensor::empty({m, k}, DType::f32, compute_arena(x));
   cpu::linear_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
                        dy.data<float>(), x.data<float>(), w.data<float>(), m, n, k);
@@ -102,9 +185,10 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
 }
 
 Tensor rope(const Tensor& x, const Tensor& positions, float theta) {
-  expect_cpu_f32(x, "rope input");
   FRUGAL_CHECK(x.ndim() == 3 && positions.numel() == x.size(0), "rope of ", shape_string(x.shape()),
                " with ", positions.numel(), " positions");
+  FRUGAL_ON_GPU(x, rope(x, positions, theta, /*backward=*/false));
+  expect_cpu_f32(x, "rope input");
   Tensor y = x.clone(compute_arena(x));
   cpu::rope_forward(y.data<float>(), positions.data<int32_t>(), x.size(0), x.size(1), x.size(2),
                     theta);
@@ -112,6 +196,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, float theta) {
 }
 
 Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta) {
+  FRUGAL_ON_GPU(dy, rope(dy, positions, theta, /*backward=*/true));
   Tensor dx = dy.clone(compute_arena(dy));
   cpu::rope_backward(dx.data<float>(), positions.data<int32_t>(), dy.size(0), dy.size(1),
                      dy.size(2), theta);
@@ -137,9 +222,10 @@ cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t ba
 }  // namespace
 
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch) {
-  expect_cpu_f32(q, "attention query");
   expect_shape(v, k.shape(), "attention value");
   cpu::AttentionShape s = attention_shape(q, k, batch);
+  FRUGAL_ON_GPU(q, attention(q, k, v, s));
+  expect_cpu_f32(q, "attention query");
   Attention a{empty_like(q), Tensor::empty({batch, s.n_heads, s.q_len}, DType::f32, compute_arena(q))};
   cpu::attention_forward(a.out.data<float>(), a.lse.data<float>(), q.data<float>(), k.data<float>(),
                          v.data<float>(), s);
@@ -150,6 +236,7 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                                   const Tensor& v, const Attention& fwd, int64_t batch) {
   expect_shape(dout, q.shape(), "attention output gradient");
   cpu::AttentionShape s = attention_shape(q, k, batch);
+  FRUGAL_ON_GPU(q, attention_backward(dout, q, k, v, fwd, s));
   AttentionGrads g{Tensor::zeros(q.shape(), DType::f32, compute_arena(q)),
                    Tensor::zeros(k.shape(), DType::f32, compute_arena(k)),
                    Tensor::zeros(v.shape(), DType::f32, compute_arena(v))};
@@ -160,8 +247,9 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u) {
-  expect_cpu_f32(g, "swiglu gate");
   expect_shape(u, g.shape(), "swiglu up");
+  FRUGAL_ON_GPU(g, swiglu(g, u));
+  expect_cpu_f32(g, "swiglu gate");
   Tensor h = empty_like(g);
   cpu::swiglu_forward(h.data<float>(), g.data<float>(), u.data<float>(), g.numel());
   return h;
@@ -169,30 +257,45 @@ Tensor swiglu(const Tensor& g, const Tensor& u) {
 
 SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u) {
   expect_shape(dh, g.shape(), "swiglu output gradient");
+  FRUGAL_ON_GPU(g, swiglu_backward(dh, g, u));
   SwigluGrads grads{empty_like(g), empty_like(u)};
   cpu::swiglu_backward(grads.dg.data<float>(), grads.du.data<float>(), dh.data<float>(),
                        g.data<float>(), u.data<float>(), g.numel());
   return grads;
 }
 
-double cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale,
-                     Tensor* dlogits) {
-  expect_cpu_f32(logits, "logits");
+Tensor loss_accumulator(const Tensor& like) {
+  FRUGAL_ON_GPU(like, loss_accumulator());
+  return Tensor::zeros({1}, DType::f64, compute_arena(like));
+}
+
+void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor* dlogits,
+                   Tensor& loss_sum) {
   FRUGAL_CHECK(
       logits.ndim() == 2 && targets.numel() == logits.size(0) && targets.dtype() == DType::i32,
       "logits ", shape_string(logits.shape()), " targets ", shape_string(targets.shape()));
+  FRUGAL_ON_GPU(logits, cross_entropy(logits, targets, grad_scale, dlogits, loss_sum));
+  expect_cpu_f32(logits, "logits");
   if (dlogits) *dlogits = empty_like(logits);
-  return cpu::cross_entropy(dlogits ? dlogits->data<float>() : nullptr, logits.data<float>(),
-                            targets.data<int32_t>(), logits.size(0), logits.size(1), grad_scale);
+  loss_sum.data<double>()[0] +=
+      cpu::cross_entropy(dlogits ? dlogits->data<float>() : nullptr, logits.data<float>(),
+                         targets.data<int32_t>(), logits.size(0), logits.size(1), grad_scale);
+}
+
+double read_loss(const Tensor& loss_sum) {
+  FRUGAL_ON_GPU(loss_sum, read_loss(loss_sum));
+  return loss_sum.data<double>()[0];
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor y = a.clone(compute_arena(a));
+  Tensor y = empty_like(a);
+  copy(y, a);
   add_inplace(y, b);
   return y;
 }
 
 void add_inplace(Tensor& y, const Tensor& x) {
+  FRUGAL_ON_GPU(y, add_inplace(y, x));
   expect_cpu_f32(y, "sum");
   FRUGAL_CHECK(x.numel() == y.numel(), "add ", shape_string(x.shape()), " to ",
                shape_string(y.shape()));
@@ -200,28 +303,45 @@ void add_inplace(Tensor& y, const Tensor& x) {
 }
 
 void scale_inplace(Tensor& y, float s) {
+  FRUGAL_ON_GPU(y, scale_inplace(y, s));
   expect_cpu_f32(y, "scaled tensor");
   cpu::scale_inplace(y.data<float>(), s, y.numel());
 }
 
-void zero(Tensor& t) { t.fill_zero(); }
+void zero(Tensor& t) {
+  FRUGAL_ON_GPU(t, zero(t));
+  t.fill_zero();
+}
 
-double sum_squares(const Tensor& x) {
-  expect_cpu_f32(x, "norm input");
-  return cpu::sum_squares(x.data<float>(), x.numel());
+double sum_squares(const std::vector<Tensor>& xs) {
+  if (!xs.empty()) FRUGAL_ON_GPU(xs.front(), sum_squares(xs));
+  double sum = 0;
+  for (const Tensor& x : xs) {
+    expect_cpu_f32(x, "norm input");
+    sum += cpu::sum_squares(x.data<float>(), x.numel());
+  }
+  return sum;
 }
 
 }  // namespace frugal::ops
 
 namespace frugal::ops {
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
-  expect_cpu_f32(param, "optimizer parameter");
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+                  Tensor param_copy) {
   expect_shape(grad, param.shape(), "optimizer gradient");
   expect_shape(m, param.shape(), "AdamW first moment");
   expect_shape(v, param.shape(), "AdamW second moment");
+  if (param_copy.defined()) expect_shape(param_copy, param.shape(), "parameter copy");
+  FRUGAL_ON_GPU(param, adamw_update(param, grad, m, v, s, param_copy));
+  expect_cpu_f32(param, "optimizer parameter");
   cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
                     param.numel(), s);
+  if (param_copy.defined()) {
+    // An offloaded master updated on the host: its GPU copy is rounded on the GPU.
+    Tensor wide = on_device_of(param, param_copy);
+    copy(param_copy, convert(wide, param_copy.dtype(), compute_arena(param_copy)));
+  }
 }
 
 }  // namespace frugal::ops

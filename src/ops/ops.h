@@ -1,12 +1,47 @@
 // The operations the model is written in: each takes and returns Tensors, checks shapes, and
-// dispatches on the tensor's device to a kernel (kernels/cpu today). Model code never sees a
-// kernel or a device API.
+// dispatches on the tensor's device to a kernel (kernels/cpu or kernels/cuda). Model code
+// never sees a kernel or a device API.
+//
+// Dtypes by device: on the CPU everything is f32. On a GPU activations and the gathered
+// weights the layers read are bf16 (math in fp32 inside the kernels), while weight gradients,
+// master weights and optimizer state are f32; the attention gradients come back in bf16.
 #pragma once
+
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/cpu/adamw.h"
+#include "kernels/cpu/attention.h"
+
+namespace frugal {
+class DeviceContext;
+}
 
 namespace frugal::ops {
+
+// --- devices --------------------------------------------------------------------------------
+// Operations on CUDA tensors run on this context's compute stream, and their results live in
+// its device memory. A process drives one GPU: the trainer binds it once (nullptr unbinds).
+// Throws in a build without CUDA.
+void bind_device(DeviceContext* context);
+// The dtype of activations and of gathered weights on a device: f32 on the CPU, bf16 on a GPU.
+DType compute_dtype(Device device);
+
+// A tensor in the compute memory of `like`'s device (its arena when that is the CPU's).
+Tensor empty_like(const Tensor& like, const Shape& shape, DType dtype);
+// Zeros in any arena (device memory is cleared on the compute stream).
+Tensor zeros(const Shape& shape, DType dtype, Arena& arena);
+// dst = src: same shape and dtype, any devices (ordered on the compute stream).
+void copy(Tensor& dst, const Tensor& src);
+// src in `arena` converted to dtype (f32 <-> bf16; a plain copy when the dtype is the same).
+Tensor convert(const Tensor& src, DType dtype, Arena& arena);
+// src on the device of `like` (src itself when it is already there).
+Tensor on_device_of(const Tensor& src, const Tensor& like);
+// An f32 copy in host memory, complete on return (waits for the GPU).
+Tensor to_host_f32(const Tensor& src);
+// Waits until the bound GPU has finished the work queued so far (nothing without one): before
+// the host writes memory that queued kernels may still read, such as pinned offloaded state.
+void synchronize();
 
 // --- layers -----------------------------------------------------------------------------
 // tokens [T] i32, table [V, H] -> [T, H]
@@ -48,21 +83,30 @@ struct SwigluGrads {
 SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u);
 
 // --- loss ---------------------------------------------------------------------------------
-// Sum over counted rows (targets >= 0) of -log softmax(logits)[target]. When dlogits is not
-// null it receives grad_scale * d(sum)/d(logits).
-double cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale,
-                     Tensor* dlogits);
+// A loss sum on the device of `like` ([1], zero): chunks of rows add into it on the device,
+// and it is read once at the end, so a GPU is not stalled once per chunk.
+Tensor loss_accumulator(const Tensor& like);
+// loss_sum += the sum over counted rows (targets >= 0) of -log softmax(logits)[target]. When
+// dlogits is not null it receives grad_scale * d(sum)/d(logits).
+void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor* dlogits,
+                   Tensor& loss_sum);
+// The value of an accumulator (waits for the GPU); reports target ids outside the vocabulary.
+double read_loss(const Tensor& loss_sum);
 
 // --- elementwise --------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
 void add_inplace(Tensor& y, const Tensor& x);
 void scale_inplace(Tensor& y, float s);
 void zero(Tensor& t);
-double sum_squares(const Tensor& x);
+// The sum of squares of every element of every tensor (f32), in order: one wait for a GPU.
+double sum_squares(const std::vector<Tensor>& xs);
 
 // --- optimizer ----------------------------------------------------------------------------
 using AdamWStep = cpu::AdamWStep;
-// One AdamW update of param with grad, moments m and v (all the same shape, f32).
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s);
+// One AdamW update of param with grad, moments m and v (all the same shape, f32). When
+// param_copy is defined (bf16, same shape) it receives the updated values in its dtype: the
+// copy the forward reads on a GPU.
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+                  Tensor param_copy = Tensor());
 
 }  // namespace frugal::ops

@@ -12,14 +12,15 @@ bool decays(const std::string& name) { return name.find("norm") == std::string::
 AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Arena& state_arena)
     : shards_(std::move(shards)), config_(config) {
   for (const TrainableShard& s : shards_) {
-    m_.push_back(Tensor::zeros(s.param.shape(), DType::f32, state_arena));
-    v_.push_back(Tensor::zeros(s.param.shape(), DType::f32, state_arena));
+    m_.push_back(ops::zeros(s.param.shape(), DType::f32, state_arena));
+    v_.push_back(ops::zeros(s.param.shape(), DType::f32, state_arena));
   }
 }
 
 AdamW::StepReport AdamW::step(double lr, int64_t step, const GlobalSum& global_sum) {
-  double local = 0;
-  for (const TrainableShard& s : shards_) local += ops::sum_squares(s.grad);
+  std::vector<Tensor> grads;
+  for (const TrainableShard& s : shards_) grads.push_back(s.grad);
+  const double local = ops::sum_squares(grads);
   StepReport report;
   report.grad_norm = std::sqrt(global_sum(local));
   if (config_.grad_clip > 0 && report.grad_norm > config_.grad_clip)
@@ -35,7 +36,7 @@ AdamW::StepReport AdamW::step(double lr, int64_t step, const GlobalSum& global_s
     hyper.weight_decay = decays(s.name) ? static_cast<float>(config_.weight_decay) : 0.0f;
     hyper.step = step;
     hyper.grad_scale = static_cast<float>(report.clip_scale);
-    ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper);
+    ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper, s.param_copy);
   }
   return report;
 }

@@ -1,6 +1,8 @@
 // Cross-key validation of a training configuration.
 #include "train/train_config.h"
 
+#include "core/log.h"
+
 namespace frugal {
 
 void TrainConfig::validate_model_dependent() const {
@@ -44,6 +46,9 @@ void TrainConfig::validate() const {
     fail("config key 'parallel.offload': value '", parallel.offload,
          "' is not one of none, optimizer, params");
   if (parallel.cp < 1) fail("config key 'parallel.cp': value ", parallel.cp, " must be >= 1");
+  if (parallel.device != "auto" && parallel.device != "cpu" && parallel.device != "cuda")
+    fail("config key 'parallel.device': value '", parallel.device, "' is not one of auto, cpu, cuda");
+  parallel.gpu_mem_limit_bytes();
   if (!(parallel.timeout_s > 0))
     fail("config key 'parallel.timeout_s': value ", parallel.timeout_s, " must be > 0");
   if (ckpt.every < 0) fail("config key 'ckpt.every': value ", ckpt.every, " must be >= 0");
@@ -52,6 +57,10 @@ void TrainConfig::validate() const {
     fail("config key 'monitor.log_every': value ", monitor.log_every, " must be >= 1");
   if (train.sample_tokens < 0)
     fail("config key 'train.sample_tokens': value ", train.sample_tokens, " must be >= 0");
+}
+
+size_t ParallelConfig::gpu_mem_limit_bytes() const {
+  return parse_bytes(gpu_mem_limit, "parallel.gpu_mem_limit");
 }
 
 }  // namespace frugal

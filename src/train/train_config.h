@@ -50,11 +50,16 @@ struct ParallelConfig {
   double timeout_s = 300;  // a collective waiting longer ends the run with an error
   int64_t cp = 1;          // context-parallel ranks: each sequence is split over them (ring
                            // attention); the data-parallel ranks are the rest
+  std::string device = "auto";      // auto (a GPU when there is one) | cpu | cuda
+  std::string gpu_mem_limit = "0";  // cap on this rank's GPU memory, e.g. 24GiB (0: the card)
+
+  size_t gpu_mem_limit_bytes() const;  // parsed, throws Error naming the key
 };
 
 struct CkptConfig {
   int64_t every = 0;  // save every N steps (0: only at the end)
   int64_t keep = 2;   // committed checkpoints kept (older ones deleted)
+  bool final = true;  // save after the last step (benchmarks turn it off)
 };
 
 struct MonitorConfig {

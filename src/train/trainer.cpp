@@ -12,12 +12,14 @@
 #include <thread>
 
 #include "ckpt/checkpoint_dir.h"
+#include "core/device.h"
 #include "ckpt/sharded_reader.h"
 #include "core/log.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "dist/mesh.h"
+#include "dist/nccl_comm.h"
 #include "dist/ring_attention.h"
 #include "dist/zero3_parameters.h"
 #include "model/hf_model.h"
@@ -25,6 +27,7 @@
 #include "model/sampling.h"
 #include "monitor/metrics.h"
 #include "optim/adamw.h"
+#include "ops/ops.h"
 #include "optim/lr_schedule.h"
 #include "train/train_step.h"
 
@@ -35,27 +38,81 @@ namespace frugal {
 namespace {
 
 // Where each kind of state lives; separate arenas make the per-rank accounting exact.
-// Offloaded state sits in host memory: on the CPU backend that is the same memory, but it
-// is counted apart, as it is on a GPU.
-struct RunArenas {
-  explicit RunArenas(const std::string& offload)
-      : params(offload == "params" ? "parameter shards (host, offloaded)" : "parameter shards",
-               Device::cpu),
-        grads(offload != "none" ? "gradient shards (host, offloaded)" : "gradient shards",
-              Device::cpu),
-        optimizer(offload != "none" ? "optimizer state (host, offloaded)" : "optimizer state",
-                  Device::cpu),
-        gathered("gathered units", Device::cpu) {}
-  Arena params, grads, optimizer, gathered;
-};
+// On the CPU each is its own arena in host memory (offloaded state is the same memory, counted
+// apart, as it is on a GPU). On a GPU each is an accounting domain inside the one capped device
+// arena, or inside pinned host memory when offloaded; activations go to the device arena.
+struct RunMemory {
+  RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
+    const std::string offload = p.offload;
+    const std::string host = use_gpu ? " (pinned host, offloaded)" : " (host, offloaded)";
+    const std::string params_name = offload == "params" ? "parameter shards" + host : "parameter shards";
+    const std::string grads_name = offload != "none" ? "gradient shards" + host : "gradient shards";
+    const std::string optimizer_name = offload != "none" ? "optimizer state" + host : "optimizer state";
+    if (!use_gpu) {
+      params = std::make_unique<Arena>(params_name, Device::cpu);
+      grads = std::make_unique<Arena>(grads_name, Device::cpu);
+      optimizer = std::make_unique<Arena>(optimizer_name, Device::cpu);
+      gathered = std::make_unique<Arena>("gathered units", Device::cpu);
+      return;
+    }
+#ifdef FRUGAL_HAVE_CUDA
+    gpu = std::make_unique<DeviceContext>(local_rank, p.gpu_mem_limit_bytes());
+    Arena& device = gpu->device_memory();
+    Arena& pinned = gpu->pinned_memory();
+    params = std::make_unique<SubArena>(params_name, offload == "params" ? pinned : device);
+    grads = std::make_unique<SubArena>(grads_name, offload != "none" ? pinned : device);
+    optimizer = std::make_unique<SubArena>(optimizer_name, offload != "none" ? pinned : device);
+    gathered = std::make_unique<SubArena>("gathered units", device);
+    copies = std::make_unique<SubArena>("bf16 weight copies", device);
+    ops::bind_device(gpu.get());
+#else
+    (void)local_rank;
+    fail("config key 'parallel.device': this frugal was built without CUDA");
+#endif
+  }
+  ~RunMemory() {
+    if (gpu) ops::bind_device(nullptr);
+  }
+  Arena& activations() {
+#ifdef FRUGAL_HAVE_CUDA
+    if (gpu) return gpu->device_memory();
+#endif
+    return host_arena();
+  }
+  size_t peak_bytes() {
+    size_t sum = activations().stats().peak_bytes + gathered->stats().peak_bytes +
+                 params->stats().peak_bytes + grads->stats().peak_bytes +
+                 optimizer->stats().peak_bytes;
+#ifdef FRUGAL_HAVE_CUDA
+    if (gpu) sum = gpu->device_memory().stats().peak_bytes + gpu->pinned_memory().stats().peak_bytes;
+#endif
+    return sum;
+  }
+  nlohmann::json report() {
+    nlohmann::json r = {{"parameters_bytes", params->stats().in_use_bytes},
+                        {"gradients_bytes", grads->stats().in_use_bytes},
+                        {"optimizer_bytes", optimizer->stats().in_use_bytes},
+                        {"gathered_peak_bytes", gathered->stats().peak_bytes},
+                        {"activations_peak_bytes", activations().stats().peak_bytes}};
+#ifdef FRUGAL_HAVE_CUDA
+    if (gpu) {
+      const CachingStats d = gpu->device_memory().caching_stats();
+      r["weight_copies_bytes"] = copies->stats().in_use_bytes;
+      r["device_peak_bytes"] = d.peak_reserved_bytes;
+      r["device_peak_in_use_bytes"] = d.peak_in_use_bytes;
+      r["pinned_host_bytes"] = gpu->pinned_memory().stats().in_use_bytes;
+    }
+#endif
+    return r;
+  }
 
-nlohmann::json memory_report(const RunArenas& a) {
-  return {{"parameters_bytes", a.params.stats().in_use_bytes},
-          {"gradients_bytes", a.grads.stats().in_use_bytes},
-          {"optimizer_bytes", a.optimizer.stats().in_use_bytes},
-          {"gathered_peak_bytes", a.gathered.stats().peak_bytes},
-          {"activations_peak_bytes", host_arena().stats().peak_bytes}};
-}
+#ifdef FRUGAL_HAVE_CUDA
+  std::unique_ptr<DeviceContext> gpu;  // first member: outlives every arena inside it
+#else
+  std::unique_ptr<int> gpu;
+#endif
+  std::unique_ptr<Arena> params, grads, optimizer, gathered, copies;
+};
 
 std::string mib(size_t bytes) {
   char buf[32];
@@ -141,9 +198,10 @@ void save_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& pa
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < opt.shards().size(); ++i) {
     const TrainableShard& s = opt.shards()[i];
-    tensors.push_back({"model/" + s.name, s.param});
-    tensors.push_back({"optim/exp_avg/" + s.name, opt.first_moment(i)});
-    tensors.push_back({"optim/exp_avg_sq/" + s.name, opt.second_moment(i)});
+    // Host copies of what lives on a GPU (the host tensors themselves on the CPU).
+    tensors.push_back({"model/" + s.name, ops::to_host_f32(s.param)});
+    tensors.push_back({"optim/exp_avg/" + s.name, ops::to_host_f32(opt.first_moment(i))});
+    tensors.push_back({"optim/exp_avg_sq/" + s.name, ops::to_host_f32(opt.second_moment(i))});
   }
   nlohmann::json manifest = {
       {"format", "frugal-checkpoint-2"},
@@ -184,9 +242,8 @@ int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters&
       const int64_t first = l.first_row(world.rank()), last = l.last_row(world.rank());
       if (last == first) continue;
       auto load = [&](const std::string& prefix, Tensor& shard) {
-        shard.rows(0, last - first)
-            .copy_from(reader.read_rows(prefix + l.name, l.shape, first, last)
-                           .view(shard.rows(0, last - first).shape()));
+        Tensor rows = shard.rows(0, last - first);
+        ops::copy(rows, reader.read_rows(prefix + l.name, l.shape, first, last).view(rows.shape()));
       };
       load("model/", params.shard(u, i));
       load("optim/exp_avg/", opt.first_moment(index));
@@ -196,6 +253,7 @@ int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters&
   state.epoch = manifest.at("sampler").at("epoch").get<uint64_t>();
   state.position = manifest.at("sampler").at("position").get<uint64_t>();
   sampler.restore(state);
+  params.refresh_copies();
   return manifest.at("step").get<int64_t>();
 }
 
@@ -270,10 +328,17 @@ TrainSummary run_training(const TrainConfig& config) {
       c.resolved["model." + it.key()] = it.value().dump();
     c.validate_model_dependent();
   }
-  Mesh mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);
-  Comm& world = *mesh.world;
-  const int rank = world.rank();
-  check_same_config(world, c);
+  Mesh host_mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);
+  const int rank = host_mesh.world->rank();
+  check_same_config(*host_mesh.world, c);
+  const bool use_gpu = c.parallel.device == "cuda" ||
+                       (c.parallel.device == "auto" && device_count() > 0);
+  if (c.parallel.device == "cuda" && device_count() == 0)
+    fail("config key 'parallel.device': cuda, but this process sees no GPU",
+         kHaveCuda ? "" : " (this frugal was built without CUDA)");
+  if (use_gpu && c.parallel.cp > 1)
+    fail("config key 'parallel.cp': ring attention runs on the CPU backend only so far; use "
+         "parallel.device = cpu, or parallel.cp = 1 on GPUs");
 
   // --- data --------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
@@ -293,22 +358,32 @@ TrainSummary run_training(const TrainConfig& config) {
   sampler_config.micro_batch_size = c.train.micro_batch_size;
   sampler_config.seed = c.train.seed;
   // Ranks of one cp group read the same sequences; the dp groups read different ones.
-  sampler_config.rank = mesh.dp_rank;
-  sampler_config.world = mesh.dp_size;
+  sampler_config.rank = host_mesh.dp_rank;
+  sampler_config.world = host_mesh.dp_size;
   BatchSampler sampler(train_tokens.view(), sampler_config);
 
   // --- model, shards, optimizer ----------------------------------------------------------------
   if (rank == 0) fs::create_directories(c.train.out_dir);
-  RunArenas arenas(c.parallel.offload);
+  // The GPU (one per rank, picked by the node-local rank) and its communicator: NCCL for the
+  // weights and gradients, MPI underneath for host values.
+  RunMemory memory(c.parallel, use_gpu, host_mesh.local_rank);
+  Mesh gpu_mesh;
+#ifdef FRUGAL_HAVE_CUDA
+  if (use_gpu) gpu_mesh = make_nccl_mesh(host_mesh, *memory.gpu, c.parallel.timeout_s);
+#endif
+  Mesh& mesh = use_gpu ? gpu_mesh : host_mesh;
+  Comm& world = *mesh.world;
   LlamaModel model(c.model);
   const AttentionOperator ring = ring_attention_operator(*mesh.cp);
   if (mesh.cp_size > 1) model.set_attention(&ring);
   Zero3Parameters params(llama_units(c.model), world,
-                         {&arenas.params, &arenas.grads, &arenas.gathered}, c.train.seed,
+                         {memory.params.get(), memory.grads.get(), memory.gathered.get(),
+                          memory.copies.get()},
+                         c.train.seed,
                          static_cast<float>(c.train.init_std));
   AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                            c.optim.grad_clip};
-  AdamW optimizer(params.trainable(), adamw_config, arenas.optimizer);
+  AdamW optimizer(params.trainable(), adamw_config, *memory.optimizer);
   LrSchedule schedule{c.train.lr, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio};
   CheckpointDir ckpt_dir((fs::path(c.train.out_dir) / "ckpt").string());
 
@@ -319,9 +394,13 @@ TrainSummary run_training(const TrainConfig& config) {
       for (size_t i = 0; i < params.units()[u].params.size(); ++i) {
         const ShardLayout& l = params.layout(u, i);
         const int64_t first = l.first_row(rank), last = l.last_row(rank);
-        if (last > first)
-          hf->read_rows_into(l.name, first, last, params.shard(u, i).rows(0, last - first));
+        if (last == first) continue;
+        Tensor rows = params.shard(u, i).rows(0, last - first);
+        Tensor host_rows = rows.device() == Device::cpu ? rows : Tensor::empty(rows.shape());
+        hf->read_rows_into(l.name, first, last, host_rows);
+        if (host_rows.raw() != rows.raw()) ops::copy(rows, host_rows);
       }
+    params.refresh_copies();
     log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
     const std::string hf_tokenizer = hf->tokenizer_path();
     if (!hf_tokenizer.empty() &&
@@ -353,10 +432,11 @@ TrainSummary run_training(const TrainConfig& config) {
            c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
            c.model.vocab_size, "); ", world.size(), " rank(s) = dp ", mesh.dp_size, " x cp ",
-           mesh.cp_size, ", ZeRO-3, offload ", c.parallel.offload);
-  log_info("memory per rank: parameters ", mib(arenas.params.stats().in_use_bytes), ", gradients ",
-           mib(arenas.grads.stats().in_use_bytes), ", optimizer ",
-           mib(arenas.optimizer.stats().in_use_bytes), ", gathered units up to ",
+           mesh.cp_size, ", ZeRO-3, offload ", c.parallel.offload, ", ",
+           use_gpu ? "GPU (bf16 compute, fp32 master weights)" : "CPU (fp32)");
+  log_info("memory per rank: parameters ", mib(memory.params->stats().in_use_bytes),
+           ", gradients ", mib(memory.grads->stats().in_use_bytes), ", optimizer ",
+           mib(memory.optimizer->stats().in_use_bytes), ", gathered units up to ",
            mib(4 * params.largest_unit_bytes()), " (two units' weights and gradients)");
   log_info("data: ", train_tokens.size(), " training tokens, ", val_tokens.size(),
            " validation tokens; ", tokens_per_step, " tokens per step; steps ", start_step + 1,
@@ -395,11 +475,9 @@ TrainSummary run_training(const TrainConfig& config) {
         {"lr", lr},
         {"grad_norm", result.grad_norm},
         {"tokens_per_s", double(tokens_per_step) / step_seconds},
-        {"peak_memory_bytes", host_arena().stats().peak_bytes + arenas.gathered.stats().peak_bytes +
-                                  arenas.params.stats().peak_bytes +
-                                  arenas.grads.stats().peak_bytes +
-                                  arenas.optimizer.stats().peak_bytes},
-        {"memory", memory_report(arenas)}};
+        {"peak_memory_bytes", memory.peak_bytes()},
+        {"memory", memory.report()}};
+    if (memory.gpu) record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
     const bool last = step == c.train.steps;
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
@@ -422,7 +500,7 @@ TrainSummary run_training(const TrainConfig& config) {
       window_start = now;
       window_tokens = 0;
     }
-    if (last || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
+    if ((last && c.ckpt.final) || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
       save_checkpoint(ckpt_dir, step, params, optimizer, sampler, c, world);
       log_info("checkpoint: ", ckpt_dir.step_dir(step));
     }
@@ -430,14 +508,18 @@ TrainSummary run_training(const TrainConfig& config) {
   summary.steps_done = c.train.steps - start_step;
   const double elapsed = now_seconds() - loop_start;
   summary.tokens_per_s = summary.steps_done * double(tokens_per_step) / std::max(1e-9, elapsed);
-  const nlohmann::json memory = memory_report(arenas);
+  const nlohmann::json report = memory.report();
   log_info("done: ", summary.steps_done, " steps in ", format_duration(elapsed), ", ",
            fixed(summary.tokens_per_s, 0), " tok/s; val_loss ", fixed(summary.first_val_loss, 4),
            " -> ", fixed(summary.final_val_loss, 4));
-  log_info("memory per rank: parameters ", mib(memory["parameters_bytes"]), ", gradients ",
-           mib(memory["gradients_bytes"]), ", optimizer ", mib(memory["optimizer_bytes"]),
-           ", gathered peak ", mib(memory["gathered_peak_bytes"]), ", activations peak ",
-           mib(memory["activations_peak_bytes"]));
+  log_info("memory per rank: parameters ", mib(report["parameters_bytes"]), ", gradients ",
+           mib(report["gradients_bytes"]), ", optimizer ", mib(report["optimizer_bytes"]),
+           ", gathered peak ", mib(report["gathered_peak_bytes"]), ", activations peak ",
+           mib(report["activations_peak_bytes"]));
+#ifdef FRUGAL_HAVE_CUDA
+  if (memory.gpu)
+    log_info("GPU ", memory.gpu->device(), ": ", memory.gpu->device_memory().usage_report());
+#endif
 
   if (c.train.sample_tokens > 0) {
     // Every rank generates (the weights are gathered collectively) the whole sequence with

@@ -2,9 +2,19 @@
 # Sets frugal (the binary, $1) and work (a scratch directory removed at exit), lets Open MPI
 # run as root, and defines the helpers the scripts share.
 set -euo pipefail
-frugal=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# These scripts check fp32 equalities of the CPU backend: on a machine with a GPU, `train`
+# would pick it (parallel.device = auto), so $frugal pins the CPU; $frugal_binary is the real
+# one (tests/integration/gpu_*.sh use it).
+frugal_binary=$1
+frugal=$work/frugal-cpu
+cat > "$frugal" <<EOF
+#!/usr/bin/env bash
+if [ "\${1:-}" = train ]; then shift; exec "$frugal_binary" train "\$@" --parallel.device=cpu; fi
+exec "$frugal_binary" "\$@"
+EOF
+chmod +x "$frugal"
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 mpi=(mpirun --oversubscribe --bind-to none)
 

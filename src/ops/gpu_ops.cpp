@@ -1,0 +1,330 @@
+// ops/ on a GPU: each operation allocates its result in the bound device's memory and queues
+// its kernel on the compute stream. Nothing here waits for the GPU except the reads of a value
+// (read_loss, sum_squares, to_host_f32).
+#include "ops/gpu_ops.h"
+
+#ifdef FRUGAL_HAVE_CUDA
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "core/device.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/swiglu.h"
+
+namespace frugal::ops::gpu {
+
+namespace {
+
+// What the operations share on the bound GPU: the context (stream, memory), one cuBLASLt
+// context (its workspace is used by one stream), and small device scratch.
+struct BoundDevice {
+  DeviceContext* context = nullptr;
+  std::unique_ptr<cuda::GemmContext> gemm;
+  Tensor norm_sum;          // 1 f64: sum_squares' result
+  Tensor norm_scratch;      // cuda::kSumSquaresScratch f64
+  Tensor target_error;      // 2 i32: cross_entropy's out-of-range target report
+  int64_t loss_vocab = 0;   // vocabulary of the chunks since the last read_loss
+};
+
+BoundDevice& bound() {
+  static BoundDevice device;
+  return device;
+}
+
+BoundDevice& device() {
+  BoundDevice& d = bound();
+  FRUGAL_CHECK(d.context, "an operation on a GPU tensor, but no GPU is bound (ops::bind_device)");
+  return d;
+}
+
+cudaStream_t stream() { return device().context->compute().handle(); }
+cuda::GemmContext& gemm() { return *device().gemm; }
+
+__nv_bfloat16* bf(const Tensor& t) { return static_cast<__nv_bfloat16*>(t.raw()); }
+float* f32(const Tensor& t) { return static_cast<float*>(t.raw()); }
+int32_t* i32(const Tensor& t) { return static_cast<int32_t*>(t.raw()); }
+
+void expect(const Tensor& t, DType dtype, const char* what) {
+  FRUGAL_CHECK(t.defined(), what, " is undefined");
+  FRUGAL_CHECK(t.device() == Device::cuda, what, " is in host memory, expected a GPU tensor");
+  FRUGAL_CHECK(t.dtype() == dtype, what, " has dtype ", dtype_name(t.dtype()), ", expected ",
+               dtype_name(dtype));
+}
+
+Tensor empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, compute_arena()); }
+
+}  // namespace
+
+void bind(DeviceContext* context) {
+  BoundDevice& d = bound();
+  if (!context) {
+    d = BoundDevice();
+    return;
+  }
+  d.context = context;
+  d.gemm = std::make_unique<cuda::GemmContext>();
+  d.norm_sum = Tensor::empty({1}, DType::f64, context->device_memory());
+  d.norm_scratch = Tensor::empty({cuda::kSumSquaresScratch}, DType::f64, context->device_memory());
+  d.target_error = zeros({2}, DType::i32, context->device_memory());
+}
+
+Arena& compute_arena() { return device().context->device_memory(); }
+
+// --- memory ---------------------------------------------------------------------------------
+
+Tensor zeros(const Shape& shape, DType dtype, Arena& arena) {
+  Tensor t = Tensor::empty(shape, dtype, arena);
+  if (arena.device() == Device::cuda)
+    fill_zero_async(t, device().context->compute());
+  else
+    t.fill_zero();
+  return t;
+}
+
+void copy(Tensor& dst, const Tensor& src) { copy_async(dst, src, device().context->compute()); }
+
+Tensor convert(const Tensor& src, DType dtype, Arena& arena) {
+  Tensor out = Tensor::empty(src.shape(), dtype, arena);
+  if (src.dtype() == dtype) {
+    copy(out, src);
+    return out;
+  }
+  FRUGAL_CHECK(src.device() == Device::cuda && arena.device() == Device::cuda,
+               "dtype conversion of a tensor between host and GPU");
+  if (src.dtype() == DType::f32 && dtype == DType::bf16)
+    cuda::f32_to_bf16(bf(out), f32(src), src.numel(), stream());
+  else if (src.dtype() == DType::bf16 && dtype == DType::f32)
+    cuda::bf16_to_f32(f32(out), bf(src), src.numel(), stream());
+  else
+    fail("no GPU conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dtype));
+  return out;
+}
+
+Tensor to_host_f32(const Tensor& src) {
+  Tensor wide = src.dtype() == DType::bf16 && src.device() == Device::cuda
+                    ? convert(src, DType::f32, compute_arena())
+                    : src;
+  return to_host(wide, device().context->compute());
+}
+
+void synchronize() {
+  if (bound().context) bound().context->compute().synchronize();
+}
+
+// --- layers ---------------------------------------------------------------------------------
+
+Tensor embedding(const Tensor& tokens, const Tensor& table) {
+  expect(table, DType::bf16, "embedding table");
+  expect(tokens, DType::i32, "token ids");
+  Tensor out = empty({tokens.numel(), table.size(1)}, DType::bf16);
+  cuda::embedding_forward(bf(out), i32(tokens), bf(table), tokens.numel(), table.size(0),
+                          table.size(1), stream());
+  return out;
+}
+
+void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens) {
+  expect(dtable, DType::f32, "embedding gradient");
+  expect(dout, DType::bf16, "embedding output gradient");
+  Tensor scratch = empty({cuda::embedding_backward_scratch_ints(tokens.numel())}, DType::i32);
+  cuda::embedding_backward(f32(dtable), bf(dout), i32(tokens), tokens.numel(), dtable.size(0),
+                           dtable.size(1), i32(scratch), stream());
+}
+
+Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd) {
+  expect(x, DType::bf16, "rmsnorm input");
+  expect(w, DType::bf16, "rmsnorm weight");
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  Tensor y = empty(x.shape(), DType::bf16);
+  if (rstd) *rstd = empty({rows}, DType::f32);
+  cuda::rmsnorm_forward(bf(y), rstd ? f32(*rstd) : nullptr, bf(x), bf(w), rows, dim, eps, stream());
+  return y;
+}
+
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                        Tensor& dw) {
+  expect(dy, DType::bf16, "rmsnorm output gradient");
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  Tensor dx = empty(x.shape(), DType::bf16);
+  Tensor scratch;
+  if (dw.defined()) {
+    expect(dw, DType::f32, "rmsnorm weight gradient");
+    scratch = empty({cuda::rmsnorm_backward_scratch_floats(rows, dim)}, DType::f32);
+  }
+  cuda::rmsnorm_backward(bf(dx), dw.defined() ? f32(dw) : nullptr, bf(dy), bf(x), bf(w), f32(rstd),
+                         nullptr, rows, dim, dw.defined() ? f32(scratch) : nullptr, stream());
+  return dx;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w) {
+  expect(x, DType::bf16, "linear input");
+  expect(w, DType::bf16, "linear weight");
+  const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
+  Tensor y = empty({m, n}, DType::bf16);
+  cuda::linear_forward(gemm(), bf(y), bf(x), bf(w), m, n, k, stream());
+  return y;
+}
+
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw) {
+  expect(dy, DType::bf16, "linear output gradient");
+  const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
+  Tensor dx = empty({m, k}, DType::bf16);
+  cuda::linear_backward_input(gemm(), bf(dx), bf(dy), bf(w), m, n, k, stream());
+  if (dw.defined()) {
+    expect(dw, DType::f32, "linear weight gradient");
+    cuda::linear_backward_weight(gemm(), f32(dw), bf(dy), bf(x), m, n, k, stream());
+  }
+  return dx;
+}
+
+Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward) {
+  expect(x, DType::bf16, "rope input");
+  expect(positions, DType::i32, "rope positions");
+  Tensor y = empty(x.shape(), DType::bf16);
+  copy(y, x);
+  if (backward)
+    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+  else
+    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+  return y;
+}
+
+Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                    const cpu::AttentionShape& s) {
+  expect(q, DType::bf16, "attention query");
+  expect(k, DType::bf16, "attention key");
+  expect(v, DType::bf16, "attention value");
+  Attention a{empty(q.shape(), DType::bf16), empty({s.batch, s.n_heads, s.q_len}, DType::f32)};
+  cuda::attention_forward(bf(a.out), f32(a.lse), bf(q), bf(k), bf(v), s, stream());
+  return a;
+}
+
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Attention& fwd,
+                                  const cpu::AttentionShape& s) {
+  expect(dout, DType::bf16, "attention output gradient");
+  // The kernels accumulate in fp32 (a ring adds several blocks into them); the layers
+  // before attention read bf16.
+  Tensor dq = zeros(q.shape(), DType::f32, compute_arena());
+  Tensor dk = zeros(k.shape(), DType::f32, compute_arena());
+  Tensor dv = zeros(v.shape(), DType::f32, compute_arena());
+  Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
+                         DType::f32);
+  cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(fwd.out),
+                           f32(fwd.lse), s, f32(scratch), stream());
+  return {convert(dq, DType::bf16, compute_arena()), convert(dk, DType::bf16, compute_arena()),
+          convert(dv, DType::bf16, compute_arena())};
+}
+
+Tensor swiglu(const Tensor& g, const Tensor& u) {
+  expect(g, DType::bf16, "swiglu gate");
+  expect(u, DType::bf16, "swiglu up");
+  Tensor h = empty(g.shape(), DType::bf16);
+  cuda::swiglu_forward(bf(h), bf(g), bf(u), g.numel(), stream());
+  return h;
+}
+
+SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u) {
+  expect(dh, DType::bf16, "swiglu output gradient");
+  SwigluGrads grads{empty(g.shape(), DType::bf16), empty(u.shape(), DType::bf16)};
+  cuda::swiglu_backward(bf(grads.dg), bf(grads.du), bf(dh), bf(g), bf(u), g.numel(), stream());
+  return grads;
+}
+
+// --- loss -----------------------------------------------------------------------------------
+
+Tensor loss_accumulator() { return zeros({1}, DType::f32, compute_arena()); }
+
+void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor* dlogits,
+                   Tensor& loss_sum) {
+  expect(logits, DType::bf16, "logits");
+  expect(targets, DType::i32, "targets");
+  expect(loss_sum, DType::f32, "loss accumulator");
+  BoundDevice& d = device();
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (dlogits) *dlogits = empty(logits.shape(), DType::bf16);
+  Tensor row_loss = empty({rows}, DType::f32);
+  d.loss_vocab = vocab;
+  cuda::cross_entropy(f32(loss_sum), f32(row_loss), dlogits ? bf(*dlogits) : nullptr, bf(logits),
+                      i32(targets), rows, vocab, grad_scale, i32(d.target_error), stream(),
+                      /*check=*/false);
+}
+
+double read_loss(const Tensor& loss_sum) {
+  BoundDevice& d = device();
+  if (d.loss_vocab > 0) cuda::cross_entropy_check(i32(d.target_error), d.loss_vocab, stream());
+  return to_host(loss_sum, d.context->compute()).data<float>()[0];
+}
+
+// --- elementwise ----------------------------------------------------------------------------
+
+void add_inplace(Tensor& y, const Tensor& x) {
+  FRUGAL_CHECK(x.dtype() == y.dtype() && x.device() == Device::cuda, "add of ",
+               dtype_name(x.dtype()), " to ", dtype_name(y.dtype()), " on a GPU");
+  if (y.dtype() == DType::bf16)
+    cuda::add_inplace(bf(y), bf(x), y.numel(), stream());
+  else if (y.dtype() == DType::f32)
+    cuda::add_inplace(f32(y), f32(x), y.numel(), stream());
+  else
+    fail("no GPU add for dtype ", dtype_name(y.dtype()));
+}
+
+void scale_inplace(Tensor& y, float s) {
+  if (y.dtype() == DType::bf16)
+    cuda::scale_inplace(bf(y), s, y.numel(), stream());
+  else if (y.dtype() == DType::f32)
+    cuda::scale_inplace(f32(y), s, y.numel(), stream());
+  else
+    fail("no GPU scale for dtype ", dtype_name(y.dtype()));
+}
+
+void zero(Tensor& t) { fill_zero_async(t, device().context->compute()); }
+
+double sum_squares(const std::vector<Tensor>& xs) {
+  BoundDevice& d = device();
+  bool first = true;
+  for (const Tensor& x : xs) {
+    expect(x, DType::f32, "norm input");
+    cuda::sum_squares(static_cast<double*>(d.norm_sum.raw()), f32(x), x.numel(), !first,
+                      static_cast<double*>(d.norm_scratch.raw()), stream());
+    first = false;
+  }
+  if (first) return 0;
+  return to_host(d.norm_sum, d.context->compute()).data<double>()[0];
+}
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+                  Tensor& param_copy) {
+  // The gradient and the moments may be in pinned host memory (parallel.offload = optimizer):
+  // the kernel then reads and writes them over PCIe, in place.
+  expect(param, DType::f32, "optimizer parameter");
+  FRUGAL_CHECK(grad.dtype() == DType::f32 && m.dtype() == DType::f32 && v.dtype() == DType::f32,
+               "AdamW state must be f32");
+  cuda::AdamWChunk chunk;
+  chunk.param = f32(param);
+  chunk.grad = f32(grad);
+  chunk.m = f32(m);
+  chunk.v = f32(v);
+  chunk.n = param.numel();
+  if (param_copy.defined()) {
+    expect(param_copy, DType::bf16, "bf16 parameter copy");
+    chunk.param_bf16 = bf(param_copy);
+  }
+  cuda::adamw_update(&chunk, 1, s, stream());
+}
+
+}  // namespace frugal::ops::gpu
+
+#endif  // FRUGAL_HAVE_CUDA

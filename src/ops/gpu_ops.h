@@ -1,0 +1,53 @@
+// The CUDA side of ops/: the same operations as ops.h for tensors in device memory, with the
+// shapes already checked by ops.cpp. Internal to ops/ (ops.cpp dispatches here).
+#pragma once
+
+#ifdef FRUGAL_HAVE_CUDA
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace frugal::ops::gpu {
+
+void bind(DeviceContext* context);
+Arena& compute_arena();
+
+Tensor zeros(const Shape& shape, DType dtype, Arena& arena);
+void copy(Tensor& dst, const Tensor& src);
+Tensor convert(const Tensor& src, DType dtype, Arena& arena);
+Tensor to_host_f32(const Tensor& src);
+void synchronize();  // nothing when no GPU is bound
+
+Tensor embedding(const Tensor& tokens, const Tensor& table);
+void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens);
+Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd);
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                        Tensor& dw);
+Tensor linear(const Tensor& x, const Tensor& w);
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw);
+Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward);
+Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                    const cpu::AttentionShape& shape);
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Attention& fwd,
+                                  const cpu::AttentionShape& shape);
+Tensor swiglu(const Tensor& g, const Tensor& u);
+SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u);
+
+Tensor loss_accumulator();
+void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale, Tensor* dlogits,
+                   Tensor& loss_sum);
+double read_loss(const Tensor& loss_sum);
+
+void add_inplace(Tensor& y, const Tensor& x);
+void scale_inplace(Tensor& y, float s);
+void zero(Tensor& t);
+double sum_squares(const std::vector<Tensor>& xs);
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+                  Tensor& param_copy);
+
+}  // namespace frugal::ops::gpu
+
+#endif  // FRUGAL_HAVE_CUDA

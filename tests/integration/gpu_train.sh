@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Training on the GPU through the CLI: it learns, matches the CPU backend to bf16 tolerance,
+# resumes a killed run exactly, offloads without changing the losses, trains on 2 GPUs like
+# on 1, and the memory cap refuses with a message saying what did not fit.
+# Skips itself (exit 0, with a message) on a machine without a GPU.
+# usage: gpu_train.sh FRUGAL_BINARY REPO_ROOT
+source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${gpus:-0}" -eq 0 ]; then echo "no GPU: skipping"; exit 0; fi
+export OMP_NUM_THREADS=2
+gpu=("$frugal_binary" train --parallel.device=cuda)
+corpus=/usr/share/games/fortunes/fortunes
+[ -e "$corpus" ] || corpus=$2/.scratch/fortunes/fortunes
+
+"$frugal_binary" prepare "$corpus" --out "$work/data" --vocab-size 400 >/dev/null
+common=(--data.dir="$work/data" --model.hidden_size=256 --model.intermediate_size=688
+        --model.num_hidden_layers=2 --model.num_attention_heads=4 --model.num_key_value_heads=2
+        --model.vocab_size=403 --model.max_position_embeddings=128 --train.seq_len=100
+        --train.micro_batch_size=8 --train.lr=3e-3 --train.warmup_steps=5 --train.eval_batches=4
+        --train.sample_tokens=8 --train.steps=40 --train.eval_every=20 --optim.eps=1e-6)
+val_losses() { grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2; }
+
+"${gpu[@]}" "${common[@]}" --train.out_dir="$work/gpu" > "$work/gpu.log"
+grep -q "GPU (bf16 compute" "$work/gpu.log" || { echo "FAIL: not on the GPU"; cat "$work/gpu.log"; exit 1; }
+grep -q '"device_peak_bytes"' "$work/gpu/metrics.jsonl" || { echo "FAIL: no device_peak_bytes"; exit 1; }
+first=$(val_losses "$work/gpu/metrics.jsonl" | head -n 1)
+last=$(val_losses "$work/gpu/metrics.jsonl" | tail -n 1)
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < 0.8 * a) }' \
+  || { echo "FAIL: GPU validation loss $first -> $last"; exit 1; }
+echo "GPU: validation loss $first -> $last"
+
+"$frugal" train "${common[@]}" --train.out_dir="$work/cpu" >/dev/null
+cpu_last=$(val_losses "$work/cpu/metrics.jsonl" | tail -n 1)
+rel=$(max_rel "$work/gpu/metrics.jsonl" "$work/cpu/metrics.jsonl")
+awk -v r="$rel" 'BEGIN { exit !(r < 3e-2) }' || { echo "FAIL: GPU vs CPU losses differ by $rel"; exit 1; }
+echo "GPU vs CPU: largest relative loss difference $rel; final validation $last vs $cpu_last"
+
+# Killed after the step-20 checkpoint, resumed: the same losses as the straight run.
+rc=0
+FRUGAL_INJECT_FAULT=exit:0:21 "${gpu[@]}" "${common[@]}" --ckpt.every=20 --train.out_dir="$work/re" \
+  >/dev/null 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: the injected exit did not stop the run"; exit 1; }
+"${gpu[@]}" "${common[@]}" --ckpt.every=20 --train.resume=true --train.out_dir="$work/re" > "$work/re.log"
+grep -q "resumed from step 20" "$work/re.log" || { echo "FAIL: no resume"; cat "$work/re.log"; exit 1; }
+rel=$(max_rel "$work/gpu/metrics.jsonl" "$work/re/metrics.jsonl")
+awk -v r="$rel" 'BEGIN { exit !(r < 1e-6) }' || { echo "FAIL: resumed run differs by $rel"; exit 1; }
+echo "GPU resume: largest relative loss difference $rel"
+
+for mode in optimizer params; do
+  "${gpu[@]}" "${common[@]}" --parallel.offload=$mode --train.out_dir="$work/off-$mode" > "$work/off.log"
+  rel=$(max_rel "$work/gpu/metrics.jsonl" "$work/off-$mode/metrics.jsonl")
+  awk -v r="$rel" 'BEGIN { exit !(r < 1e-6) }' || { echo "FAIL: offload=$mode differs by $rel"; exit 1; }
+  echo "offload=$mode: largest relative loss difference $rel"
+done
+
+rc=0
+"${gpu[@]}" "${common[@]}" --parallel.gpu_mem_limit=3MiB --train.out_dir="$work/cap" > "$work/cap.log" 2>&1 \
+  || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: a 3 MiB cap did not stop the run"; exit 1; }
+grep -Eq "out of memory in device memory: .*(shards|copies|state|units|tensor).*(3 MiB limit|cap 3 MiB)" "$work/cap.log" \
+  || { echo "FAIL: the cap said:"; cat "$work/cap.log"; exit 1; }
+echo "cap: $(grep -o 'out of memory.*' "$work/cap.log" | head -n 1)"
+
+if [ "$gpus" -ge 2 ]; then
+  "${mpi[@]}" -np 2 -x OMP_NUM_THREADS -x LD_LIBRARY_PATH "${gpu[@]}" "${common[@]}" \
+    --train.micro_batch_size=4 --train.out_dir="$work/two" > "$work/two.log"
+  rel=$(max_rel "$work/gpu/metrics.jsonl" "$work/two/metrics.jsonl")
+  awk -v r="$rel" 'BEGIN { exit !(r < 1e-2) }' || { echo "FAIL: 2 GPUs differ by $rel"; exit 1; }
+  echo "2 GPUs vs 1: largest relative loss difference $rel"
+else
+  echo "one GPU: the 2-GPU comparison is skipped"
+fi
