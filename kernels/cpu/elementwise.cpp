@@ -1,6 +1,8 @@
 // Small elementwise helpers the model needs between the big kernels.
 #include "kernels/cpu/elementwise.h"
 
+#include "core/dtype.h"
+
 namespace frugal::cpu {
 
 // Below this many elements a thread team costs more than it saves.
@@ -19,6 +21,16 @@ void scale_inplace(float* y, float s, int64_t n) {
 void add_scaled_inplace(float* y, const float* x, float s, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) y[i] += s * x[i];
+}
+
+void f32_to_bf16(uint16_t* out, const float* in, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
+}
+
+void bf16_to_f32(float* out, const uint16_t* in, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
 }  // namespace frugal::cpu

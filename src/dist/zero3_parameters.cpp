@@ -62,22 +62,44 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
 void Zero3Parameters::refresh_copies() {
   if (!arenas_.copies) return;
   copies_.resize(shards_.size());
+  staging_.resize(shards_.size());
+  stale_.assign(shards_.size(), true);
+  fresh_.assign(shards_.size(), true);
   for (size_t u = 0; u < shards_.size(); ++u) {
     copies_[u].resize(shards_[u].size());
+    staging_[u].resize(shards_[u].size());
     for (size_t i = 0; i < shards_[u].size(); ++i) {
-      // A host master (offloaded) goes to the GPU in fp32 first, to be rounded there.
       const Tensor& master = shards_[u][i];
-      Tensor on_gpu = master.device() == arenas_.copies->device()
-                          ? master
-                          : ops::convert(master, DType::f32, *arenas_.copies);
-      Tensor copy = ops::convert(on_gpu, DType::bf16, *arenas_.copies);
-      // Into the existing copies: the optimizer holds them (TrainableShard::param_copy).
-      if (copies_[u][i].defined())
-        ops::copy(copies_[u][i], copy);
-      else
-        copies_[u][i] = copy;
+      // Into the existing tensors: the optimizer holds them (TrainableShard::param_copy).
+      auto make = [](Tensor& slot, const Tensor& value) {
+        if (slot.defined())
+          ops::copy(slot, value);
+        else
+          slot = value;
+      };
+      if (host_state()) {
+        // Rounded on the host, where the optimizer will round them from now on; copies on
+        // the GPU are uploaded from there when next gathered (stale_).
+        Tensor& staging = arenas_.copies->device() == Device::cpu ? copies_[u][i] : staging_[u][i];
+        make(staging, ops::convert(master, DType::bf16, *arenas_.params));
+        if (arenas_.copies->device() != Device::cpu && !copies_[u][i].defined())
+          copies_[u][i] = Tensor::empty(master.shape(), DType::bf16, *arenas_.copies);
+      } else {
+        make(copies_[u][i], ops::convert(master, DType::bf16, *arenas_.copies));
+      }
     }
   }
+}
+
+Tensor Zero3Parameters::copy_for_optimizer(size_t u, size_t i) const {
+  if (copies_.empty()) return Tensor();
+  // A host optimizer writes host memory; the GPU's writes the GPU's copies.
+  if (host_state() && arenas_.copies->device() != Device::cpu) return staging_[u][i];
+  return copies_[u][i];
+}
+
+void Zero3Parameters::weights_updated() {
+  if (host_state()) stale_.assign(shards_.size(), true);
 }
 
 Zero3Parameters::~Zero3Parameters() = default;
@@ -87,7 +109,20 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   auto it = gathered_.find(unit);
   if (it != gathered_.end()) return it->second;
   Gathered& g = gathered_[unit];
-  const std::vector<Tensor>& source = arenas_.copies ? copies_[unit] : shards_[unit];
+  std::vector<Tensor> source = arenas_.copies ? copies_[unit] : shards_[unit];
+  if (host_state()) {
+    // The host optimizer wrote the bf16 copies in host memory: up they go, beside the
+    // compute stream, once per update (copies kept on the GPU) or every time (offloaded).
+    const bool kept_on_gpu = arenas_.copies->device() != Device::cpu;
+    for (size_t i = 0; i < source.size(); ++i) {
+      if (kept_on_gpu && !stale_[unit]) continue;
+      const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
+      if (!kept_on_gpu)
+        source[i] = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
+      g.uploads.emplace_back(source[i], host);
+    }
+    stale_[unit] = false;
+  }
   if (alone()) {
     g.full = source;
     return g;
@@ -119,6 +154,7 @@ void Zero3Parameters::prefetch(int64_t unit) {
 
 std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
   Gathered& g = post_gather(unit);
+  for (ops::SideCopy& upload : g.uploads) upload.wait();
   for (Pending& op : g.ops) op->wait();
   g.ops.clear();
   ++g.users;
@@ -157,10 +193,53 @@ void Zero3Parameters::complete_reduction() {
   in_flight_.reset();
 }
 
+void Zero3Parameters::complete_download() {
+  if (!downloading_) return;
+  Download& d = *downloading_;
+  // The copies follow the reduce-scatters on the communication stream: once they are done,
+  // so are those, and the device buffers can go.
+  for (ops::SideCopy& copy : d.copies) copy.done();
+  d.reductions.clear();
+  for (size_t i = 0; i < d.landing.size(); ++i)
+    if (d.landing[i].defined()) ops::add_inplace(grad_shards_[d.unit][i], d.landing[i]);
+  downloading_.reset();
+}
+
 void Zero3Parameters::grads_done(int64_t unit) {
   if (alone() && arenas_.grads->device() == arenas_.gathered->device()) return;
   auto it = full_grads_.find(unit);
   FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
+  if (host_state()) {
+    // One unit on its way down at a time (bounding whole-size gradients on the GPU to two
+    // units); the previous one's copies ran beside this unit's backward.
+    complete_download();
+    Download d;
+    d.unit = unit;
+    d.device = std::move(it->second);
+    full_grads_.erase(it);
+    if (!alone()) {
+      std::vector<Tensor> sums;
+      CommGroup group(comm_);
+      for (size_t i = 0; i < d.device.size(); ++i) {
+        sums.push_back(
+            Tensor::empty(layouts_[unit][i].shard_shape(), DType::f32, *arenas_.gathered));
+        d.reductions.push_back(comm_.reduce_scatter_sum(d.device[i], sums.back()));
+      }
+      group.end();
+      d.device.insert(d.device.end(), sums.begin(), sums.end());
+    }
+    // The reduce-scatter and the copies both run on the communication stream, in order.
+    const size_t first = alone() ? 0 : d.device.size() / 2;
+    for (size_t i = 0; i < grad_shards_[unit].size(); ++i) {
+      Tensor& shard = grad_shards_[unit][i];
+      Tensor landing = fresh_[unit] ? Tensor() : Tensor::empty(shard.shape(), DType::f32, *arenas_.grads);
+      d.landing.push_back(landing);
+      d.copies.emplace_back(fresh_[unit] ? shard : d.landing.back(), d.device[first + i]);
+    }
+    fresh_[unit] = false;
+    downloading_ = std::move(d);
+    return;
+  }
   // One reduction in flight at a time: the previous unit's finishes while this one's
   // backward ran; finishing it now bounds whole-size gradients to two units.
   complete_reduction();
@@ -180,14 +259,24 @@ void Zero3Parameters::grads_done(int64_t unit) {
 
 void Zero3Parameters::finish_backward() {
   complete_reduction();
+  complete_download();
+  if (host_state())
+    for (size_t u = 0; u < grad_shards_.size(); ++u)
+      if (fresh_[u] && !grad_shards_[u].empty()) {
+        for (Tensor& g : grad_shards_[u]) ops::zero(g);  // no gradient reached this unit
+        fresh_[u] = false;
+      }
   FRUGAL_CHECK(full_grads_.empty(), full_grads_.size(),
                " units still hold whole gradients at the end of the backward");
 }
 
 void Zero3Parameters::zero_grads() {
-  // Offloaded gradient shards are host memory that the last step's optimizer kernels on the
-  // GPU may still be reading (parallel.offload = optimizer): the host clears them after.
-  if (arenas_.grads->device() != arenas_.gathered->device()) ops::synchronize();
+  if (host_state()) {
+    // The first gradients of each unit overwrite its shards instead of adding to them (no
+    // pass over host memory to clear them); finish_backward clears those that got none.
+    fresh_.assign(shards_.size(), true);
+    return;
+  }
   for (auto& unit : grad_shards_)
     for (Tensor& g : unit) ops::zero(g);
 }
@@ -198,7 +287,7 @@ std::vector<TrainableShard> Zero3Parameters::trainable() {
     for (size_t i = 0; i < units_[u].params.size(); ++i)
       out.push_back({layouts_[u][i].name, shards_[u][i],
                      grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
-                     copies_.empty() ? Tensor() : copies_[u][i]});
+                     copy_for_optimizer(u, i)});
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include "dist/comm.h"
 #include "model/llama_config.h"
 #include "model/parameter_provider.h"
+#include "ops/ops.h"
 
 namespace frugal {
 
@@ -56,6 +57,7 @@ class Zero3Parameters : public ParameterProvider {
   void grads_done(int64_t unit) override;
   void finish_backward() override;
   void zero_grads() override;
+  void weights_updated() override;
   std::vector<TrainableShard> trainable() override;
 
   const std::vector<UnitSpec>& units() const { return units_; }
@@ -72,7 +74,16 @@ class Zero3Parameters : public ParameterProvider {
   struct Gathered {
     std::vector<Tensor> full;  // [rows_padded, ...] per parameter
     std::vector<Pending> ops;
+    std::vector<ops::SideCopy> uploads;  // offloaded copies on their way to the GPU
     int users = 0;
+  };
+  // Offloaded gradients on their way down: the unit's device buffers, kept until the copies
+  // into host memory are done, and the landing buffers still to be added into the shards.
+  struct Download {
+    int64_t unit = -1;
+    std::vector<Tensor> device, landing;
+    std::vector<Pending> reductions;
+    std::vector<ops::SideCopy> copies;
   };
   struct Reduction {
     int64_t unit = -1;
@@ -89,9 +100,20 @@ class Zero3Parameters : public ParameterProvider {
   Zero3Arenas arenas_;
   // One rank needs no collective: the shards are the whole weights and gradients.
   bool alone() const { return comm_.size() == 1; }
+  // A GPU run with the fp32 state in host memory (parallel.offload): the optimizer works on
+  // the host, gradient shards come down and bf16 copies go up beside the compute stream.
+  bool host_state() const { return arenas_.copies && arenas_.params->device() == Device::cpu; }
+  void complete_download();
+  Tensor copy_for_optimizer(size_t unit, size_t i) const;
 
   std::vector<std::vector<Tensor>> shards_, grad_shards_;
   std::vector<std::vector<Tensor>> copies_;  // bf16 copies of shards_ (GPU), else empty
+  // host_state(): the bf16 copies the host optimizer writes (copies_ itself when the copies
+  // are offloaded too), which copies that are on the GPU need again (stale_), and which
+  // gradient shards have received nothing since zero_grads (fresh_: overwritten, not added).
+  std::vector<std::vector<Tensor>> staging_;
+  std::vector<bool> stale_, fresh_;
+  std::optional<Download> downloading_;
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;
   std::optional<Reduction> in_flight_;

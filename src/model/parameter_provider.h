@@ -39,6 +39,8 @@ class ParameterProvider {
 
   // Start of an optimizer step: zero the gradients.
   virtual void zero_grads() = 0;
+  // The optimizer has changed the trainable shards (copies of them must be made again).
+  virtual void weights_updated() {}
   // This rank's trainable slices, for the optimizer and the gradient norm.
   virtual std::vector<TrainableShard> trainable() = 0;
 };

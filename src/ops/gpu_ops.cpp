@@ -124,6 +124,19 @@ void synchronize() {
   if (bound().context) bound().context->compute().synchronize();
 }
 
+void* copy_beside(Tensor& dst, const Tensor& src) {
+  DeviceContext& c = *device().context;
+  c.comm().wait(c.compute());
+  copy_async(dst, src, c.comm());
+  auto* event = new Event();
+  event->record(c.comm());
+  return event;
+}
+
+void event_wait(void* event) { device().context->compute().wait(*static_cast<Event*>(event)); }
+void event_done(void* event) { static_cast<Event*>(event)->synchronize(); }
+void event_release(void* event) { delete static_cast<Event*>(event); }
+
 // --- layers ---------------------------------------------------------------------------------
 
 Tensor embedding(const Tensor& tokens, const Tensor& table) {

@@ -19,6 +19,12 @@ void copy(Tensor& dst, const Tensor& src);
 Tensor convert(const Tensor& src, DType dtype, Arena& arena);
 Tensor to_host_f32(const Tensor& src);
 void synchronize();  // nothing when no GPU is bound
+// Queues dst = src on the communication stream after the compute stream's work so far; returns
+// an event recorded after it (opaque: a CUevent_st* owned by the caller, see event_*).
+void* copy_beside(Tensor& dst, const Tensor& src);
+void event_wait(void* event);     // the compute stream waits for it
+void event_done(void* event);     // the host waits for it
+void event_release(void* event);
 
 Tensor embedding(const Tensor& tokens, const Tensor& table);
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens);

@@ -91,9 +91,15 @@ Tensor convert(const Tensor& src, DType dtype, Arena& arena) {
   if (src.device() == Device::cuda || arena.device() == Device::cuda)
     return gpu::convert(src, dtype, arena);
 #endif
-  FRUGAL_CHECK(src.dtype() == dtype, "no host conversion from ", dtype_name(src.dtype()), " to ",
-               dtype_name(dtype));
-  return src.clone(arena);
+  if (src.dtype() == dtype) return src.clone(arena);
+  Tensor out = Tensor::empty(src.shape(), dtype, arena);
+  if (src.dtype() == DType::f32 && dtype == DType::bf16)
+    cpu::f32_to_bf16(out.data<uint16_t>(), src.data<float>(), src.numel());
+  else if (src.dtype() == DType::bf16 && dtype == DType::f32)
+    cpu::bf16_to_f32(out.data<float>(), src.data<uint16_t>(), src.numel());
+  else
+    fail("no host conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dtype));
+  return out;
 }
 
 Tensor on_device_of(const Tensor& src, const Tensor& like) {
@@ -112,6 +118,51 @@ Tensor to_host_f32(const Tensor& src) {
 void synchronize() {
 #ifdef FRUGAL_HAVE_CUDA
   gpu::synchronize();
+#endif
+}
+
+struct SideCopy::State {
+  Tensor dst, src;
+  void* event = nullptr;  // the GPU's, when the copy involves device memory or pinned memory
+  ~State() {
+#ifdef FRUGAL_HAVE_CUDA
+    if (event) {
+      // The buffers must outlive the copy: finish it before they can be reused.
+      gpu::event_done(event);
+      gpu::event_release(event);
+    }
+#endif
+  }
+};
+
+SideCopy::SideCopy() = default;
+SideCopy::~SideCopy() = default;
+SideCopy::SideCopy(SideCopy&&) noexcept = default;
+SideCopy& SideCopy::operator=(SideCopy&&) noexcept = default;
+
+SideCopy::SideCopy(Tensor& dst, const Tensor& src) : state_(std::make_unique<State>()) {
+  FRUGAL_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(), "copy ",
+               shape_string(src.shape()), " into ", shape_string(dst.shape()));
+  state_->dst = dst;
+  state_->src = src;
+  if (dst.device() == Device::cpu && src.device() == Device::cpu) {
+    dst.copy_from(src);
+    return;
+  }
+#ifdef FRUGAL_HAVE_CUDA
+  state_->event = gpu::copy_beside(dst, src);
+#endif
+}
+
+void SideCopy::wait() {
+#ifdef FRUGAL_HAVE_CUDA
+  if (state_ && state_->event) gpu::event_wait(state_->event);
+#endif
+}
+
+void SideCopy::done() {
+#ifdef FRUGAL_HAVE_CUDA
+  if (state_ && state_->event) gpu::event_done(state_->event);
 #endif
 }
 
@@ -338,9 +389,10 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
                     param.numel(), s);
   if (param_copy.defined()) {
-    // An offloaded master updated on the host: its GPU copy is rounded on the GPU.
-    Tensor wide = on_device_of(param, param_copy);
-    copy(param_copy, convert(wide, param_copy.dtype(), compute_arena(param_copy)));
+    // An offloaded master updated on the host: its bf16 copy, rounded on the host.
+    FRUGAL_CHECK(param_copy.device() == Device::cpu && param_copy.dtype() == DType::bf16,
+                 "the copy of a host parameter must be a bf16 host tensor");
+    cpu::f32_to_bf16(param_copy.data<uint16_t>(), param.data<float>(), param.numel());
   }
 }
 

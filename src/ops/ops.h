@@ -7,6 +7,7 @@
 // master weights and optimizer state are f32; the attention gradients come back in bf16.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -42,6 +43,26 @@ Tensor to_host_f32(const Tensor& src);
 // Waits until the bound GPU has finished the work queued so far (nothing without one): before
 // the host writes memory that queued kernels may still read, such as pinned offloaded state.
 void synchronize();
+
+// A copy that runs beside the compute stream (on the GPU's communication stream, after the
+// work queued on the compute stream so far), so that moving offloaded state to and from pinned
+// host memory overlaps the kernels. wait() orders the compute stream after it; done() blocks
+// the host until it is finished. Both tensors are kept alive until then. Between host tensors
+// it is an ordinary copy, finished on return.
+class SideCopy {
+ public:
+  SideCopy();
+  SideCopy(Tensor& dst, const Tensor& src);
+  ~SideCopy();
+  SideCopy(SideCopy&&) noexcept;
+  SideCopy& operator=(SideCopy&&) noexcept;
+  void wait();
+  void done();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // --- layers -----------------------------------------------------------------------------
 // tokens [T] i32, table [V, H] -> [T, H]

@@ -23,6 +23,7 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optim
     loss_sum += model.forward_backward(b, params, grad_scale, policy);
   result.loss = global_sum(loss_sum) / double(std::max<int64_t>(1, result.tokens));
   result.grad_norm = optimizer.step(lr, step, global_sum).grad_norm;
+  params.weights_updated();
   return result;
 }
 

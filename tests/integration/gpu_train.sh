@@ -67,6 +67,11 @@ if [ "$gpus" -ge 2 ]; then
   rel=$(max_rel "$work/gpu/metrics.jsonl" "$work/two/metrics.jsonl")
   awk -v r="$rel" 'BEGIN { exit !(r < 1e-2) }' || { echo "FAIL: 2 GPUs differ by $rel"; exit 1; }
   echo "2 GPUs vs 1: largest relative loss difference $rel"
+  "${mpi[@]}" -np 2 -x OMP_NUM_THREADS -x LD_LIBRARY_PATH "${gpu[@]}" "${common[@]}" \
+    --train.micro_batch_size=4 --parallel.offload=optimizer --train.out_dir="$work/two-off" > "$work/two-off.log"
+  rel=$(max_rel "$work/two/metrics.jsonl" "$work/two-off/metrics.jsonl")
+  awk -v r="$rel" 'BEGIN { exit !(r < 1e-6) }' || { echo "FAIL: 2 GPUs offloaded differ by $rel"; exit 1; }
+  echo "2 GPUs, offload=optimizer: largest relative loss difference $rel"
 else
   echo "one GPU: the 2-GPU comparison is skipped"
 fi
