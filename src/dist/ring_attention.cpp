@@ -1,5 +1,7 @@
 // Ring attention: the zigzag layout helpers, and the forward and backward ring schedules over
-// a Comm (MPI on host tensors today), built on ops::attention_block and its backward.
+// a Comm (MPI on host tensors, NCCL on GPU tensors), built on ops::attention_block and its
+// backward. On a GPU the inputs are bf16; the running output and the dK/dV accumulators that
+// travel are fp32 on both devices.
 //
 // Why the zigzag layout balances the work. Rank k holds query chunks k and 2P-1-k. At ring
 // step s it holds the K/V of rank r = k - s (mod P), chunks r and 2P-1-r. Block pairs whose
@@ -23,6 +25,7 @@
 #include "core/error.h"
 #include "ops/attention_offset.h"
 #include "ops/attention_offset_backward.h"
+#include "ops/ops.h"
 
 namespace frugal {
 
@@ -42,27 +45,32 @@ int64_t row_bytes(const Tensor& t) {
 // x holds `outer` blocks, each made of two halves of equal size (the two chunks of a
 // sequence, or of one lse row). Returns the given half of every block, concatenated, viewed
 // as `shape`.
+// (Block copies through ops::copy, so the same code moves host and device memory.)
 Tensor take_half(const Tensor& x, int64_t outer, int half, const Shape& shape) {
-  Tensor part = Tensor::empty(shape, x.dtype());
-  const size_t half_bytes = x.bytes() / size_t(2 * outer);
-  FRUGAL_CHECK(part.bytes() * 2 == x.bytes(), "half of ", shape_string(x.shape()), " as ",
+  Tensor part = ops::empty_like(x, shape, x.dtype());
+  FRUGAL_CHECK(part.numel() * 2 == x.numel(), "half of ", shape_string(x.shape()), " as ",
                shape_string(shape));
-  const char* src = static_cast<const char*>(x.raw());
-  char* dst = static_cast<char*>(part.raw());
-  for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(dst + o * half_bytes, src + (2 * o + half) * half_bytes, half_bytes);
+  const int64_t half_len = x.numel() / (2 * outer);
+  const Tensor blocks = x.view({2 * outer, half_len});
+  Tensor parts = part.view({outer, half_len});
+  for (int64_t o = 0; o < outer; ++o) {
+    Tensor dst = parts.rows(o, o + 1);
+    ops::copy(dst, blocks.rows(2 * o + half, 2 * o + half + 1));
+  }
   return part;
 }
 
 // The inverse of take_half: writes part into the given half of every block of x.
 void put_half(Tensor& x, int64_t outer, int half, const Tensor& part) {
-  const size_t half_bytes = x.bytes() / size_t(2 * outer);
-  FRUGAL_CHECK(part.bytes() * 2 == x.bytes() && part.dtype() == x.dtype(), "half ",
+  FRUGAL_CHECK(part.numel() * 2 == x.numel() && part.dtype() == x.dtype(), "half ",
                shape_string(part.shape()), " into ", shape_string(x.shape()));
-  const char* src = static_cast<const char*>(part.raw());
-  char* dst = static_cast<char*>(x.raw());
-  for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(dst + (2 * o + half) * half_bytes, src + o * half_bytes, half_bytes);
+  const int64_t half_len = x.numel() / (2 * outer);
+  Tensor blocks = x.view({2 * outer, half_len});
+  const Tensor parts = part.view({outer, half_len});
+  for (int64_t o = 0; o < outer; ++o) {
+    Tensor dst = blocks.rows(2 * o + half, 2 * o + half + 1);
+    ops::copy(dst, parts.rows(o, o + 1));
+  }
 }
 
 // The chunk index of half `half` of rank `rank`'s rows, with P ranks.
@@ -78,48 +86,14 @@ Tensor kv_quarter(const Tensor& kv, int64_t rows, int index) {
 
 Tensor pack_kv(const Tensor& k, const Tensor& v, int64_t batch) {
   const int64_t rows = k.size(0) / 2;
-  Tensor kv = Tensor::empty({4 * rows, k.size(1), k.size(2)}, DType::f32);
+  Tensor kv = ops::empty_like(k, {4 * rows, k.size(1), k.size(2)}, k.dtype());
   const Shape quarter_shape{rows, k.size(1), k.size(2)};
   for (int half = 0; half < 2; ++half) {
-    kv_quarter(kv, rows, half).copy_from(take_half(k, batch, half, quarter_shape));
-    kv_quarter(kv, rows, 2 + half).copy_from(take_half(v, batch, half, quarter_shape));
+    Tensor k_quarter = kv_quarter(kv, rows, half), v_quarter = kv_quarter(kv, rows, 2 + half);
+    ops::copy(k_quarter, take_half(k, batch, half, quarter_shape));
+    ops::copy(v_quarter, take_half(v, batch, half, quarter_shape));
   }
   return kv;
-}
-
-// Folds a block's partial result (out_i, lse_i) into the running (out, lse) of the same query
-// rows: lse' = log(exp(lse) + exp(lse_i)), out' = exp(lse - lse') out + exp(lse_i - lse') out_i.
-// A row that saw no key of the block has lse_i = -inf and is left as it is.
-void merge_partial(Tensor& out, Tensor& lse, const ops::Attention& part, int64_t batch) {
-  const int64_t H = out.size(1), D = out.size(2), T = out.size(0) / batch;
-  float* o = out.data<float>();
-  float* l = lse.data<float>();
-  const float* po = part.out.data<float>();
-  const float* pl = part.lse.data<float>();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-#pragma omp parallel for collapse(3) schedule(static)
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t li = (b * H + h) * T + i;
-        const float lse_new = pl[li];
-        if (lse_new == neg_inf) continue;
-        const float lse_old = l[li];
-        float* o_row = o + ((b * T + i) * H + h) * D;
-        const float* p_row = po + ((b * T + i) * H + h) * D;
-        if (lse_old == neg_inf) {
-          std::memcpy(o_row, p_row, size_t(D) * sizeof(float));
-          l[li] = lse_new;
-          continue;
-        }
-        const float m = std::max(lse_old, lse_new);
-        const float lse_sum = m + std::log(std::exp(lse_old - m) + std::exp(lse_new - m));
-        const float w_old = std::exp(lse_old - lse_sum), w_new = std::exp(lse_new - lse_sum);
-        for (int64_t d = 0; d < D; ++d) o_row[d] = w_old * o_row[d] + w_new * p_row[d];
-        l[li] = lse_sum;
-      }
-    }
-  }
 }
 
 struct RingShape {
@@ -148,9 +122,10 @@ RingTransfer pass_along(Comm& cp, const RingShape& r, const Tensor& out, Tensor&
 RingShape ring_shape(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
                      const Comm& cp) {
   for (const Tensor* t : {&q, &k, &v})
-    FRUGAL_CHECK(
-        t->defined() && t->device() == Device::cpu && t->dtype() == DType::f32 && t->ndim() == 3,
-        "ring attention takes f32 cpu tensors [rows, heads, head_dim]");
+    FRUGAL_CHECK(t->defined() && t->device() == q.device() &&
+                     t->dtype() == ops::compute_dtype(q.device()) && t->ndim() == 3,
+                 "ring attention takes ", dtype_name(ops::compute_dtype(q.device())),
+                 " tensors [rows, heads, head_dim] of one device");
   FRUGAL_CHECK(batch > 0 && q.size(0) % (2 * batch) == 0 && k.shape() == v.shape() &&
                    k.size(0) == q.size(0) && k.size(2) == q.size(2) && q.size(1) % k.size(1) == 0,
                "ring attention q ", shape_string(q.shape()), " k ", shape_string(k.shape()), " v ",
@@ -174,11 +149,21 @@ int64_t block_offset(int64_t qc, int64_t kc, int64_t chunk) {
 }
 
 // The local [batch * 2c, ...] tensor assembled from its two chunk-major halves.
-Tensor join_halves(const Tensor& first, const Tensor& second, int64_t outer, const Shape& shape) {
-  Tensor x = Tensor::empty(shape, first.dtype());
+// With `dtype`: the result rounded to it (the fp32 accumulators to the model's bf16 on a GPU).
+Tensor join_halves(const Tensor& first, const Tensor& second, int64_t outer, const Shape& shape,
+                   DType dtype) {
+  Tensor x = ops::empty_like(first, shape, first.dtype());
   put_half(x, outer, 0, first);
   put_half(x, outer, 1, second);
-  return x;
+  if (dtype == x.dtype()) return x;
+  return ops::convert(x, dtype, x.arena());
+}
+
+// fp32 zeros, or -inf, on the device of `like`.
+Tensor f32_filled(const Tensor& like, const Shape& shape, float value) {
+  Tensor host = Tensor::empty(shape, DType::f32);
+  std::fill(host.data<float>(), host.data<float>() + host.numel(), value);
+  return ops::on_device_of(host, like);
 }
 
 }  // namespace
@@ -292,15 +277,13 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
   Tensor q_half[2], out_half[2], lse_half[2];
   for (int h = 0; h < 2; ++h) {
     q_half[h] = take_half(q, batch, h, q_half_shape);
-    out_half[h] = Tensor::zeros(q_half_shape, DType::f32);
-    lse_half[h] = Tensor::empty(lse_half_shape, DType::f32);
-    float* l = lse_half[h].data<float>();
-    std::fill(l, l + lse_half[h].numel(), -std::numeric_limits<float>::infinity());
+    out_half[h] = f32_filled(q, q_half_shape, 0.0f);
+    lse_half[h] = f32_filled(q, lse_half_shape, -std::numeric_limits<float>::infinity());
   }
 
   Tensor kv[2];
   kv[0] = pack_kv(k, v, batch);
-  if (r.P > 1) kv[1] = Tensor::empty(kv[0].shape(), DType::f32);
+  if (r.P > 1) kv[1] = ops::empty_like(kv[0], kv[0].shape(), kv[0].dtype());
   for (int s = 0; s < r.P; ++s) {
     const Tensor& cur = kv[s % 2];
     RingTransfer next_kv;
@@ -313,15 +296,16 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
         if (offset < 0) continue;
         const ops::Attention part = ops::attention_block(
             q_half[qh], kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh), batch, offset);
-        merge_partial(out_half[qh], lse_half[qh], part, batch);
+        ops::merge_attention(out_half[qh], lse_half[qh], part, batch);
       }
     }
     if (next_kv.send) next_kv.send->wait();
     if (next_kv.recv) next_kv.recv->wait();
   }
 
-  return {join_halves(out_half[0], out_half[1], batch, q.shape()),
-          join_halves(lse_half[0], lse_half[1], batch * r.heads, {batch, r.heads, 2 * r.chunk})};
+  return {join_halves(out_half[0], out_half[1], batch, q.shape(), q.dtype()),
+          join_halves(lse_half[0], lse_half[1], batch * r.heads, {batch, r.heads, 2 * r.chunk},
+                      DType::f32)};
 }
 
 // --- backward -----------------------------------------------------------------------------
@@ -353,16 +337,16 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
     dout_half[h] = take_half(dout, batch, h, q_half_shape);
     out_half[h] = take_half(fwd.out, batch, h, q_half_shape);
     lse_half[h] = take_half(fwd.lse, batch * r.heads, h, lse_half_shape);
-    dq_half[h] = Tensor::zeros(q_half_shape, DType::f32);
+    dq_half[h] = f32_filled(q, q_half_shape, 0.0f);
   }
 
   Tensor kv[2], dkv_out[2], dkv_in;
   kv[0] = pack_kv(k, v, batch);
-  dkv_out[0] = Tensor::empty(kv[0].shape(), DType::f32);
+  dkv_out[0] = ops::empty_like(kv[0], kv[0].shape(), DType::f32);
   if (r.P > 1) {
-    kv[1] = Tensor::empty(kv[0].shape(), DType::f32);
-    dkv_out[1] = Tensor::empty(kv[0].shape(), DType::f32);
-    dkv_in = Tensor::empty(kv[0].shape(), DType::f32);
+    kv[1] = ops::empty_like(kv[0], kv[0].shape(), kv[0].dtype());
+    dkv_out[1] = ops::empty_like(kv[0], kv[0].shape(), DType::f32);
+    dkv_in = ops::empty_like(kv[0], kv[0].shape(), DType::f32);
   }
   Pending dkv_send[2], dkv_recv;
   for (int s = 0; s < r.P; ++s) {
@@ -372,7 +356,7 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
     // This buffer was last sent two steps ago; that send must be done before it is reused.
     Tensor& acc = dkv_out[s % 2];
     if (dkv_send[s % 2]) dkv_send[s % 2]->wait();
-    acc.fill_zero();
+    ops::zero(acc);
     const int src = r.source(s);
     for (int qh = 0; qh < 2; ++qh) {
       for (int kh = 0; kh < 2; ++kh) {
@@ -407,9 +391,11 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
   }
 
   ops::AttentionGrads g;
-  g.dq = join_halves(dq_half[0], dq_half[1], batch, q.shape());
-  g.dk = join_halves(kv_quarter(*own, rows, 0), kv_quarter(*own, rows, 1), batch, k.shape());
-  g.dv = join_halves(kv_quarter(*own, rows, 2), kv_quarter(*own, rows, 3), batch, v.shape());
+  g.dq = join_halves(dq_half[0], dq_half[1], batch, q.shape(), q.dtype());
+  g.dk = join_halves(kv_quarter(*own, rows, 0), kv_quarter(*own, rows, 1), batch, k.shape(),
+                     k.dtype());
+  g.dv = join_halves(kv_quarter(*own, rows, 2), kv_quarter(*own, rows, 3), batch, v.shape(),
+                     v.dtype());
   return g;
 }
 

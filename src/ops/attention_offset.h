@@ -15,4 +15,10 @@ namespace frugal::ops {
 Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
                           int64_t causal_offset);
 
+// Folds one block's result `part` into the running result (out fp32 [B*T, H, D], lse [B, H, T])
+// of the same query rows, by their log-sum-exps: lse' = log(exp(lse) + exp(part.lse)),
+// out' = exp(lse - lse') out + exp(part.lse - lse') part.out. Rows that saw no key of the
+// block (part.lse = -inf) stay as they are. Ring attention merges its blocks with it.
+void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch);
+
 }  // namespace frugal::ops

@@ -5,17 +5,23 @@
 #include <initializer_list>
 
 #include "kernels/cpu/attention.h"
+#include "ops/gpu_ops.h"
+#include "ops/ops.h"
 
 namespace frugal::ops {
 
 void attention_block_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, int64_t batch, int64_t causal_offset) {
-  for (const Tensor* t :
-       std::initializer_list<const Tensor*>{&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse}) {
-    FRUGAL_CHECK(t->defined() && t->device() == Device::cpu && t->dtype() == DType::f32,
-                 "attention_block_backward tensors must be f32 cpu tensors");
-  }
+  // On the CPU every tensor is f32; on a GPU the inputs are bf16 and dq, dk, dv, lse fp32.
+  const Device device = q.defined() ? q.device() : Device::cpu;
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dq, &dk, &dv, &lse})
+    FRUGAL_CHECK(t->defined() && t->device() == device && t->dtype() == DType::f32,
+                 "attention_block_backward: the gradients and lse must be f32 on the inputs' device");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dout, &q, &k, &v, &out})
+    FRUGAL_CHECK(t->defined() && t->device() == device && t->dtype() == compute_dtype(device),
+                 "attention_block_backward inputs must be ", dtype_name(compute_dtype(device)),
+                 " tensors of one device");
   FRUGAL_CHECK(q.ndim() == 3 && k.ndim() == 3, "attention_block_backward q ",
                shape_string(q.shape()), " k ", shape_string(k.shape()));
   FRUGAL_CHECK(batch > 0 && q.size(0) % batch == 0 && k.size(0) % batch == 0 &&
@@ -39,6 +45,9 @@ void attention_block_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   s.causal_offset = causal_offset;
   FRUGAL_CHECK(lse.shape() == Shape({batch, s.n_heads, s.q_len}), "attention_block_backward lse ",
                shape_string(lse.shape()), " for q ", shape_string(q.shape()), " batch ", batch);
+#ifdef FRUGAL_HAVE_CUDA
+  if (device == Device::cuda) return gpu::attention_accumulate_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+#endif
   cpu::attention_backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                           q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                           lse.data<float>(), s);

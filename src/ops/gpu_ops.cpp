@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_merge.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
@@ -233,12 +234,25 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   Tensor dq = zeros(q.shape(), DType::f32, compute_arena());
   Tensor dk = zeros(k.shape(), DType::f32, compute_arena());
   Tensor dv = zeros(v.shape(), DType::f32, compute_arena());
-  Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
-                         DType::f32);
-  cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(fwd.out),
-                           f32(fwd.lse), s, f32(scratch), stream());
+  attention_accumulate_backward(dq, dk, dv, dout, q, k, v, fwd.out, fwd.lse, s);
   return {convert(dq, DType::bf16, compute_arena()), convert(dk, DType::bf16, compute_arena()),
           convert(dv, DType::bf16, compute_arena())};
+}
+
+void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                   const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& lse,
+                                   const cpu::AttentionShape& s) {
+  Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
+                         DType::f32);
+  cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(out),
+                           f32(lse), s, f32(scratch), stream());
+}
+
+void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch) {
+  expect(part.out, DType::bf16, "attention block output");
+  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch,
+                        out.size(0) / batch, out.size(1), out.size(2), stream());
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u) {

@@ -39,6 +39,12 @@ Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Attention& fwd,
                                   const cpu::AttentionShape& shape);
+// dq, dk, dv (fp32) += the block's gradients; out and lse the merged ones (ring attention).
+void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                   const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& lse,
+                                   const cpu::AttentionShape& shape);
+void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch);
 Tensor swiglu(const Tensor& g, const Tensor& u);
 SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u);
 

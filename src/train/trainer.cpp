@@ -344,9 +344,6 @@ TrainSummary run_training(const TrainConfig& config) {
   if (c.parallel.device == "cuda" && device_count() == 0)
     fail("config key 'parallel.device': cuda, but this process sees no GPU",
          kHaveCuda ? "" : " (this frugal was built without CUDA)");
-  if (use_gpu && c.parallel.cp > 1)
-    fail("config key 'parallel.cp': ring attention runs on the CPU backend only so far; use "
-         "parallel.device = cpu, or parallel.cp = 1 on GPUs");
 
   // --- data --------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);

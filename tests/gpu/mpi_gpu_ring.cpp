@@ -1,0 +1,120 @@
+// Ring attention on GPUs over NCCL (1 or 2 ranks, one GPU each) against the CPU kernel on the
+// whole sequence: every rank computes the fp32 reference from the same bf16-rounded inputs,
+// then the ring on its zigzag slice in bf16, and compares out, lse, dq, dk, dv of its own
+// tokens to bf16 tolerance. Sequence lengths that need padding, GQA 4:1, head dims 64 (the
+// tensor-core kernels) and 32 (the simple ones). Run under mpiexec -n 1 and -n 2; it skips
+// itself when there are fewer GPUs than ranks.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "catch_compat.h"
+#include "core/device.h"
+#include "dist/mesh.h"
+#include "dist/nccl_comm.h"
+#include "dist/ring_attention.h"
+#include "ops/ops.h"
+
+using namespace frugal;
+
+namespace {
+
+// Uniform in [-amplitude, amplitude), rounded to bf16 (the inputs both sides see).
+Tensor random_tensor(const Shape& shape, uint32_t seed, float amplitude) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  std::mt19937 rng(seed);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = bf16_to_float(float_to_bf16(amplitude * (2.0f * float(rng() >> 8) / float(1 << 24) - 1.0f)));
+  return t;
+}
+
+Tensor to_gpu_bf16(const Tensor& host, DeviceContext& gpu) {
+  return ops::convert(ops::convert(host, DType::f32, gpu.device_memory()), DType::bf16,
+                      gpu.device_memory());
+}
+
+// Largest |got - want| over real (not padding) rows, relative to the largest |want| there.
+double relative_error(const Tensor& got, const Tensor& want, const ZigzagLayout& layout,
+                      int64_t batch) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<int64_t> indices = zigzag_token_indices(layout);
+  const int64_t row = got.numel() / got.size(0);
+  double worst = 0, largest = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < layout.local_len(); ++i) {
+      if (indices[size_t(i)] >= layout.seq_len) continue;
+      const int64_t r = b * layout.local_len() + i;
+      for (int64_t e = r * row; e < (r + 1) * row; ++e) {
+        worst = std::max(worst, double(std::abs(got.data<float>()[e] - want.data<float>()[e])));
+        largest = std::max(largest, double(std::abs(want.data<float>()[e])));
+      }
+    }
+  return worst / std::max(largest, 1e-30);
+}
+
+void check_ring(Comm& cp, DeviceContext& gpu, int64_t seq, int64_t heads, int64_t kv_heads,
+                int64_t head_dim, uint32_t seed) {
+  const int64_t batch = 2;
+  // bf16 outputs and gradients: one rounding (2^-9 relative) of values whose sums carry a
+  // few more; 2^-6 of the largest value bounds both with room for the fp32 summation order.
+  const double tolerance = 1.0 / 64;
+  INFO("cp " << cp.size() << " rank " << cp.rank() << " seq " << seq << " heads " << heads
+             << "/" << kv_heads << " head dim " << head_dim);
+  const Tensor q = random_tensor({batch * seq, heads, head_dim}, seed, 2.0f);
+  const Tensor k = random_tensor({batch * seq, kv_heads, head_dim}, seed + 1, 2.0f);
+  const Tensor v = random_tensor({batch * seq, kv_heads, head_dim}, seed + 2, 1.0f);
+  const Tensor dout = random_tensor({batch * seq, heads, head_dim}, seed + 3, 1.0f);
+  const ops::Attention ref = ops::attention(q, k, v, batch);  // CPU, fp32
+  const ops::AttentionGrads ref_grads = ops::attention_backward(dout, q, k, v, ref, batch);
+
+  const ZigzagLayout layout = zigzag_layout(seq, cp.size(), cp.rank());
+  auto local = [&](const Tensor& t) { return to_gpu_bf16(zigzag_scatter(t, layout, batch), gpu); };
+  const Tensor ql = local(q), kl = local(k), vl = local(v), doutl = local(dout);
+  const ops::Attention fwd = ring_attention_forward(ql, kl, vl, batch, cp);
+  const ops::AttentionGrads grads = ring_attention_backward(doutl, ql, kl, vl, fwd, batch, cp);
+  CHECK(fwd.out.dtype() == DType::bf16);
+  CHECK(grads.dq.dtype() == DType::bf16);
+
+  auto host = [](const Tensor& t) { return ops::to_host_f32(t); };
+  CHECK(relative_error(host(fwd.out), zigzag_scatter(ref.out, layout, batch), layout, batch) <
+        tolerance);
+  CHECK(relative_error(host(grads.dq), zigzag_scatter(ref_grads.dq, layout, batch), layout,
+                       batch) < tolerance);
+  CHECK(relative_error(host(grads.dk), zigzag_scatter(ref_grads.dk, layout, batch), layout,
+                       batch) < tolerance);
+  CHECK(relative_error(host(grads.dv), zigzag_scatter(ref_grads.dv, layout, batch), layout,
+                       batch) < tolerance);
+  const Tensor lse = host(fwd.lse);
+  const std::vector<int64_t> indices = zigzag_token_indices(layout);
+  double lse_worst = 0;
+  for (int64_t bh = 0; bh < batch * heads; ++bh)
+    for (int64_t i = 0; i < layout.local_len(); ++i)
+      if (indices[size_t(i)] < seq) {
+        const float want = ref.lse.data<float>()[bh * seq + indices[size_t(i)]];
+        const float got = lse.data<float>()[bh * layout.local_len() + i];
+        lse_worst = std::max(lse_worst, double(std::abs(got - want)) / (1.0 + std::abs(want)));
+      }
+  CHECK(lse_worst < 1e-4);  // fp32 all the way
+}
+
+}  // namespace
+
+TEST_CASE("ring attention on GPUs matches the CPU kernel on the whole sequence", "[gpu][ring]") {
+  auto mpi = make_mpi_world_comm(60);
+  const int gpus = device_count();
+  if (gpus == 0 || gpus < mpi->size()) {
+    if (mpi->rank() == 0) std::printf("needs %d GPU(s), sees %d: skipping\n", mpi->size(), gpus);
+    return;
+  }
+  auto gpu = std::make_unique<DeviceContext>(local_rank_from_environment());
+  auto nccl = make_nccl_comm(*mpi, *gpu, 60);
+  struct Binding {
+    explicit Binding(DeviceContext* gpu) { ops::bind_device(gpu); }
+    ~Binding() { ops::bind_device(nullptr); }
+  } binding(gpu.get());
+  check_ring(*nccl, *gpu, 301, 8, 2, 64, 11);
+  check_ring(*nccl, *gpu, 130, 4, 1, 32, 21);
+  check_ring(*nccl, *gpu, 512, 4, 4, 128, 31);
+}
