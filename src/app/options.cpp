@@ -99,12 +99,23 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   t.add(train, "train.eval_batches", &c.train.eval_batches,
         "validation micro-batches per evaluation (0: the whole split)");
   t.add(train, "train.init_std", &c.train.init_std, "std of the normal initialisation");
+  t.add_string(train, "train.type", &c.train.type,
+               "full | lora: train every weight, or freeze the base and train LoRA adapters "
+               "([lora])");
   t.add_string(train, "train.activation_checkpointing", &checkpointing,
                "none | selective | full: what a block keeps for its backward");
   t.add(train, "train.resume", &c.train.resume, "continue from out_dir/ckpt/LATEST when it exists");
   t.add(train, "train.sample_tokens", &c.train.sample_tokens,
         "tokens generated from sample_prompt at the end (0: none)");
   t.add_string(train, "train.sample_prompt", &c.train.sample_prompt, "prompt of the sample");
+
+  po::options_description lora("[lora] adapters (train.type = lora)");
+  t.add(lora, "lora.rank", &c.lora.rank, "rank r of each adapter (A [r, in], B [out, r])");
+  t.add(lora, "lora.alpha", &c.lora.alpha, "the adapters' update is scaled by alpha / rank");
+  t.add(lora, "lora.dropout", &c.lora.dropout, "dropout on the adapters' input (only 0 so far)");
+  t.add_string(lora, "lora.targets", &c.lora.targets,
+               "all, or the projections that get adapters: q_proj,k_proj,v_proj,o_proj,"
+               "gate_proj,up_proj,down_proj");
 
   po::options_description optim("[optim] AdamW and clipping");
   t.add(optim, "optim.beta1", &c.optim.beta1, "AdamW beta1");
@@ -139,7 +150,7 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   t.add(monitor, "monitor.log_every", &c.monitor.log_every,
         "print a progress line every N steps (metrics.jsonl gets every step)");
 
-  all.add(model).add(data).add(train).add(optim).add(parallel).add(ckpt).add(monitor);
+  all.add(model).add(data).add(train).add(lora).add(optim).add(parallel).add(ckpt).add(monitor);
 }
 
 // "config key 'train.lr': the argument ('abc') for option 'train.lr' is invalid"

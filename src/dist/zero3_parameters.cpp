@@ -49,7 +49,10 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
       Tensor shard = Tensor::empty(l.shard_shape(), DType::f32, *arenas_.params);
       ops::copy(shard, init);
       shards.push_back(shard);
-      if (with_grads) grads.push_back(ops::zeros(l.shard_shape(), DType::f32, *arenas_.grads));
+      // A frozen parameter (LoRA's base) has no gradient shard and no optimizer state.
+      if (with_grads)
+        grads.push_back(spec.trainable ? ops::zeros(l.shard_shape(), DType::f32, *arenas_.grads)
+                                       : Tensor());
       layouts.push_back(l);
     }
     layouts_.push_back(std::move(layouts));
@@ -143,7 +146,7 @@ std::vector<Tensor> Zero3Parameters::unpadded(int64_t unit, const std::vector<Te
   std::vector<Tensor> out;
   for (size_t i = 0; i < full.size(); ++i) {
     const ShardLayout& l = layouts_[unit][i];
-    out.push_back(full[i].rows(0, l.rows).view(l.shape));
+    out.push_back(full[i].defined() ? full[i].rows(0, l.rows).view(l.shape) : Tensor());
   }
   return out;
 }
@@ -175,8 +178,10 @@ std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
   auto it = full_grads_.find(unit);
   if (it == full_grads_.end()) {
     std::vector<Tensor> full;
-    for (const ShardLayout& l : layouts_[unit])
-      full.push_back(ops::zeros(l.padded_shape(), DType::f32, *arenas_.gathered));
+    for (size_t i = 0; i < layouts_[unit].size(); ++i)
+      full.push_back(grad_shards_[unit][i].defined()
+                         ? ops::zeros(layouts_[unit][i].padded_shape(), DType::f32, *arenas_.gathered)
+                         : Tensor());
     it = full_grads_.emplace(unit, std::move(full)).first;
   }
   return unpadded(unit, it->second);
@@ -186,6 +191,7 @@ void Zero3Parameters::complete_reduction() {
   if (!in_flight_) return;
   for (Pending& op : in_flight_->ops) op->wait();
   for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i) {
+    if (!in_flight_->shard_sum[i].defined()) continue;  // frozen
     // Offloaded gradient shards live in host memory: the sum comes down first.
     Tensor& shard = grad_shards_[in_flight_->unit][i];
     ops::add_inplace(shard, ops::on_device_of(in_flight_->shard_sum[i], shard));
@@ -221,6 +227,10 @@ void Zero3Parameters::grads_done(int64_t unit) {
       std::vector<Tensor> sums;
       CommGroup group(comm_);
       for (size_t i = 0; i < d.device.size(); ++i) {
+        if (!d.device[i].defined()) {  // frozen
+          sums.push_back(Tensor());
+          continue;
+        }
         sums.push_back(
             Tensor::empty(layouts_[unit][i].shard_shape(), DType::f32, *arenas_.gathered));
         d.reductions.push_back(comm_.reduce_scatter_sum(d.device[i], sums.back()));
@@ -232,6 +242,10 @@ void Zero3Parameters::grads_done(int64_t unit) {
     const size_t first = alone() ? 0 : d.device.size() / 2;
     for (size_t i = 0; i < grad_shards_[unit].size(); ++i) {
       Tensor& shard = grad_shards_[unit][i];
+      if (!shard.defined()) {  // frozen
+        d.landing.push_back(Tensor());
+        continue;
+      }
       Tensor landing = fresh_[unit] ? Tensor() : Tensor::empty(shard.shape(), DType::f32, *arenas_.grads);
       d.landing.push_back(landing);
       d.copies.emplace_back(fresh_[unit] ? shard : d.landing.back(), d.device[first + i]);
@@ -249,6 +263,10 @@ void Zero3Parameters::grads_done(int64_t unit) {
   full_grads_.erase(it);
   CommGroup group(comm_);
   for (size_t i = 0; i < r.full.size(); ++i) {
+    if (!r.full[i].defined()) {  // frozen
+      r.shard_sum.push_back(Tensor());
+      continue;
+    }
     r.shard_sum.push_back(
         Tensor::empty(layouts_[unit][i].shard_shape(), DType::f32, *arenas_.gathered));
     r.ops.push_back(comm_.reduce_scatter_sum(r.full[i], r.shard_sum[i]));
@@ -263,7 +281,8 @@ void Zero3Parameters::finish_backward() {
   if (host_state())
     for (size_t u = 0; u < grad_shards_.size(); ++u)
       if (fresh_[u] && !grad_shards_[u].empty()) {
-        for (Tensor& g : grad_shards_[u]) ops::zero(g);  // no gradient reached this unit
+        for (Tensor& g : grad_shards_[u])
+          if (g.defined()) ops::zero(g);  // no gradient reached this unit
         fresh_[u] = false;
       }
   FRUGAL_CHECK(full_grads_.empty(), full_grads_.size(),
@@ -278,14 +297,16 @@ void Zero3Parameters::zero_grads() {
     return;
   }
   for (auto& unit : grad_shards_)
-    for (Tensor& g : unit) ops::zero(g);
+    for (Tensor& g : unit)
+      if (g.defined()) ops::zero(g);
 }
 
 std::vector<TrainableShard> Zero3Parameters::trainable() {
   std::vector<TrainableShard> out;
   for (size_t u = 0; u < units_.size(); ++u)
     for (size_t i = 0; i < units_[u].params.size(); ++i)
-      out.push_back({layouts_[u][i].name, shards_[u][i],
+      if (units_[u].params[i].trainable)
+        out.push_back({layouts_[u][i].name, shards_[u][i],
                      grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
                      copy_for_optimizer(u, i)});
   return out;

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core/random.h"
+#include "model/lora.h"
 #include "model/parameter_provider.h"
 
 namespace frugal {
@@ -29,6 +30,20 @@ void init_parameter_rows(Tensor& rows, const std::string& name, int64_t first_ro
   const int64_t n_rows = rows.ndim() == 0 ? 1 : rows.size(0);
   const int64_t row_len = n_rows ? rows.numel() / n_rows : 0;
   const uint64_t name_hash = fnv1a(name);
+  if (is_lora_b(name)) {  // LoRA starts from the base model: B = 0
+    for (int64_t i = 0; i < rows.numel(); ++i) out[i] = 0.0f;
+    return;
+  }
+  if (is_lora_a(name)) {  // PEFT's kaiming_uniform(a = sqrt(5)): uniform in +-1/sqrt(fan_in)
+    const double bound = 1.0 / std::sqrt(double(row_len));
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n_rows; ++r) {
+      uint64_t state = seed ^ name_hash ^ (0xD1B54A32D192ED03ull * uint64_t(first_row + r + 1));
+      for (int64_t j = 0; j < row_len; ++j)
+        out[r * row_len + j] = static_cast<float>(bound * (2.0 * uniform01(state) - 1.0));
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n_rows; ++r) {
     uint64_t state = seed ^ name_hash ^ (0xD1B54A32D192ED03ull * uint64_t(first_row + r + 1));

@@ -22,10 +22,18 @@ std::string checkpoint_policy_name(CheckpointPolicy policy) {
   return "?";
 }
 
-BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u) {
-  FRUGAL_CHECK(u.size() == kBlockParamCount, "block unit with ", u.size(), " tensors");
-  return {u[kInputNorm],         u[kQProj],    u[kKProj],  u[kVProj],   u[kOProj],
-          u[kPostAttentionNorm], u[kGateProj], u[kUpProj], u[kDownProj]};
+BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraConfig* lora) {
+  const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
+  FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),
+               " tensors, expected ", kBlockParamCount + adapters);
+  BlockWeights w{u[kInputNorm],         u[kQProj],    u[kKProj],  u[kVProj],   u[kOProj],
+                 u[kPostAttentionNorm], u[kGateProj], u[kUpProj], u[kDownProj], {}, {}};
+  for (int p = 0; adapters && p < kBlockParamCount; ++p)
+    if (lora->adapts(p)) {
+      w.lora_a[p] = u[lora->a_index(p)];
+      w.lora_b[p] = u[lora->a_index(p) + 1];
+    }
+  return w;
 }
 
 namespace {
@@ -37,6 +45,32 @@ Tensor split_heads(const Tensor& t, int64_t heads, int64_t head_dim) {
 Tensor merge_heads(const Tensor& t) { return t.view({t.size(0), t.size(1) * t.size(2)}); }
 
 float eps_of(const BlockContext& ctx) { return static_cast<float>(ctx.config->rms_norm_eps); }
+
+// y = x W^T, plus s (x A^T) B^T where the projection has a LoRA adapter (t = x A^T is kept).
+Tensor project(const Tensor& x, const BlockWeights& w, int p, const Tensor& weight,
+               const BlockContext& ctx, BlockActivations& a) {
+  Tensor y = ops::linear(x, weight);
+  if (!w.lora_a[p].defined()) return y;
+  a.lora_t[p] = ops::linear(x, w.lora_a[p]);
+  Tensor update = ops::linear(a.lora_t[p], w.lora_b[p]);
+  ops::scale_inplace(update, ctx.lora->scale());
+  ops::add_inplace(y, update);
+  return y;
+}
+
+// The backward of project: returns dx; dW (when not frozen), dA and dB accumulated.
+Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w,
+                        BlockWeights& g, int p, const Tensor& weight, Tensor& weight_grad,
+                        const BlockContext& ctx, const BlockActivations& a) {
+  Tensor dx = ops::linear_backward(dy, x, weight, weight_grad);
+  if (!w.lora_a[p].defined()) return dx;
+  Tensor dy_scaled = ops::empty_like(dy, dy.shape(), dy.dtype());
+  ops::copy(dy_scaled, dy);
+  ops::scale_inplace(dy_scaled, ctx.lora->scale());
+  Tensor dt = ops::linear_backward(dy_scaled, a.lora_t[p], w.lora_b[p], g.lora_b[p]);
+  ops::add_inplace(dx, ops::linear_backward(dt, x, w.lora_a[p], g.lora_a[p]));
+  return dx;
+}
 float theta_of(const BlockContext& ctx) { return static_cast<float>(ctx.config->rope_theta); }
 
 // Everything the forward computes, with every intermediate filled in.
@@ -44,20 +78,20 @@ Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContex
   const LlamaConfig& c = *ctx.config;
   const int64_t d = c.attention_head_dim();
   a.n1 = ops::rmsnorm(a.x, w.input_norm, eps_of(ctx), &a.rstd1);
-  a.q = split_heads(ops::linear(a.n1, w.q_proj), c.num_attention_heads, d);
-  a.k = split_heads(ops::linear(a.n1, w.k_proj), c.num_key_value_heads, d);
-  a.v = split_heads(ops::linear(a.n1, w.v_proj), c.num_key_value_heads, d);
+  a.q = split_heads(project(a.n1, w, kQProj, w.q_proj, ctx, a), c.num_attention_heads, d);
+  a.k = split_heads(project(a.n1, w, kKProj, w.k_proj, ctx, a), c.num_key_value_heads, d);
+  a.v = split_heads(project(a.n1, w, kVProj, w.v_proj, ctx, a), c.num_key_value_heads, d);
   a.q_rot = ops::rope(a.q, ctx.positions, theta_of(ctx));
   a.k_rot = ops::rope(a.k, ctx.positions, theta_of(ctx));
   a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch)
                          : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
-  a.h = ops::add(a.x, ops::linear(merge_heads(a.attn.out), w.o_proj));
+  a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, w.o_proj, ctx, a));
 
   a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
-  a.gate = ops::linear(a.n2, w.gate_proj);
-  a.up = ops::linear(a.n2, w.up_proj);
+  a.gate = project(a.n2, w, kGateProj, w.gate_proj, ctx, a);
+  a.up = project(a.n2, w, kUpProj, w.up_proj, ctx, a);
   a.act = ops::swiglu(a.gate, a.up);
-  return ops::add(a.h, ops::linear(a.act, w.down_proj));
+  return ops::add(a.h, project(a.act, w, kDownProj, w.down_proj, ctx, a));
 }
 
 // Drop what the policy does not keep. The projections before rotary (q, k) are never needed
@@ -71,6 +105,7 @@ void keep_only(BlockActivations& a, CheckpointPolicy policy) {
     a.x = x;
     return;
   }
+  // selective keeps lora_t: recomputing them would need the inputs it drops.
   // selective: the cheap, elementwise results go; matmul, rotary and attention outputs stay.
   a.n1 = a.rstd1 = a.n2 = a.rstd2 = a.act = Tensor();
 }
@@ -107,25 +142,29 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
 Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWeights& w,
                       BlockWeights& g, const BlockContext& ctx) {
   // MLP: y = h + down(silu(gate) * up)
-  Tensor d_act = ops::linear_backward(dy, a.act, w.down_proj, g.down_proj);
+  Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, w.down_proj, g.down_proj, ctx, a);
   ops::SwigluGrads d_mlp = ops::swiglu_backward(d_act, a.gate, a.up);
-  Tensor d_n2 = ops::linear_backward(d_mlp.dg, a.n2, w.gate_proj, g.gate_proj);
-  ops::add_inplace(d_n2, ops::linear_backward(d_mlp.du, a.n2, w.up_proj, g.up_proj));
+  Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, w.gate_proj, g.gate_proj, ctx, a);
+  ops::add_inplace(d_n2,
+                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, w.up_proj, g.up_proj, ctx, a));
   Tensor dh =
       ops::rmsnorm_backward(d_n2, a.h, w.post_attention_norm, a.rstd2, g.post_attention_norm);
   ops::add_inplace(dh, dy);
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
-  Tensor d_attn = ops::linear_backward(dh, merge_heads(a.attn.out), w.o_proj, g.o_proj);
+  Tensor d_attn =
+      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, w.o_proj, g.o_proj, ctx, a);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
   ops::AttentionGrads d_qkv =
       ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)
                     : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch);
   Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, theta_of(ctx));
   Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, theta_of(ctx));
-  Tensor d_n1 = ops::linear_backward(merge_heads(dq), a.n1, w.q_proj, g.q_proj);
-  ops::add_inplace(d_n1, ops::linear_backward(merge_heads(dk), a.n1, w.k_proj, g.k_proj));
-  ops::add_inplace(d_n1, ops::linear_backward(merge_heads(d_qkv.dv), a.n1, w.v_proj, g.v_proj));
+  Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, w.q_proj, g.q_proj, ctx, a);
+  ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, w.k_proj, g.k_proj,
+                                          ctx, a));
+  ops::add_inplace(d_n1, project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, w.v_proj,
+                                          g.v_proj, ctx, a));
   Tensor dx = ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm);
   ops::add_inplace(dx, dh);
   return dx;

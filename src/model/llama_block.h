@@ -3,12 +3,14 @@
 //   y = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                      n2 = rmsnorm(h)
 #pragma once
 
+#include <array>
 #include <functional>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/checkpoint_policy.h"
 #include "model/llama_config.h"
+#include "model/lora.h"
 #include "ops/ops.h"
 
 namespace frugal {
@@ -17,7 +19,10 @@ namespace frugal {
 struct BlockWeights {
   Tensor input_norm, q_proj, k_proj, v_proj, o_proj, post_attention_norm, gate_proj, up_proj,
       down_proj;
-  static BlockWeights from_unit(const std::vector<Tensor>& unit);
+  // LoRA adapters by BlockParam index (undefined where a projection has none).
+  std::array<Tensor, kBlockParamCount> lora_a, lora_b;
+  // A unit's tensors: the 9 base ones, then the adapters `lora` places (lora.h).
+  static BlockWeights from_unit(const std::vector<Tensor>& unit, const LoraConfig* lora = nullptr);
 };
 
 // The sequence-mixing step, when it is not ordinary attention over the local rows: ring
@@ -38,6 +43,7 @@ struct BlockContext {
   Tensor positions;   // [tokens] i32, the rotary position of each token
   CheckpointPolicy policy = CheckpointPolicy::none;
   const AttentionOperator* attention = nullptr;  // null: ops::attention on the local rows
+  const LoraConfig* lora = nullptr;              // null: no adapters
 };
 
 // The forward's intermediates. Which ones survive until the backward is the policy's choice;
@@ -52,6 +58,8 @@ struct BlockActivations {
   Tensor n2, rstd2;     // post-attention norm
   Tensor gate, up;      // MLP projections [T, I]
   Tensor act;           // silu(gate) * up
+  // x A^T of each adapted projection (LoRA), [T, r]: kept by every policy (they are small).
+  std::array<Tensor, kBlockParamCount> lora_t;
 };
 
 // Runs the block on x, returns y; `saved` receives what the policy keeps.

@@ -42,6 +42,7 @@ LlamaConfig llama_config_from_json(const nlohmann::json& json, const std::string
 struct ParamSpec {
   std::string name;  // Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight"
   Shape shape;
+  bool trainable = true;  // false: frozen (the base weights under LoRA): no gradient, no state
 };
 
 // A sharding unit: the parameters that are gathered together and released together.

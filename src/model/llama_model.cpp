@@ -42,8 +42,9 @@ constexpr int kFinalNorm = 0;
 constexpr int kLmHead = 1;
 
 BlockContext block_context(const LlamaConfig& config, const Batch& batch, CheckpointPolicy policy,
-                           const AttentionOperator* attention) {
+                           const AttentionOperator* attention, const LoraConfig* lora) {
   BlockContext ctx;
+  ctx.lora = lora;
   ctx.attention = attention;
   ctx.config = &config;
   ctx.batch = batch.batch;
@@ -70,12 +71,12 @@ Tensor LlamaModel::head_weight(const std::vector<Tensor>& head_unit, ParameterPr
 
 Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                                   CheckpointPolicy policy, std::vector<BlockActivations>* saved) {
-  const BlockContext ctx = block_context(config_, batch, policy, attention_);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
   const int64_t layers = config_.num_hidden_layers;
   params.prefetch(block_unit(0));
   for (int64_t i = 0; i < layers; ++i) {
     params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config_));
-    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)));
+    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)), lora_);
     x = block_forward(x, w, ctx, saved ? &(*saved)[i] : nullptr);
     params.release(block_unit(i));
   }
@@ -135,11 +136,11 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   Tensor dx = head_forward_backward(x, batch, params, grad_scale, &loss_sum);
 
   // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
-  const BlockContext ctx = block_context(config_, batch, policy, attention_);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
   for (int64_t i = layers - 1; i >= 0; --i) {
     if (i > 0) params.prefetch(block_unit(i - 1));
-    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)));
-    BlockWeights g = BlockWeights::from_unit(params.grads(block_unit(i)));
+    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)), lora_);
+    BlockWeights g = BlockWeights::from_unit(params.grads(block_unit(i)), lora_);
     block_recompute(saved[i], w, ctx);
     dx = block_backward(dx, saved[i], w, g, ctx);
     saved[i] = BlockActivations{};
@@ -150,7 +151,7 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
 
   {
     std::vector<Tensor> embed_g = params.grads(embed_unit());
-    ops::embedding_backward(embed_g[0], dx, batch.tokens);
+    if (embed_g[0].defined()) ops::embedding_backward(embed_g[0], dx, batch.tokens);  // not frozen
   }
   params.grads_done(embed_unit());
   params.finish_backward();

@@ -13,6 +13,7 @@ namespace frugal {
 
 struct BlockActivations;
 struct AttentionOperator;
+struct LoraConfig;
 
 // A micro-batch of `batch` sequences of `seq` tokens, flattened to [batch * seq].
 struct Batch {
@@ -54,6 +55,9 @@ class LlamaModel {
   // The attention every block uses (ring attention across context-parallel ranks); null,
   // the default, is ordinary causal attention over each sequence's local rows. Not owned.
   void set_attention(const AttentionOperator* attention) { attention_ = attention; }
+  // LoRA adapters in the block units (lora.h); null, the default, means none. Not owned.
+  void set_lora(const LoraConfig* lora) { lora_ = lora; }
+  const LoraConfig* lora() const { return lora_; }
 
  private:
   // Looks up the embeddings; moves the batch's ids and positions to the weights' device first
@@ -69,6 +73,7 @@ class LlamaModel {
   LlamaConfig config_;
   int64_t loss_chunk_rows_ = 1024;
   const AttentionOperator* attention_ = nullptr;
+  const LoraConfig* lora_ = nullptr;
 };
 
 }  // namespace frugal

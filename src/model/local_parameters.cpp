@@ -5,14 +5,19 @@ namespace frugal {
 
 LocalParameters::LocalParameters(const LlamaConfig& config, uint64_t seed, float init_std,
                                  bool with_grads)
-    : specs_(llama_units(config)) {
+    : LocalParameters(llama_units(config), seed, init_std, with_grads) {}
+
+LocalParameters::LocalParameters(std::vector<UnitSpec> units, uint64_t seed, float init_std,
+                                 bool with_grads)
+    : specs_(std::move(units)) {
   for (const UnitSpec& unit : specs_) {
     std::vector<Tensor> weights, grads;
     for (const ParamSpec& p : unit.params) {
       Tensor w = Tensor::empty(p.shape);
       init_parameter_rows(w, p.name, 0, seed, init_std);
       weights.push_back(w);
-      if (with_grads) grads.push_back(Tensor::zeros(p.shape));
+      // A frozen parameter has no gradient (undefined: the model skips its weight gradient).
+      if (with_grads) grads.push_back(p.trainable ? Tensor::zeros(p.shape) : Tensor());
     }
     units_.push_back(std::move(weights));
     grads_.push_back(std::move(grads));
@@ -26,16 +31,17 @@ std::vector<Tensor> LocalParameters::grads(int64_t unit) {
 
 void LocalParameters::zero_grads() {
   for (auto& unit : grads_)
-    for (Tensor& g : unit) g.fill_zero();
+    for (Tensor& g : unit)
+      if (g.defined()) g.fill_zero();
 }
 
 std::vector<TrainableShard> LocalParameters::trainable() {
   std::vector<TrainableShard> shards;
   for (size_t u = 0; u < specs_.size(); ++u)
     for (size_t i = 0; i < specs_[u].params.size(); ++i)
-      shards.push_back(
-          {specs_[u].params[i].name, units_[u][i], grads_[u].empty() ? Tensor() : grads_[u][i],
-           Tensor()});
+      if (specs_[u].params[i].trainable)
+        shards.push_back({specs_[u].params[i].name, units_[u][i],
+                          grads_[u].empty() ? Tensor() : grads_[u][i], Tensor()});
   return shards;
 }
 

@@ -15,6 +15,8 @@ class LocalParameters : public ParameterProvider {
  public:
   // Initialised from `seed` (see init_parameter_rows); with_grads = false for inference.
   LocalParameters(const LlamaConfig& config, uint64_t seed, float init_std, bool with_grads);
+  // Any units (e.g. lora_units): frozen parameters get no gradient and are not trainable().
+  LocalParameters(std::vector<UnitSpec> units, uint64_t seed, float init_std, bool with_grads);
 
   std::vector<Tensor> gather(int64_t unit) override { return units_.at(unit); }
   void release(int64_t) override {}

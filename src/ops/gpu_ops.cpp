@@ -21,6 +21,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/quant.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/swiglu.h"
@@ -318,6 +319,15 @@ void scale_inplace(Tensor& y, float s) {
 }
 
 void zero(Tensor& t) { fill_zero_async(t, device().context->compute()); }
+
+void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
+                    const Tensor& scales, float offset, const float* nf4_table,
+                    const float* absmax_map) {
+  expect(out, DType::bf16, "dequantized weight");
+  cuda::nf4_dequantize(bf(out), static_cast<const uint8_t*>(codes.raw()),
+                       static_cast<const uint8_t*>(absmax_codes.raw()), f32(scales), offset,
+                       nf4_table, absmax_map, out.numel(), stream());
+}
 
 double sum_squares(const std::vector<Tensor>& xs) {
   BoundDevice& d = device();

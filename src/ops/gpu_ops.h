@@ -56,6 +56,9 @@ double read_loss(const Tensor& loss_sum);
 void add_inplace(Tensor& y, const Tensor& x);
 void scale_inplace(Tensor& y, float s);
 void zero(Tensor& t);
+void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
+                    const Tensor& scales, float offset, const float* nf4_table,
+                    const float* absmax_map);
 double sum_squares(const std::vector<Tensor>& xs);
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy);

@@ -9,6 +9,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
@@ -372,6 +373,22 @@ double sum_squares(const std::vector<Tensor>& xs) {
     sum += cpu::sum_squares(x.data<float>(), x.numel());
   }
   return sum;
+}
+
+void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
+                    const Tensor& scales, float offset, const float* nf4_table,
+                    const float* absmax_map) {
+  const int64_t n = out.numel();
+  FRUGAL_CHECK(n % 64 == 0 && codes.numel() * 2 >= n && absmax_codes.numel() * 64 >= n &&
+                   codes.device() == out.device() && absmax_codes.device() == out.device() &&
+                   scales.device() == out.device() && scales.dtype() == DType::f32,
+               "dequantize_nf4 of ", n, " values from ", codes.numel(), " code bytes and ",
+               absmax_codes.numel(), " absmax codes");
+  FRUGAL_ON_GPU(out, dequantize_nf4(out, codes, absmax_codes, scales, offset, nf4_table,
+                                    absmax_map));
+  expect_cpu_f32(out, "dequantized weight");
+  cpu::nf4_dequantize(out.data<float>(), codes.data<uint8_t>(), absmax_codes.data<uint8_t>(),
+                      scales.data<float>(), offset, nf4_table, absmax_map, n);
 }
 
 }  // namespace frugal::ops

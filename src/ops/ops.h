@@ -122,6 +122,14 @@ void zero(Tensor& t);
 // The sum of squares of every element of every tensor (f32), in order: one wait for a GPU.
 double sum_squares(const std::vector<Tensor>& xs);
 
+// --- quantized weights ------------------------------------------------------------------
+// NF4 (quant/nf4.h's format) dequantized into out (numel n, a multiple of 64): f32 on the CPU,
+// bf16 on a GPU. codes u8 [n / 2], absmax_codes u8 [n / 64], scales f32 [ceil(n / 16384)] on
+// out's device; the tables are host arrays (nf4_values(), dynamic_map_values()).
+void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
+                    const Tensor& scales, float offset, const float* nf4_table,
+                    const float* absmax_map);
+
 // --- optimizer ----------------------------------------------------------------------------
 using AdamWStep = cpu::AdamWStep;
 // One AdamW update of param with grad, moments m and v (all the same shape, f32). When

@@ -7,6 +7,8 @@
 // linspace makes 72 of its 256 values differ by an ulp from the exact formula).
 #include "quant/nf4.h"
 
+#include "kernels/cpu/quant.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -151,20 +153,10 @@ Nf4Weight nf4_quantize(const Tensor& w, const std::string& name) {
   return nf4_quantize(w.data<float>(), w.shape(), name);
 }
 
-Nf4Weight nf4_quantize(const float* w, const Shape& shape, const std::string& name) {
-  check_nf4_shape(shape, name);
-  Nf4Weight q;
-  q.shape = shape;
-  const int64_t n = q.numel(), blocks = q.blocks();
-  const int64_t groups = (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
-  q.codes = Tensor::empty({n / 2}, DType::u8);
-  q.absmax_codes = Tensor::empty({blocks}, DType::u8);
-  q.absmax_scales = Tensor::empty({groups}, DType::f32);
-  uint8_t* codes = q.codes.data<uint8_t>();
-  std::vector<float> absmax(static_cast<size_t>(blocks));
-
-  // First level: absmax per block and the 4-bit codes. A non-finite value cannot throw inside
-  // the parallel loop; the first bad block is reported after it.
+void nf4_quantize_blocks(const float* w, int64_t blocks, int64_t row_len, uint8_t* codes,
+                         float* absmax, const std::string& name) {
+  // A non-finite value cannot throw inside the parallel loop; the first bad block is reported
+  // after it.
   int64_t bad_block = blocks;
 #pragma omp parallel for schedule(static) reduction(min : bad_block) if (blocks >= kParallelBlocks)
   for (int64_t b = 0; b < blocks; ++b) {
@@ -190,34 +182,50 @@ Nf4Weight nf4_quantize(const float* w, const Shape& shape, const std::string& na
     }
   }
   if (bad_block < blocks) {
-    const int64_t row = bad_block * kNf4BlockSize / shape.back();
-    const int64_t col = bad_block * kNf4BlockSize % shape.back();
+    const int64_t row = bad_block * kNf4BlockSize / row_len;
+    const int64_t col = bad_block * kNf4BlockSize % row_len;
     fail("nf4: tensor '", name, "' has inf or NaN in block ", bad_block, " (row ", row,
          ", columns ", col, "..", col + kNf4BlockSize - 1, "); refusing to quantize it");
   }
+}
 
-  // Second level: the absmax values minus their mean, 8-bit per block of 256 with an fp32 scale.
-  // torch sums in fp32 in its own order; a double sum rounded once is the exact mean and differs
-  // from torch's by an ulp at most.
+void nf4_double_quantize(const float* absmax, int64_t blocks, uint8_t* absmax_codes,
+                         float* scales, float* offset) {
+  // The absmax values minus their mean, 8-bit per block of 256 with an fp32 scale. torch sums
+  // in fp32 in its own order; a double sum rounded once is the exact mean and differs from
+  // torch's by an ulp at most.
   double sum = 0.0;
-  for (float a : absmax) sum += a;
-  q.absmax_offset = blocks > 0 ? static_cast<float>(sum / static_cast<double>(blocks)) : 0.0f;
-  uint8_t* absmax_codes = q.absmax_codes.data<uint8_t>();
-  float* scales = q.absmax_scales.data<float>();
+  for (int64_t b = 0; b < blocks; ++b) sum += absmax[b];
+  const float mean = blocks > 0 ? static_cast<float>(sum / static_cast<double>(blocks)) : 0.0f;
+  *offset = mean;
+  const int64_t groups = (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
 #pragma omp parallel for schedule(static) if (groups >= 4)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t begin = g * kNf4AbsmaxBlockSize;
     const int64_t end = std::min(blocks, begin + kNf4AbsmaxBlockSize);
     float scale = 0.0f;
-    for (int64_t b = begin; b < end; ++b)
-      scale = std::max(scale, std::fabs(absmax[b] - q.absmax_offset));
+    for (int64_t b = begin; b < end; ++b) scale = std::max(scale, std::fabs(absmax[b] - mean));
     scales[g] = scale;
     for (int64_t b = begin; b < end; ++b) {
       // scale 0: every absmax equals the offset; code 127 is the map's exact 0.
-      absmax_codes[b] =
-          scale > 0.0f ? dynamic_map_code((absmax[b] - q.absmax_offset) / scale) : uint8_t{127};
+      absmax_codes[b] = scale > 0.0f ? dynamic_map_code((absmax[b] - mean) / scale) : uint8_t{127};
     }
   }
+}
+
+Nf4Weight nf4_quantize(const float* w, const Shape& shape, const std::string& name) {
+  check_nf4_shape(shape, name);
+  Nf4Weight q;
+  q.shape = shape;
+  const int64_t n = q.numel(), blocks = q.blocks();
+  const int64_t groups = (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
+  q.codes = Tensor::empty({n / 2}, DType::u8);
+  q.absmax_codes = Tensor::empty({blocks}, DType::u8);
+  q.absmax_scales = Tensor::empty({groups}, DType::f32);
+  std::vector<float> absmax(static_cast<size_t>(blocks));
+  nf4_quantize_blocks(w, blocks, shape.back(), q.codes.data<uint8_t>(), absmax.data(), name);
+  nf4_double_quantize(absmax.data(), blocks, q.absmax_codes.data<uint8_t>(),
+                      q.absmax_scales.data<float>(), &q.absmax_offset);
   return q;
 }
 
@@ -233,19 +241,9 @@ void nf4_dequantize_absmax(const Nf4Weight& q, float* out) {
 }
 
 void nf4_dequantize(const Nf4Weight& q, float* out) {
-  const uint8_t* codes = q.codes.data<uint8_t>();
-  const int64_t blocks = q.blocks();
-  std::vector<float> absmax(static_cast<size_t>(blocks));
-  nf4_dequantize_absmax(q, absmax.data());
-#pragma omp parallel for schedule(static) if (blocks >= kParallelBlocks)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* in = codes + b * kNf4BlockSize / 2;
-    float* y = out + b * kNf4BlockSize;
-    for (int64_t i = 0; i < kNf4BlockSize / 2; ++i) {
-      y[2 * i] = kNf4Values[in[i] >> 4] * absmax[b];
-      y[2 * i + 1] = kNf4Values[in[i] & 0xF] * absmax[b];
-    }
-  }
+  cpu::nf4_dequantize(out, q.codes.data<uint8_t>(), q.absmax_codes.data<uint8_t>(),
+                      q.absmax_scales.data<float>(), q.absmax_offset, kNf4Values.data(),
+                      kDynamicMap.data(), q.numel());
 }
 
 Tensor nf4_dequantize(const Nf4Weight& q) {

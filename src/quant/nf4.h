@@ -55,6 +55,17 @@ struct Nf4Weight {
 Nf4Weight nf4_quantize(const Tensor& w, const std::string& name);
 Nf4Weight nf4_quantize(const float* w, const Shape& shape, const std::string& name);
 
+// The two levels of nf4_quantize apart, for a weight whose rows are split over ranks (ZeRO-3):
+// the first is local to whole blocks; the second needs the absmax of every block of the tensor.
+// First level: codes[blocks * 32] and absmax[blocks] of `blocks` whole blocks of w (rows of
+// row_len elements, for the message about a non-finite value).
+void nf4_quantize_blocks(const float* w, int64_t blocks, int64_t row_len, uint8_t* codes,
+                         float* absmax, const std::string& name);
+// Second level over the absmax of every block: absmax_codes[blocks],
+// scales[ceil(blocks / 256)] and the offset (their mean).
+void nf4_double_quantize(const float* absmax, int64_t blocks, uint8_t* absmax_codes,
+                         float* scales, float* offset);
+
 // The per-block absmax as dequantization sees it (after double quantization): out[blocks()].
 void nf4_dequantize_absmax(const Nf4Weight& q, float* out);
 // out[numel()] = the dequantized weight, fp32 (OpenMP).

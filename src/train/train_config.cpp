@@ -2,6 +2,7 @@
 #include "train/train_config.h"
 
 #include "core/log.h"
+#include "model/lora.h"
 
 namespace frugal {
 
@@ -19,6 +20,18 @@ void TrainConfig::validate() const {
     if (v <= 0) fail("config key '", key, "': value ", v, " must be positive");
   };
   positive("train.steps", train.steps);
+  if (train.type == "qlora" || train.type == "hqq_lora")
+    fail("config key 'train.type': '", train.type,
+         "' (a quantized frozen base under ZeRO-3) is not implemented yet; use lora or full");
+  if (train.type != "full" && train.type != "lora")
+    fail("config key 'train.type': value '", train.type, "' is not one of full, lora");
+  if (train.type == "lora") {
+    if (lora.rank < 1) fail("config key 'lora.rank': value ", lora.rank, " must be >= 1");
+    if (!(lora.alpha > 0)) fail("config key 'lora.alpha': value ", lora.alpha, " must be > 0");
+    if (lora.dropout != 0)
+      fail("config key 'lora.dropout': value ", lora.dropout, ": only 0 is supported so far");
+    lora_targets_from_names(lora.targets);
+  }
   positive("train.micro_batch_size", train.micro_batch_size);
   positive("train.grad_accum_steps", train.grad_accum_steps);
   positive("train.seq_len", train.seq_len);

@@ -17,6 +17,8 @@ struct DataConfig {
 };
 
 struct TrainSettings {
+  // full: every weight trains; lora: the base is frozen and LoRA adapters train ([lora]).
+  std::string type = "full";
   int64_t steps = 300;
   uint64_t seed = 1234;
   std::string out_dir = "out/tiny";
@@ -33,6 +35,13 @@ struct TrainSettings {
   bool resume = false;
   int64_t sample_tokens = 48;  // tokens generated at the end as a sample (0: none)
   std::string sample_prompt = "The ";
+};
+
+struct LoraSettings {
+  int64_t rank = 16;
+  double alpha = 32;            // the update is scaled by alpha / rank
+  double dropout = 0;           // on the adapters' input; only 0 is supported so far
+  std::string targets = "all";  // all, or a list: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 };
 
 struct OptimConfig {
@@ -73,6 +82,7 @@ struct TrainConfig {
   std::string model_hf_path;
   DataConfig data;
   TrainSettings train;
+  LoraSettings lora;
   OptimConfig optim;
   ParallelConfig parallel;
   CkptConfig ckpt;

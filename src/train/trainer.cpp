@@ -24,6 +24,7 @@
 #include "dist/zero3_parameters.h"
 #include "model/hf_model.h"
 #include "model/llama_model.h"
+#include "model/lora.h"
 #include "model/sampling.h"
 #include "monitor/metrics.h"
 #include "optim/adamw.h"
@@ -243,9 +244,13 @@ int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters&
          manifest.at("model").dump(), " but the config asks for ",
          llama_config_to_json(c.model).dump());
   ShardedTensorReader reader(dir, step, manifest.at("world_size").get<int>());
-  size_t index = 0;
+  size_t index = 0;  // the optimizer's shards: the trainable parameters, in unit order
   for (size_t u = 0; u < params.units().size(); ++u)
-    for (size_t i = 0; i < params.units()[u].params.size(); ++i, ++index) {
+    for (size_t i = 0; i < params.units()[u].params.size(); ++i) {
+      // A frozen parameter (LoRA's base) is not saved: it comes from model.hf_path or the
+      // seed again, like at the start.
+      if (!params.units()[u].params[i].trainable) continue;
+      const size_t k = index++;
       const ShardLayout& l = params.layout(u, i);
       const int64_t first = l.first_row(world.rank()), last = l.last_row(world.rank());
       if (last == first) continue;
@@ -254,8 +259,8 @@ int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters&
         ops::copy(rows, reader.read_rows(prefix + l.name, l.shape, first, last).view(rows.shape()));
       };
       load("model/", params.shard(u, i));
-      load("optim/exp_avg/", opt.first_moment(index));
-      load("optim/exp_avg_sq/", opt.second_moment(index));
+      load("optim/exp_avg/", opt.first_moment(k));
+      load("optim/exp_avg_sq/", opt.second_moment(k));
     }
   SamplerState state;
   state.epoch = manifest.at("sampler").at("epoch").get<uint64_t>();
@@ -381,7 +386,14 @@ TrainSummary run_training(const TrainConfig& config) {
   LlamaModel model(c.model);
   const AttentionOperator ring = ring_attention_operator(*mesh.cp);
   if (mesh.cp_size > 1) model.set_attention(&ring);
-  Zero3Parameters params(llama_units(c.model), world,
+  LoraConfig lora;
+  if (c.train.type == "lora") {
+    lora.rank = c.lora.rank;
+    lora.alpha = c.lora.alpha;
+    lora.targets = lora_targets_from_names(c.lora.targets);
+    model.set_lora(&lora);
+  }
+  Zero3Parameters params(lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world,
                          {memory.params.get(), memory.grads.get(), memory.gathered.get(),
                           memory.copies.get()},
                          c.train.seed,
@@ -399,7 +411,7 @@ TrainSummary run_training(const TrainConfig& config) {
       for (size_t i = 0; i < params.units()[u].params.size(); ++i) {
         const ShardLayout& l = params.layout(u, i);
         const int64_t first = l.first_row(rank), last = l.last_row(rank);
-        if (last == first) continue;
+        if (last == first || is_lora_a(l.name) || is_lora_b(l.name)) continue;  // adapters: init
         Tensor rows = params.shard(u, i).rows(0, last - first);
         Tensor host_rows = rows.device() == Device::cpu ? rows : Tensor::empty(rows.shape());
         hf->read_rows_into(l.name, first, last, host_rows);
@@ -439,6 +451,15 @@ TrainSummary run_training(const TrainConfig& config) {
            c.model.vocab_size, "); ", world.size(), " rank(s) = dp ", mesh.dp_size, " x cp ",
            mesh.cp_size, ", ZeRO-3, offload ", c.parallel.offload, ", ",
            use_gpu ? "GPU (bf16 compute, fp32 master weights)" : "CPU (fp32)");
+  if (lora.enabled()) {
+    int64_t adapters = 0;
+    for (const UnitSpec& u : params.units())
+      for (const ParamSpec& p : u.params)
+        if (p.trainable) adapters += shape_numel(p.shape);
+    log_info("LoRA: rank ", lora.rank, ", alpha ", c.lora.alpha, " on ",
+             lora_target_names(lora.targets), ": ", adapters, " trainable parameters, the ",
+             c.model.parameter_count(), " of the base frozen");
+  }
   log_info("memory per rank: parameters ", mib(memory.params->stats().in_use_bytes),
            ", gradients ", mib(memory.grads->stats().in_use_bytes), ", optimizer ",
            mib(memory.optimizer->stats().in_use_bytes), ", gathered units up to ",

@@ -10,6 +10,7 @@
 #include "dist/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
+#include "model/lora.h"
 #include "model_support.h"
 #include "train/train_step.h"
 
@@ -109,6 +110,56 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
 }
 
 }  // namespace
+
+// LoRA under ZeRO-3: the frozen base is sharded like any weight but gets no gradient and no
+// optimizer state; the adapters' trajectory on N ranks equals one rank's.
+TEST_CASE("ZeRO-3 with LoRA adapters equals one rank", "[zero3][lora][mpi]") {
+  auto comm = make_mpi_world_comm(60);
+  const int rank = comm->rank(), ranks = comm->size();
+  const LlamaConfig config = odd_config(false);
+  LoraConfig lora;
+  lora.rank = 3;
+  lora.alpha = 6;
+  lora.targets = lora_targets_from_names("q_proj,v_proj,down_proj");
+  LlamaModel model(config);
+  model.set_lora(&lora);
+  const AdamWConfig adamw{0.9, 0.95, 1e-6, 0.1, 0.5};
+  LocalParameters whole(lora_units(config, lora), 5, 0.05f, true);
+  AdamW whole_opt(whole.trainable(), adamw);
+  Arena params_arena("test params", Device::cpu), grads_arena("test grads", Device::cpu),
+      gathered_arena("test gathered", Device::cpu), optim_arena("test optim", Device::cpu);
+  Zero3Parameters sharded(lora_units(config, lora), *comm,
+                          {&params_arena, &grads_arena, &gathered_arena}, 5, 0.05f);
+  AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
+  REQUIRE(sharded.trainable().size() == 3 * 2 * size_t(config.num_hidden_layers));
+
+  const int64_t per_rank = 4 / ranks;
+  for (int64_t step = 1; step <= 4; ++step) {
+    const double lr = 1e-2;
+    StepResult a = train_step(model, whole, whole_opt, {slice_of_global_batch(0, 4, step, 0)},
+                              nullptr, lr, step, CheckpointPolicy::selective);
+    StepResult b = train_step(model, sharded, sharded_opt,
+                              {slice_of_global_batch(rank * per_rank, per_rank, step, 0)},
+                              comm.get(), lr, step, CheckpointPolicy::selective);
+    INFO("step " << step << " on " << ranks << " ranks");
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
+  }
+  std::string worst;
+  const double difference =
+      test::max_weight_difference(sharded, whole, lora_units(config, lora), &worst);
+  INFO("largest weight difference " << difference << " at " << worst);
+  CHECK(difference < 1e-5);
+  // Memory: gradients and moments only for the adapters' rows.
+  size_t adapter_bytes = 0;
+  for (const UnitSpec& u : lora_units(config, lora))
+    for (const ParamSpec& p : u.params)
+      if (p.trainable)
+        adapter_bytes +=
+            size_t((p.shape[0] + ranks - 1) / ranks * (shape_numel(p.shape) / p.shape[0])) * 4;
+  CHECK(grads_arena.stats().in_use_bytes == adapter_bytes);
+  CHECK(optim_arena.stats().in_use_bytes == 2 * adapter_bytes);
+}
 
 TEST_CASE("ZeRO-3 equals one rank", "[zero3][mpi]") {
   SECTION("untied, no checkpointing") { check_equivalence(false, CheckpointPolicy::none); }

@@ -1,0 +1,17 @@
+// Dequantization of NF4 weights on the CPU (the format of quant/nf4.h), the twin of
+// kernels/cuda/quant.h: one implementation that quant/ and the sharded QLoRA base share.
+#pragma once
+
+#include <cstdint>
+
+namespace frugal::cpu {
+
+// out[i] = nf4_table[code_i] * (absmax_map[absmax_codes[b]] * absmax_scales[b / 256] +
+// absmax_offset), b = i / 64, with the two roundings bitsandbytes makes. n is a multiple of 64;
+// codes holds n / 2 bytes (high nibble first). The tables are quant/nf4.h's nf4_values() (16)
+// and dynamic_map_values() (256).
+void nf4_dequantize(float* out, const uint8_t* codes, const uint8_t* absmax_codes,
+                    const float* absmax_scales, float absmax_offset, const float* nf4_table,
+                    const float* absmax_map, int64_t n);
+
+}  // namespace frugal::cpu

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# LoRA fine-tuning through the CLI (train.type = lora): a trained base exported to Hugging
+# Face format is frozen and adapters train on top of it. The run starts at the base's loss
+# exactly (B = 0), lowers the validation loss, trains the same on 2 ranks as on 1, checkpoints
+# only the adapters, resumes exactly, exports a merged model, and bad [lora] keys are named.
+# usage: lora.sh FRUGAL_BINARY REPO_ROOT
+source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
+export OMP_NUM_THREADS=1
+
+"$frugal" prepare /usr/share/games/fortunes/fortunes --out "$work/data" --vocab-size 400 >/dev/null
+common=(--data.dir="$work/data" --train.seq_len=32 --train.warmup_steps=2 --train.eval_batches=4
+        --train.sample_tokens=0 --optim.eps=1e-6)
+"$frugal" train "${common[@]}" --model.hidden_size=64 --model.intermediate_size=128 \
+  --model.num_hidden_layers=2 --model.num_attention_heads=4 --model.num_key_value_heads=2 \
+  --model.vocab_size=400 --model.max_position_embeddings=64 --train.steps=40 --train.lr=3e-3 \
+  --train.micro_batch_size=4 --train.eval_every=40 --train.out_dir="$work/base" >/dev/null
+"$frugal" export --ckpt "$work/base" --out "$work/hf" >/dev/null
+base_final=$(grep '"val_loss"' "$work/base/metrics.jsonl" | tail -1 | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
+
+lora=(train "${common[@]}" --model.hf_path="$work/hf" --train.type=lora --lora.rank=8
+      --lora.alpha=16 --train.lr=1e-2 --train.steps=30 --train.eval_every=15 --ckpt.every=15)
+"$frugal" "${lora[@]}" --train.micro_batch_size=4 --train.out_dir="$work/one" > "$work/one.log"
+grep -q "LoRA: rank 8, alpha 16 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" "$work/one.log" \
+  || { echo "FAIL: no LoRA line"; cat "$work/one.log"; exit 1; }
+vals=$(grep -o '"val_loss":[^,}]*' "$work/one/metrics.jsonl" | cut -d: -f2)
+start=$(echo "$vals" | head -n 1)
+end=$(echo "$vals" | tail -n 1)
+awk -v a="$start" -v b="$base_final" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * b) }' \
+  || { echo "FAIL: LoRA starts at $start, the base ended at $base_final"; exit 1; }
+awk -v a="$start" -v b="$end" 'BEGIN { exit !(b < a - 0.02) }' \
+  || { echo "FAIL: LoRA validation loss $start -> $end"; exit 1; }
+echo "LoRA: validation loss $start (= the base's $base_final) -> $end"
+
+# Only adapters (and their moments) are checkpointed, not the frozen base. Per layer, rank 8,
+# hidden 64, 2 kv heads of 16, ffn 128: q and o 8*64 + 64*8, k and v 8*64 + 32*8, gate and up
+# 8*64 + 128*8, down 8*128 + 64*8 = 8,192 values; 2 layers; each as weight, exp_avg and
+# exp_avg_sq in fp32: 14 * 2 * 3 = 84 tensors of 3 * 16,384 * 4 = 196,608 bytes.
+"$frugal" ckpt verify "$work/one" --step 30 > "$work/verify.log" \
+  || { echo "FAIL: ckpt verify"; cat "$work/verify.log"; exit 1; }
+grep -q '"tensors":84,"bytes":196608' "$work/verify.log" \
+  || { echo "FAIL: the checkpoint is not the adapters alone:"; cat "$work/verify.log"; exit 1; }
+echo "checkpoint: the adapters alone ($(cat "$work/verify.log"))"
+
+# Export merges the adapters into the base weights (W += alpha/r B A): the merged model
+# evaluates to the LoRA run's final validation loss (up to the merge's rounding).
+"$frugal" export --ckpt "$work/one" --out "$work/merged" >/dev/null
+"$frugal" train "${common[@]}" --model.hf_path="$work/merged" --train.steps=1 \
+  --train.micro_batch_size=4 --train.out_dir="$work/check" >/dev/null
+merged=$(head -n 1 "$work/check/metrics.jsonl" | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
+awk -v a="$merged" -v b="$end" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' \
+  || { echo "FAIL: the merged export evaluates to $merged, the LoRA run ended at $end"; exit 1; }
+echo "export: merged model's validation loss $merged = the LoRA run's $end"
+
+"${mpi[@]}" -np 2 "$frugal" "${lora[@]}" --train.micro_batch_size=2 --train.out_dir="$work/two" > /dev/null
+rel=$(max_rel "$work/one/metrics.jsonl" "$work/two/metrics.jsonl")
+awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: 2 ranks differ from 1 by $rel"; exit 1; }
+echo "2 ranks vs 1 rank: largest relative loss difference $rel"
+
+rc=0
+FRUGAL_INJECT_FAULT=exit:0:16 "$frugal" "${lora[@]}" --train.micro_batch_size=4 \
+  --train.out_dir="$work/re" >/dev/null 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: the injected exit did not stop the run"; exit 1; }
+"$frugal" "${lora[@]}" --train.micro_batch_size=4 --train.resume=true --train.out_dir="$work/re" > "$work/re.log"
+grep -q "resumed from step 15" "$work/re.log" || { echo "FAIL: no resume"; cat "$work/re.log"; exit 1; }
+cmp <(losses "$work/one/metrics.jsonl") <(losses "$work/re/metrics.jsonl") \
+  || { echo "FAIL: the resumed LoRA run differs"; exit 1; }
+echo "resume: the same losses as the straight run"
+
+for bad in "--lora.targets=q_proj,attn:lora.targets" "--lora.rank=0:lora.rank" \
+           "--lora.dropout=0.1:lora.dropout" "--train.type=qlora:train.type"; do
+  rc=0
+  "$frugal" "${lora[@]}" "${bad%%:*}" --train.out_dir="$work/bad" > "$work/bad.log" 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] && grep -q "${bad##*:}" "$work/bad.log" \
+    || { echo "FAIL: ${bad%%:*} was not refused naming ${bad##*:}"; cat "$work/bad.log"; exit 1; }
+done
+echo "integration lora: ok"

@@ -1,0 +1,138 @@
+// LoRA adapters: the model's gradient with respect to every adapter against central finite
+// differences of its loss (awkward sizes, GQA, each checkpoint policy, a subset of targets),
+// no gradient for the frozen base, a fresh adapter (B = 0) leaving the base model's loss
+// unchanged, and the adapter layout.
+#include <cmath>
+#include <random>
+
+#include "catch_compat.h"
+#include "model/llama_model.h"
+#include "model/local_parameters.h"
+#include "model/lora.h"
+#include "model_support.h"
+#include "test_support.h"
+
+using namespace frugal;
+
+namespace {
+
+LlamaConfig awkward_config() {
+  LlamaConfig c;
+  c.hidden_size = 48;
+  c.intermediate_size = 80;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  c.vocab_size = 37;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+LoraConfig lora_of(int64_t rank, const std::string& targets) {
+  LoraConfig l;
+  l.rank = rank;
+  l.alpha = 2.5 * double(rank);  // a scale of 2.5, so a wrong scale shows
+  l.targets = lora_targets_from_names(targets);
+  return l;
+}
+
+double mean_loss(LlamaModel& model, ParameterProvider& params, const Batch& b) {
+  return model.forward_loss(b, params) / static_cast<double>(counted_targets(b.targets));
+}
+
+// Gives every B random values (a fresh adapter has B = 0, where A's gradient vanishes).
+void randomize_b(LocalParameters& params, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  for (TrainableShard& s : params.trainable())
+    if (is_lora_b(s.name))
+      for (int64_t i = 0; i < s.param.numel(); ++i) s.param.data<float>()[i] = normal(rng);
+}
+
+void check_gradients(const LoraConfig& lora, CheckpointPolicy policy) {
+  const LlamaConfig config = awkward_config();
+  LlamaModel model(config);
+  model.set_lora(&lora);
+  LocalParameters params(lora_units(config, lora), 7, 0.1f, true);
+  randomize_b(params, 5);
+  const Batch b = test::slice_of_random_batch(11, 2, 13, config.vocab_size, 0, 2, 5);
+  const float scale = 1.0f / static_cast<float>(counted_targets(b.targets));
+  params.zero_grads();
+  model.forward_backward(b, params, scale, policy);
+
+  // Only adapters train: 2 per target projection and layer.
+  const std::vector<TrainableShard> shards = params.trainable();
+  CHECK(shards.size() == 2 * lora.targets.size() * size_t(config.num_hidden_layers));
+  for (const TrainableShard& s : shards) CHECK((is_lora_a(s.name) || is_lora_b(s.name)));
+  CHECK_FALSE(params.grads(block_unit(0))[kQProj].defined());
+  CHECK_FALSE(params.grads(embed_unit())[0].defined());
+
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const TrainableShard& s : shards) {
+    Tensor p = s.param;
+    Tensor saved = p.clone();
+    Tensor u = Tensor::empty(p.shape());
+    double analytic = 0;
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      u.data<float>()[i] = normal(rng);
+      analytic += double(s.grad.data<float>()[i]) * u.data<float>()[i];
+    }
+    auto loss_at = [&](double t) {
+      for (int64_t i = 0; i < p.numel(); ++i)
+        p.data<float>()[i] = saved.data<float>()[i] + float(t) * u.data<float>()[i];
+      return mean_loss(model, params, b);
+    };
+    // Central differences at h and h/2, Richardson-extrapolated (see test_model.cpp).
+    const double h = 1e-2;
+    const double d_h = (loss_at(h) - loss_at(-h)) / (2 * h);
+    const double d_half = (loss_at(h / 2) - loss_at(-h / 2)) / h;
+    const double numeric = (4 * d_half - d_h) / 3;
+    p.copy_from(saved);
+    INFO(s.name << ": analytic " << analytic << " numeric " << numeric);
+    CHECK(std::abs(analytic - numeric) <= 2e-3 * std::abs(numeric) + 5e-5);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("LoRA adapter gradients equal finite differences", "[lora]") {
+  SECTION("every projection, no checkpointing") {
+    check_gradients(lora_of(4, "all"), CheckpointPolicy::none);
+  }
+  SECTION("q and v only, rank 3, selective") {
+    check_gradients(lora_of(3, "q_proj,v_proj"), CheckpointPolicy::selective);
+  }
+  SECTION("MLP only, rank 2, full recompute") {
+    check_gradients(lora_of(2, "gate_proj,up_proj,down_proj"), CheckpointPolicy::full);
+  }
+}
+
+TEST_CASE("a fresh LoRA model is the base model", "[lora]") {
+  const LlamaConfig config = awkward_config();
+  const LoraConfig lora = lora_of(4, "all");
+  LlamaModel base_model(config), lora_model(config);
+  lora_model.set_lora(&lora);
+  LocalParameters base(config, 9, 0.05f, false);
+  LocalParameters adapted(lora_units(config, lora), 9, 0.05f, false);
+  const Batch b = test::slice_of_random_batch(4, 2, 13, config.vocab_size, 0, 2, 5);
+  // B = 0: the adapters add exactly zero, and the base weights are initialised by name.
+  CHECK(mean_loss(lora_model, adapted, b) == mean_loss(base_model, base, b));
+  const Tensor& a = adapted.param("model.layers.1.mlp.down_proj.lora_A.weight");
+  CHECK(a.shape() == Shape({4, config.intermediate_size}));
+  const double bound = 1.0 / std::sqrt(double(config.intermediate_size));
+  double largest = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) largest = std::max(largest, double(std::abs(a.data<float>()[i])));
+  CHECK(largest <= bound);
+  CHECK(largest > 0.5 * bound);  // uniform over the whole range, not a narrow normal
+  CHECK(adapted.param("model.layers.0.self_attn.k_proj.lora_B.weight").shape() ==
+        Shape({config.num_key_value_heads * 16, 4}));
+}
+
+TEST_CASE("LoRA targets by name", "[lora]") {
+  CHECK(lora_targets_from_names("all").size() == 7);
+  CHECK(lora_target_names(lora_targets_from_names("v_proj,q_proj,v_proj")) == "q_proj,v_proj");
+  const std::string message = test::error_of([] { lora_targets_from_names("q_proj,attn"); });
+  CHECK(test::contains(message, "lora.targets"));
+  CHECK(test::contains(message, "'attn'"));
+}
