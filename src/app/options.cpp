@@ -100,8 +100,8 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
         "validation micro-batches per evaluation (0: the whole split)");
   t.add(train, "train.init_std", &c.train.init_std, "std of the normal initialisation");
   t.add_string(train, "train.type", &c.train.type,
-               "full | lora: train every weight, or freeze the base and train LoRA adapters "
-               "([lora])");
+               "full | lora | qlora: train every weight, or freeze the base and train LoRA "
+               "adapters ([lora]); qlora keeps the base's block projections in NF4");
   t.add_string(train, "train.activation_checkpointing", &checkpointing,
                "none | selective | full: what a block keeps for its backward");
   t.add(train, "train.resume", &c.train.resume, "continue from out_dir/ckpt/LATEST when it exists");

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ops/ops.h"
+#include "quant/nf4.h"
 
 namespace frugal {
 
@@ -31,12 +32,14 @@ ShardLayout shard_layout(const ParamSpec& spec, int ranks) {
 }
 
 Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
-                                 uint64_t seed, float init_std, bool with_grads)
+                                 uint64_t seed, float init_std, bool with_grads,
+                                 const Zero3Init& init_from)
     : units_(std::move(units)), comm_(comm), arenas_(arenas) {
   const int rank = comm_.rank(), ranks = comm_.size();
   for (const UnitSpec& unit : units_) {
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;
+    std::vector<std::optional<Nf4Shard>> nf4;
     for (const ParamSpec& spec : unit.params) {
       ShardLayout l = shard_layout(spec, ranks);
       // Initialised in host memory (the same numbers whatever the device), then moved.
@@ -44,11 +47,18 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
       const int64_t first = l.first_row(rank), last = l.last_row(rank);
       if (last > first) {
         Tensor real_rows = init.rows(0, last - first);
-        init_parameter_rows(real_rows, spec.name, first, seed, init_std);
+        if (!init_from.load_rows || !init_from.load_rows(spec.name, first, last, real_rows))
+          init_parameter_rows(real_rows, spec.name, first, seed, init_std);
       }
-      Tensor shard = Tensor::empty(l.shard_shape(), DType::f32, *arenas_.params);
-      ops::copy(shard, init);
-      shards.push_back(shard);
+      if (!spec.trainable && init_from.nf4 && init_from.nf4(spec)) {
+        nf4.push_back(quantize_rows(l, init));  // the fp32 rows go with `init`
+        shards.push_back(Tensor());
+      } else {
+        Tensor shard = Tensor::empty(l.shard_shape(), DType::f32, *arenas_.params);
+        ops::copy(shard, init);
+        shards.push_back(shard);
+        nf4.push_back(std::nullopt);
+      }
       // A frozen parameter (LoRA's base) has no gradient shard and no optimizer state.
       if (with_grads)
         grads.push_back(spec.trainable ? ops::zeros(l.shard_shape(), DType::f32, *arenas_.grads)
@@ -58,8 +68,50 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     layouts_.push_back(std::move(layouts));
     shards_.push_back(std::move(shards));
     grad_shards_.push_back(std::move(grads));
+    nf4_.push_back(std::move(nf4));
   }
   refresh_copies();
+}
+
+Zero3Parameters::Nf4Shard Zero3Parameters::quantize_rows(const ShardLayout& l, const Tensor& rows) {
+  const int rank = comm_.rank();
+  if (l.shape.size() != 2 || l.row_len % kNf4BlockSize != 0)
+    fail("nf4: tensor '", l.name, "' of shape ", shape_string(l.shape),
+         " cannot be stored in NF4: its rows must be a multiple of ", kNf4BlockSize, " long");
+  const int64_t per_row = l.row_len / kNf4BlockSize;
+  const int64_t mine = (l.last_row(rank) - l.first_row(rank)) * per_row;
+  // First level, on this rank's rows.
+  Tensor codes = Tensor::zeros({l.shard_rows * l.row_len / 2}, DType::u8);
+  Tensor absmax = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
+  nf4_quantize_blocks(rows.data<float>(), mine, l.row_len, codes.data<uint8_t>(),
+                      absmax.data<float>(), l.name);
+  // Every rank's absmax (one float per 64 weights), in the memory the communicator moves.
+  Tensor all = absmax;
+  if (!alone()) {
+    Tensor local = ops::convert(absmax, DType::f32, *arenas_.gathered);
+    Tensor gathered = Tensor::empty({l.rows_padded * per_row}, DType::f32, *arenas_.gathered);
+    comm_.all_gather(local, gathered)->wait_host();
+    all = ops::to_host_f32(gathered);
+  }
+  // Second level over the real blocks (the padding rows come last), the same on every rank.
+  const int64_t blocks = l.rows * per_row;
+  Tensor absmax_codes = Tensor::empty({blocks}, DType::u8);
+  Tensor scales =
+      Tensor::empty({(blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize}, DType::f32);
+  Nf4Shard s;
+  nf4_double_quantize(all.data<float>(), blocks, absmax_codes.data<uint8_t>(),
+                      scales.data<float>(), &s.offset);
+  Tensor my_codes = Tensor::zeros({l.shard_rows * per_row}, DType::u8);
+  if (mine > 0)
+    my_codes.rows(0, mine).copy_from(absmax_codes.rows(l.first_row(rank) * per_row,
+                                                       l.first_row(rank) * per_row + mine));
+  // Kept where the gathers run: the GPU (with the bf16 copies), or host memory.
+  Arena& store = arenas_.copies && arenas_.copies->device() == Device::cuda ? *arenas_.copies
+                                                                            : *arenas_.params;
+  s.codes = ops::convert(codes, DType::u8, store);
+  s.absmax_codes = ops::convert(my_codes, DType::u8, store);
+  s.scales = ops::convert(scales, DType::f32, store);
+  return s;
 }
 
 void Zero3Parameters::refresh_copies() {
@@ -73,6 +125,7 @@ void Zero3Parameters::refresh_copies() {
     staging_[u].resize(shards_[u].size());
     for (size_t i = 0; i < shards_[u].size(); ++i) {
       const Tensor& master = shards_[u][i];
+      if (!master.defined()) continue;  // NF4: gathered and dequantized as such
       // Into the existing tensors: the optimizer holds them (TrainableShard::param_copy).
       auto make = [](Tensor& slot, const Tensor& value) {
         if (slot.defined())
@@ -118,7 +171,7 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
     // compute stream, once per update (copies kept on the GPU) or every time (offloaded).
     const bool kept_on_gpu = arenas_.copies->device() != Device::cpu;
     for (size_t i = 0; i < source.size(); ++i) {
-      if (kept_on_gpu && !stale_[unit]) continue;
+      if ((kept_on_gpu && !stale_[unit]) || nf4_[unit][i]) continue;
       const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
       if (!kept_on_gpu)
         source[i] = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
@@ -126,16 +179,42 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
     }
     stale_[unit] = false;
   }
+  // NF4 rows: their codes are gathered (on one rank: taken as they are), and dequantized into
+  // a whole weight in the compute dtype once they are there.
+  auto dequantize_later = [&](size_t i, const Tensor& codes, const Tensor& absmax_codes) {
+    const ShardLayout& l = layouts_[unit][i];
+    Tensor full = Tensor::empty(l.padded_shape(), ops::compute_dtype(arenas_.gathered->device()),
+                                *arenas_.gathered);
+    const Nf4Shard& q = *nf4_[unit][i];
+    g.then.push_back([full, codes, absmax_codes, scales = q.scales, offset = q.offset, rows = l.rows] {
+      Tensor real = full.rows(0, rows);
+      ops::dequantize_nf4(real, codes, absmax_codes, scales, offset, nf4_values().data(),
+                          dynamic_map_values().data());
+    });
+    return full;
+  };
   if (alone()) {
     g.full = source;
+    for (size_t i = 0; i < source.size(); ++i)
+      if (nf4_[unit][i]) g.full[i] = dequantize_later(i, nf4_[unit][i]->codes, nf4_[unit][i]->absmax_codes);
     return g;
   }
   // One all-gather per parameter, posted together as one group: each lands a contiguous
   // full matrix, because a shard is a contiguous block of rows.
   CommGroup group(comm_);
   for (size_t i = 0; i < layouts_[unit].size(); ++i) {
-    g.full.push_back(Tensor::empty(layouts_[unit][i].padded_shape(), source[i].dtype(),
-                                   *arenas_.gathered));
+    const ShardLayout& l = layouts_[unit][i];
+    if (nf4_[unit][i]) {
+      const Nf4Shard& q = *nf4_[unit][i];
+      Tensor codes = Tensor::empty({l.rows_padded * l.row_len / 2}, DType::u8, *arenas_.gathered);
+      Tensor absmax_codes =
+          Tensor::empty({l.rows_padded * l.row_len / kNf4BlockSize}, DType::u8, *arenas_.gathered);
+      g.ops.push_back(comm_.all_gather(q.codes, codes));
+      g.ops.push_back(comm_.all_gather(q.absmax_codes, absmax_codes));
+      g.full.push_back(dequantize_later(i, codes, absmax_codes));
+      continue;
+    }
+    g.full.push_back(Tensor::empty(l.padded_shape(), source[i].dtype(), *arenas_.gathered));
     g.ops.push_back(comm_.all_gather(source[i], g.full.back()));
   }
   group.end();
@@ -160,6 +239,8 @@ std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
   for (ops::SideCopy& upload : g.uploads) upload.wait();
   for (Pending& op : g.ops) op->wait();
   g.ops.clear();
+  for (const std::function<void()>& step : g.then) step();
+  g.then.clear();
   ++g.users;
   return unpadded(unit, g.full);
 }
@@ -314,8 +395,13 @@ std::vector<TrainableShard> Zero3Parameters::trainable() {
 
 size_t Zero3Parameters::shard_bytes() const {
   size_t bytes = 0;
-  for (const auto& unit : shards_)
-    for (const Tensor& s : unit) bytes += s.bytes();
+  for (size_t u = 0; u < shards_.size(); ++u)
+    for (size_t i = 0; i < shards_[u].size(); ++i) {
+      if (shards_[u][i].defined()) bytes += shards_[u][i].bytes();
+      if (nf4_[u][i])
+        bytes += nf4_[u][i]->codes.bytes() + nf4_[u][i]->absmax_codes.bytes() +
+                 nf4_[u][i]->scales.bytes();
+    }
   return bytes;
 }
 

@@ -4,6 +4,7 @@
 // backward ends, so at most two units are ever whole on a rank.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,12 +43,25 @@ struct Zero3Arenas {
   Arena* copies = nullptr;
 };
 
+// Where the first weights come from, and which frozen ones are kept in NF4.
+struct Zero3Init {
+  // Fills rows [first, last) of the named parameter (e.g. from a Hugging Face directory) and
+  // returns true, or returns false for the seed's initialisation. Null: the seed everywhere.
+  std::function<bool(const std::string& name, int64_t first, int64_t last, Tensor& rows)>
+      load_rows;
+  // Frozen parameters it picks are stored as NF4 rows (QLoRA's base): quantized exactly as
+  // bitsandbytes quantizes the whole tensor (a collective: the absmax offset and second-level
+  // scales need every rank's rows), never held in fp32 beyond one tensor's rows.
+  std::function<bool(const ParamSpec&)> nf4;
+};
+
 class Zero3Parameters : public ParameterProvider {
  public:
   // Shards `units` over `comm`; each rank initialises only its own rows (init_parameter_rows,
-  // so the model equals a one-rank model of the same seed).
+  // so the model equals a one-rank model of the same seed, or init.load_rows).
   Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
-                  uint64_t seed, float init_std, bool with_grads = true);
+                  uint64_t seed, float init_std, bool with_grads = true,
+                  const Zero3Init& init = {});
   ~Zero3Parameters() override;
 
   void prefetch(int64_t unit) override;
@@ -67,7 +81,8 @@ class Zero3Parameters : public ParameterProvider {
   // loaded into them): the bf16 copies are made again. Nothing to do on the CPU.
   void refresh_copies();
   // Bytes of this rank's shards (padding included) and of the largest whole unit.
-  size_t shard_bytes() const;
+  size_t shard_bytes() const;  // NF4 rows counted as their bytes
+  bool is_nf4(int64_t unit, size_t i) const { return nf4_[unit][i].has_value(); }
   size_t largest_unit_bytes() const;
 
  private:
@@ -75,8 +90,17 @@ class Zero3Parameters : public ParameterProvider {
     std::vector<Tensor> full;  // [rows_padded, ...] per parameter
     std::vector<Pending> ops;
     std::vector<ops::SideCopy> uploads;  // offloaded copies on their way to the GPU
+    std::vector<std::function<void()>> then;  // after the gathers: NF4 dequantization
     int users = 0;
   };
+  // NF4 rows of a frozen weight: what this rank keeps instead of its fp32 rows.
+  struct Nf4Shard {
+    Tensor codes;         // u8 [shard_rows * row_len / 2]
+    Tensor absmax_codes;  // u8 [shard_rows * row_len / 64]
+    Tensor scales;        // f32, the whole tensor's second-level scales (every rank has them)
+    float offset = 0;
+  };
+  Nf4Shard quantize_rows(const ShardLayout& l, const Tensor& rows);
   // Offloaded gradients on their way down: the unit's device buffers, kept until the copies
   // into host memory are done, and the landing buffers still to be added into the shards.
   struct Download {
@@ -106,7 +130,8 @@ class Zero3Parameters : public ParameterProvider {
   void complete_download();
   Tensor copy_for_optimizer(size_t unit, size_t i) const;
 
-  std::vector<std::vector<Tensor>> shards_, grad_shards_;
+  std::vector<std::vector<Tensor>> shards_, grad_shards_;  // shards_: undefined where NF4
+  std::vector<std::vector<std::optional<Nf4Shard>>> nf4_;
   std::vector<std::vector<Tensor>> copies_;  // bf16 copies of shards_ (GPU), else empty
   // host_state(): the bf16 copies the host optimizer writes (copies_ itself when the copies
   // are offloaded too), which copies that are on the GPU need again (stale_), and which

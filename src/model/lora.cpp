@@ -88,6 +88,13 @@ std::vector<UnitSpec> lora_units(const LlamaConfig& config, const LoraConfig& lo
   return units;
 }
 
+bool is_block_projection(const std::string& name) {
+  if (name.rfind("model.layers.", 0) != 0) return false;
+  for (const Target& t : kTargets)
+    if (ends_with(name, std::string(".") + t.name + ".weight")) return true;
+  return false;
+}
+
 bool is_lora_a(const std::string& name) { return ends_with(name, ".lora_A.weight"); }
 bool is_lora_b(const std::string& name) { return ends_with(name, ".lora_B.weight"); }
 

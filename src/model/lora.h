@@ -34,6 +34,9 @@ std::string lora_target_names(const std::vector<int>& targets);
 // "...lora_B.weight" [out, r].
 std::vector<UnitSpec> lora_units(const LlamaConfig& config, const LoraConfig& lora);
 
+// Whether a parameter is one of a block's seven projection matrices (what QLoRA stores in NF4).
+bool is_block_projection(const std::string& name);
+
 // Whether a parameter name is a LoRA adapter's (for initialisation and export).
 bool is_lora_a(const std::string& name);
 bool is_lora_b(const std::string& name);

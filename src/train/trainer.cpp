@@ -387,17 +387,28 @@ TrainSummary run_training(const TrainConfig& config) {
   const AttentionOperator ring = ring_attention_operator(*mesh.cp);
   if (mesh.cp_size > 1) model.set_attention(&ring);
   LoraConfig lora;
-  if (c.train.type == "lora") {
+  if (c.train.type == "lora" || c.train.type == "qlora") {
     lora.rank = c.lora.rank;
     lora.alpha = c.lora.alpha;
     lora.targets = lora_targets_from_names(c.lora.targets);
     model.set_lora(&lora);
   }
+  Zero3Init init;
+  if (hf) {
+    // Each rank reads only its own rows of each tensor (one tensor's rows at a time): host
+    // memory stays near this rank's share, never the whole model. Adapters start from the seed.
+    init.load_rows = [&hf](const std::string& name, int64_t first, int64_t last, Tensor& rows) {
+      if (is_lora_a(name) || is_lora_b(name)) return false;
+      hf->read_rows_into(name, first, last, rows);
+      return true;
+    };
+  }
+  if (c.train.type == "qlora")  // the frozen projections of every block in NF4, as fsdp_qlora
+    init.nf4 = [](const ParamSpec& p) { return p.shape.size() == 2 && is_block_projection(p.name); };
   Zero3Parameters params(lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world,
                          {memory.params.get(), memory.grads.get(), memory.gathered.get(),
                           memory.copies.get()},
-                         c.train.seed,
-                         static_cast<float>(c.train.init_std));
+                         c.train.seed, static_cast<float>(c.train.init_std), true, init);
   AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                            c.optim.grad_clip};
   AdamW optimizer(params.trainable(), adamw_config, *memory.optimizer);
@@ -405,19 +416,6 @@ TrainSummary run_training(const TrainConfig& config) {
   CheckpointDir ckpt_dir((fs::path(c.train.out_dir) / "ckpt").string());
 
   if (hf) {
-    // Each rank reads only its own rows of each tensor, straight into its shard: host memory
-    // stays near this rank's share, never the whole model.
-    for (size_t u = 0; u < params.units().size(); ++u)
-      for (size_t i = 0; i < params.units()[u].params.size(); ++i) {
-        const ShardLayout& l = params.layout(u, i);
-        const int64_t first = l.first_row(rank), last = l.last_row(rank);
-        if (last == first || is_lora_a(l.name) || is_lora_b(l.name)) continue;  // adapters: init
-        Tensor rows = params.shard(u, i).rows(0, last - first);
-        Tensor host_rows = rows.device() == Device::cpu ? rows : Tensor::empty(rows.shape());
-        hf->read_rows_into(l.name, first, last, host_rows);
-        if (host_rows.raw() != rows.raw()) ops::copy(rows, host_rows);
-      }
-    params.refresh_copies();
     log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
     const std::string hf_tokenizer = hf->tokenizer_path();
     if (!hf_tokenizer.empty() &&
@@ -458,7 +456,8 @@ TrainSummary run_training(const TrainConfig& config) {
         if (p.trainable) adapters += shape_numel(p.shape);
     log_info("LoRA: rank ", lora.rank, ", alpha ", c.lora.alpha, " on ",
              lora_target_names(lora.targets), ": ", adapters, " trainable parameters, the ",
-             c.model.parameter_count(), " of the base frozen");
+             c.model.parameter_count(), " of the base frozen",
+             c.train.type == "qlora" ? ", its block projections in NF4 (QLoRA)" : "");
   }
   log_info("memory per rank: parameters ", mib(memory.params->stats().in_use_bytes),
            ", gradients ", mib(memory.grads->stats().in_use_bytes), ", optimizer ",

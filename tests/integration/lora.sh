@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LoRA fine-tuning through the CLI (train.type = lora): a trained base exported to Hugging
+# LoRA and QLoRA fine-tuning through the CLI (train.type = lora | qlora): a trained base exported to Hugging
 # Face format is frozen and adapters train on top of it. The run starts at the base's loss
 # exactly (B = 0), lowers the validation loss, trains the same on 2 ranks as on 1, checkpoints
 # only the adapters, resumes exactly, exports a merged model, and bad [lora] keys are named.
@@ -66,8 +66,33 @@ cmp <(losses "$work/one/metrics.jsonl") <(losses "$work/re/metrics.jsonl") \
   || { echo "FAIL: the resumed LoRA run differs"; exit 1; }
 echo "resume: the same losses as the straight run"
 
+# QLoRA: the same with the block projections in NF4, sharded as bytes. It starts from the
+# quantized base (near the base's loss, not equal), learns, trains the same on 2 ranks, and
+# its merged export (adapters on the dequantized base) evaluates to its final loss.
+qlora=(train "${common[@]}" --model.hf_path="$work/hf" --train.type=qlora --lora.rank=8
+       --lora.alpha=16 --train.lr=1e-2 --train.steps=30 --train.eval_every=15)
+"$frugal" "${qlora[@]}" --train.micro_batch_size=4 --train.out_dir="$work/q1" > "$work/q1.log"
+grep -q "block projections in NF4" "$work/q1.log" || { echo "FAIL: no QLoRA line"; cat "$work/q1.log"; exit 1; }
+qvals=$(grep -o '"val_loss":[^,}]*' "$work/q1/metrics.jsonl" | cut -d: -f2)
+qstart=$(echo "$qvals" | head -n 1)
+qend=$(echo "$qvals" | tail -n 1)
+awk -v a="$qstart" -v b="$base_final" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d > 0 && d < 0.05 * b) }' \
+  || { echo "FAIL: QLoRA starts at $qstart, the base ended at $base_final"; exit 1; }
+awk -v a="$qstart" -v b="$qend" 'BEGIN { exit !(b < a - 0.02) }' \
+  || { echo "FAIL: QLoRA validation loss $qstart -> $qend"; exit 1; }
+"${mpi[@]}" -np 2 "$frugal" "${qlora[@]}" --train.micro_batch_size=2 --train.out_dir="$work/q2" > /dev/null
+rel=$(max_rel "$work/q1/metrics.jsonl" "$work/q2/metrics.jsonl")
+awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: QLoRA 2 ranks differ from 1 by $rel"; exit 1; }
+"$frugal" export --ckpt "$work/q1" --out "$work/qmerged" >/dev/null
+"$frugal" train "${common[@]}" --model.hf_path="$work/qmerged" --train.steps=1 \
+  --train.micro_batch_size=4 --train.out_dir="$work/qcheck" >/dev/null
+qmerged=$(head -n 1 "$work/qcheck/metrics.jsonl" | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
+awk -v a="$qmerged" -v b="$qend" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' \
+  || { echo "FAIL: the merged QLoRA export evaluates to $qmerged, the run ended at $qend"; exit 1; }
+echo "QLoRA: validation loss $qstart (base $base_final) -> $qend; 2 ranks vs 1: $rel; merged export $qmerged"
+
 for bad in "--lora.targets=q_proj,attn:lora.targets" "--lora.rank=0:lora.rank" \
-           "--lora.dropout=0.1:lora.dropout" "--train.type=qlora:train.type"; do
+           "--lora.dropout=0.1:lora.dropout" "--train.type=hqq_lora:train.type"; do
   rc=0
   "$frugal" "${lora[@]}" "${bad%%:*}" --train.out_dir="$work/bad" > "$work/bad.log" 2>&1 || rc=$?
   [ "$rc" -ne 0 ] && grep -q "${bad##*:}" "$work/bad.log" \
