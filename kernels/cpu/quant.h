@@ -1,4 +1,4 @@
-// Dequantization of NF4 weights on the CPU (the format of quant/nf4.h), the twin of
+// Dequantization of NF4 and HQQ weights on the CPU (the formats of quant/), the twin of
 // kernels/cuda/quant.h: one implementation that quant/ and the sharded QLoRA base share.
 #pragma once
 
@@ -13,5 +13,10 @@ namespace frugal::cpu {
 void nf4_dequantize(float* out, const uint8_t* codes, const uint8_t* absmax_codes,
                     const float* absmax_scales, float absmax_offset, const float* nf4_table,
                     const float* absmax_map, int64_t n);
+
+// out[i] = (code_i - zeros[g]) * scales[g], g = i / 64 (quant/hqq.h's format). n is a multiple
+// of 64; codes holds n / 2 bytes (high nibble first).
+void hqq_dequantize(float* out, const uint8_t* codes, const float* scales, const float* zeros,
+                    int64_t n);
 
 }  // namespace frugal::cpu

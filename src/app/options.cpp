@@ -100,8 +100,9 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
         "validation micro-batches per evaluation (0: the whole split)");
   t.add(train, "train.init_std", &c.train.init_std, "std of the normal initialisation");
   t.add_string(train, "train.type", &c.train.type,
-               "full | lora | qlora: train every weight, or freeze the base and train LoRA "
-               "adapters ([lora]); qlora keeps the base's block projections in NF4");
+               "full | lora | qlora | hqq_lora: train every weight, or freeze the base and "
+               "train LoRA adapters ([lora]); qlora / hqq_lora keep the base's block "
+               "projections in NF4 / HQQ 4-bit");
   t.add_string(train, "train.activation_checkpointing", &checkpointing,
                "none | selective | full: what a block keeps for its backward");
   t.add(train, "train.resume", &c.train.resume, "continue from out_dir/ckpt/LATEST when it exists");

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ops/ops.h"
+#include "quant/hqq.h"
 #include "quant/nf4.h"
 
 namespace frugal {
@@ -39,7 +40,7 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
   for (const UnitSpec& unit : units_) {
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;
-    std::vector<std::optional<Nf4Shard>> nf4;
+    std::vector<std::optional<QuantShard>> quantized;
     for (const ParamSpec& spec : unit.params) {
       ShardLayout l = shard_layout(spec, ranks);
       // Initialised in host memory (the same numbers whatever the device), then moved.
@@ -50,14 +51,17 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
         if (!init_from.load_rows || !init_from.load_rows(spec.name, first, last, real_rows))
           init_parameter_rows(real_rows, spec.name, first, seed, init_std);
       }
-      if (!spec.trainable && init_from.nf4 && init_from.nf4(spec)) {
-        nf4.push_back(quantize_rows(l, init));  // the fp32 rows go with `init`
+      // Frozen 4-bit rows: the fp32 rows go with `init`, one tensor's at a time.
+      const bool nf4 = !spec.trainable && init_from.nf4 && init_from.nf4(spec);
+      const bool hqq = !spec.trainable && !nf4 && init_from.hqq && init_from.hqq(spec);
+      if (nf4 || hqq) {
+        quantized.push_back(nf4 ? quantize_nf4(l, init) : quantize_hqq(l, init));
         shards.push_back(Tensor());
       } else {
         Tensor shard = Tensor::empty(l.shard_shape(), DType::f32, *arenas_.params);
         ops::copy(shard, init);
         shards.push_back(shard);
-        nf4.push_back(std::nullopt);
+        quantized.push_back(std::nullopt);
       }
       // A frozen parameter (LoRA's base) has no gradient shard and no optimizer state.
       if (with_grads)
@@ -68,12 +72,12 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     layouts_.push_back(std::move(layouts));
     shards_.push_back(std::move(shards));
     grad_shards_.push_back(std::move(grads));
-    nf4_.push_back(std::move(nf4));
+    quant_.push_back(std::move(quantized));
   }
   refresh_copies();
 }
 
-Zero3Parameters::Nf4Shard Zero3Parameters::quantize_rows(const ShardLayout& l, const Tensor& rows) {
+Zero3Parameters::QuantShard Zero3Parameters::quantize_nf4(const ShardLayout& l, const Tensor& rows) {
   const int rank = comm_.rank();
   if (l.shape.size() != 2 || l.row_len % kNf4BlockSize != 0)
     fail("nf4: tensor '", l.name, "' of shape ", shape_string(l.shape),
@@ -98,7 +102,7 @@ Zero3Parameters::Nf4Shard Zero3Parameters::quantize_rows(const ShardLayout& l, c
   Tensor absmax_codes = Tensor::empty({blocks}, DType::u8);
   Tensor scales =
       Tensor::empty({(blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize}, DType::f32);
-  Nf4Shard s;
+  QuantShard s;
   nf4_double_quantize(all.data<float>(), blocks, absmax_codes.data<uint8_t>(),
                       scales.data<float>(), &s.offset);
   Tensor my_codes = Tensor::zeros({l.shard_rows * per_row}, DType::u8);
@@ -111,6 +115,35 @@ Zero3Parameters::Nf4Shard Zero3Parameters::quantize_rows(const ShardLayout& l, c
   s.codes = ops::convert(codes, DType::u8, store);
   s.absmax_codes = ops::convert(my_codes, DType::u8, store);
   s.scales = ops::convert(scales, DType::f32, store);
+  return s;
+}
+
+Zero3Parameters::QuantShard Zero3Parameters::quantize_hqq(const ShardLayout& l, const Tensor& rows) {
+  const int rank = comm_.rank();
+  if (l.shape.size() != 2 || l.row_len % kHqqGroupSize != 0)
+    fail("hqq: tensor '", l.name, "' of shape ", shape_string(l.shape),
+         " cannot be stored in HQQ: its rows must be a multiple of ", kHqqGroupSize, " long");
+  // Every group is row-local; only the early stop looks at the whole matrix's error.
+  const int64_t real = l.last_row(rank) - l.first_row(rank);
+  HqqOptions options;
+  if (!alone()) options.global_sum = [this](double local) { return comm_.all_reduce_sum(local); };
+  const HqqWeight q = hqq_quantize(rows.data<float>(), {real, l.row_len}, l.name, options);
+  const int64_t per_row = l.row_len / kHqqGroupSize;
+  Tensor codes = Tensor::zeros({l.shard_rows * l.row_len / 2}, DType::u8);
+  Tensor scales = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
+  Tensor zeros = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
+  if (real > 0) {
+    codes.rows(0, real * l.row_len / 2).copy_from(q.codes);
+    scales.rows(0, real * per_row).copy_from(q.scales);
+    zeros.rows(0, real * per_row).copy_from(q.zeros);
+  }
+  Arena& store = arenas_.copies && arenas_.copies->device() == Device::cuda ? *arenas_.copies
+                                                                            : *arenas_.params;
+  QuantShard s;
+  s.hqq = true;
+  s.codes = ops::convert(codes, DType::u8, store);
+  s.scales = ops::convert(scales, DType::f32, store);
+  s.zeros = ops::convert(zeros, DType::f32, store);
   return s;
 }
 
@@ -171,7 +204,7 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
     // compute stream, once per update (copies kept on the GPU) or every time (offloaded).
     const bool kept_on_gpu = arenas_.copies->device() != Device::cpu;
     for (size_t i = 0; i < source.size(); ++i) {
-      if ((kept_on_gpu && !stale_[unit]) || nf4_[unit][i]) continue;
+      if ((kept_on_gpu && !stale_[unit]) || quant_[unit][i]) continue;
       const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
       if (!kept_on_gpu)
         source[i] = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
@@ -181,22 +214,25 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   }
   // NF4 rows: their codes are gathered (on one rank: taken as they are), and dequantized into
   // a whole weight in the compute dtype once they are there.
-  auto dequantize_later = [&](size_t i, const Tensor& codes, const Tensor& absmax_codes) {
+  // (q: the whole tensor's 4-bit data, gathered or this rank's own.)
+  auto dequantize_later = [&](size_t i, const QuantShard& q) {
     const ShardLayout& l = layouts_[unit][i];
     Tensor full = Tensor::empty(l.padded_shape(), ops::compute_dtype(arenas_.gathered->device()),
                                 *arenas_.gathered);
-    const Nf4Shard& q = *nf4_[unit][i];
-    g.then.push_back([full, codes, absmax_codes, scales = q.scales, offset = q.offset, rows = l.rows] {
+    g.then.push_back([full, q, rows = l.rows] {
       Tensor real = full.rows(0, rows);
-      ops::dequantize_nf4(real, codes, absmax_codes, scales, offset, nf4_values().data(),
-                          dynamic_map_values().data());
+      if (q.hqq)
+        ops::dequantize_hqq(real, q.codes, q.scales, q.zeros);
+      else
+        ops::dequantize_nf4(real, q.codes, q.absmax_codes, q.scales, q.offset,
+                            nf4_values().data(), dynamic_map_values().data());
     });
     return full;
   };
   if (alone()) {
     g.full = source;
     for (size_t i = 0; i < source.size(); ++i)
-      if (nf4_[unit][i]) g.full[i] = dequantize_later(i, nf4_[unit][i]->codes, nf4_[unit][i]->absmax_codes);
+      if (quant_[unit][i]) g.full[i] = dequantize_later(i, *quant_[unit][i]);
     return g;
   }
   // One all-gather per parameter, posted together as one group: each lands a contiguous
@@ -204,14 +240,21 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   CommGroup group(comm_);
   for (size_t i = 0; i < layouts_[unit].size(); ++i) {
     const ShardLayout& l = layouts_[unit][i];
-    if (nf4_[unit][i]) {
-      const Nf4Shard& q = *nf4_[unit][i];
-      Tensor codes = Tensor::empty({l.rows_padded * l.row_len / 2}, DType::u8, *arenas_.gathered);
-      Tensor absmax_codes =
-          Tensor::empty({l.rows_padded * l.row_len / kNf4BlockSize}, DType::u8, *arenas_.gathered);
-      g.ops.push_back(comm_.all_gather(q.codes, codes));
-      g.ops.push_back(comm_.all_gather(q.absmax_codes, absmax_codes));
-      g.full.push_back(dequantize_later(i, codes, absmax_codes));
+    if (quant_[unit][i]) {
+      const QuantShard& mine = *quant_[unit][i];
+      QuantShard whole = mine;  // NF4's scales and offset are already the whole tensor's
+      auto gather_rows = [&](const Tensor& part, Tensor& all) {
+        all = Tensor::empty({part.numel() * comm_.size()}, part.dtype(), *arenas_.gathered);
+        g.ops.push_back(comm_.all_gather(part, all));
+      };
+      gather_rows(mine.codes, whole.codes);
+      if (mine.hqq) {
+        gather_rows(mine.scales, whole.scales);
+        gather_rows(mine.zeros, whole.zeros);
+      } else {
+        gather_rows(mine.absmax_codes, whole.absmax_codes);
+      }
+      g.full.push_back(dequantize_later(i, whole));
       continue;
     }
     g.full.push_back(Tensor::empty(l.padded_shape(), source[i].dtype(), *arenas_.gathered));
@@ -398,9 +441,10 @@ size_t Zero3Parameters::shard_bytes() const {
   for (size_t u = 0; u < shards_.size(); ++u)
     for (size_t i = 0; i < shards_[u].size(); ++i) {
       if (shards_[u][i].defined()) bytes += shards_[u][i].bytes();
-      if (nf4_[u][i])
-        bytes += nf4_[u][i]->codes.bytes() + nf4_[u][i]->absmax_codes.bytes() +
-                 nf4_[u][i]->scales.bytes();
+      if (quant_[u][i])
+        for (const Tensor* t : {&quant_[u][i]->codes, &quant_[u][i]->absmax_codes,
+                                &quant_[u][i]->scales, &quant_[u][i]->zeros})
+          if (t->defined()) bytes += t->bytes();
     }
   return bytes;
 }

@@ -53,6 +53,9 @@ struct Zero3Init {
   // bitsandbytes quantizes the whole tensor (a collective: the absmax offset and second-level
   // scales need every rank's rows), never held in fp32 beyond one tensor's rows.
   std::function<bool(const ParamSpec&)> nf4;
+  // Frozen parameters it picks are stored as HQQ 4-bit rows (group 64, zero and scale per
+  // group, the half-quadratic zero fit with the whole matrix's early stop).
+  std::function<bool(const ParamSpec&)> hqq;
 };
 
 class Zero3Parameters : public ParameterProvider {
@@ -82,7 +85,7 @@ class Zero3Parameters : public ParameterProvider {
   void refresh_copies();
   // Bytes of this rank's shards (padding included) and of the largest whole unit.
   size_t shard_bytes() const;  // NF4 rows counted as their bytes
-  bool is_nf4(int64_t unit, size_t i) const { return nf4_[unit][i].has_value(); }
+  bool is_quantized(int64_t unit, size_t i) const { return quant_[unit][i].has_value(); }
   size_t largest_unit_bytes() const;
 
  private:
@@ -93,14 +96,18 @@ class Zero3Parameters : public ParameterProvider {
     std::vector<std::function<void()>> then;  // after the gathers: NF4 dequantization
     int users = 0;
   };
-  // NF4 rows of a frozen weight: what this rank keeps instead of its fp32 rows.
-  struct Nf4Shard {
+  // 4-bit rows of a frozen weight: what this rank keeps instead of its fp32 rows.
+  struct QuantShard {
+    bool hqq = false;     // HQQ, else NF4
     Tensor codes;         // u8 [shard_rows * row_len / 2]
-    Tensor absmax_codes;  // u8 [shard_rows * row_len / 64]
-    Tensor scales;        // f32, the whole tensor's second-level scales (every rank has them)
-    float offset = 0;
+    Tensor absmax_codes;  // NF4: u8 [shard_rows * row_len / 64]
+    Tensor scales;        // NF4: the whole tensor's second-level scales (every rank has them);
+                          // HQQ: f32 [shard_rows * row_len / 64]
+    Tensor zeros;         // HQQ: f32 [shard_rows * row_len / 64]
+    float offset = 0;     // NF4: the mean absmax
   };
-  Nf4Shard quantize_rows(const ShardLayout& l, const Tensor& rows);
+  QuantShard quantize_nf4(const ShardLayout& l, const Tensor& rows);
+  QuantShard quantize_hqq(const ShardLayout& l, const Tensor& rows);
   // Offloaded gradients on their way down: the unit's device buffers, kept until the copies
   // into host memory are done, and the landing buffers still to be added into the shards.
   struct Download {
@@ -130,8 +137,8 @@ class Zero3Parameters : public ParameterProvider {
   void complete_download();
   Tensor copy_for_optimizer(size_t unit, size_t i) const;
 
-  std::vector<std::vector<Tensor>> shards_, grad_shards_;  // shards_: undefined where NF4
-  std::vector<std::vector<std::optional<Nf4Shard>>> nf4_;
+  std::vector<std::vector<Tensor>> shards_, grad_shards_;  // shards_: undefined where 4-bit
+  std::vector<std::vector<std::optional<QuantShard>>> quant_;
   std::vector<std::vector<Tensor>> copies_;  // bf16 copies of shards_ (GPU), else empty
   // host_state(): the bf16 copies the host optimizer writes (copies_ itself when the copies
   // are offloaded too), which copies that are on the GPU need again (stale_), and which

@@ -329,6 +329,12 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                        nf4_table, absmax_map, out.numel(), stream());
 }
 
+void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, const Tensor& zeros) {
+  expect(out, DType::bf16, "dequantized weight");
+  cuda::hqq_dequantize(bf(out), static_cast<const uint8_t*>(codes.raw()), f32(scales), f32(zeros),
+                       out.numel(), stream());
+}
+
 double sum_squares(const std::vector<Tensor>& xs) {
   BoundDevice& d = device();
   bool first = true;

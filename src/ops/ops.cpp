@@ -391,6 +391,18 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                       scales.data<float>(), offset, nf4_table, absmax_map, n);
 }
 
+void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, const Tensor& zeros) {
+  const int64_t n = out.numel();
+  FRUGAL_CHECK(n % 64 == 0 && codes.numel() * 2 >= n && scales.numel() * 64 >= n &&
+                   zeros.numel() * 64 >= n && codes.device() == out.device() &&
+                   scales.device() == out.device() && zeros.device() == out.device(),
+               "dequantize_hqq of ", n, " values from ", codes.numel(), " code bytes");
+  FRUGAL_ON_GPU(out, dequantize_hqq(out, codes, scales, zeros));
+  expect_cpu_f32(out, "dequantized weight");
+  cpu::hqq_dequantize(out.data<float>(), codes.data<uint8_t>(), scales.data<float>(),
+                      zeros.data<float>(), n);
+}
+
 }  // namespace frugal::ops
 
 namespace frugal::ops {

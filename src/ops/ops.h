@@ -130,6 +130,10 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                     const Tensor& scales, float offset, const float* nf4_table,
                     const float* absmax_map);
 
+// HQQ 4-bit (quant/hqq.h's format) dequantized into out likewise: codes u8 [n / 2], scales and
+// zeros f32 [n / 64], on out's device.
+void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, const Tensor& zeros);
+
 // --- optimizer ----------------------------------------------------------------------------
 using AdamWStep = cpu::AdamWStep;
 // One AdamW update of param with grad, moments m and v (all the same shape, f32). When

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/quant.h"
 
 namespace frugal {
 
@@ -103,7 +104,9 @@ HqqWeight hqq_quantize(const float* w, const Shape& shape, const std::string& na
          ", columns ", col, "..", col + kHqqGroupSize - 1, "); refusing to quantize it");
   }
 
-  if (options.optimize && groups > 0) {
+  // With global_sum every rank holding rows of the matrix runs the same iterations (also one
+  // that holds none): the stopping test is on the whole matrix's error.
+  if (options.optimize && (groups > 0 || options.global_sum)) {
     std::vector<float> next_zero(static_cast<size_t>(groups));
     std::vector<float> best_zero(zero, zero + groups);
     double best_error = INFINITY;
@@ -114,6 +117,7 @@ HqqWeight hqq_quantize(const float* w, const Shape& shape, const std::string& na
       for (int64_t g = 0; g < groups; ++g)
         error += hqq_step(w + g * kHqqGroupSize, inv_scale[g], zero[g], beta, options.lp_norm,
                           &next_zero[g]);
+      if (options.global_sum) error = options.global_sum(error);
       if (!(error < best_error)) break;  // this iteration's zero is no better: keep the best
       best_error = error;
       std::copy(zero, zero + groups, best_zero.begin());
@@ -140,19 +144,8 @@ HqqWeight hqq_quantize(const float* w, const Shape& shape, const std::string& na
 }
 
 void hqq_dequantize(const HqqWeight& q, float* out) {
-  const uint8_t* codes = q.codes.data<uint8_t>();
-  const float* scales = q.scales.data<float>();
-  const float* zeros = q.zeros.data<float>();
-  const int64_t groups = q.groups();
-#pragma omp parallel for schedule(static) if (groups >= kParallelGroups)
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* in = codes + g * kHqqGroupSize / 2;
-    float* y = out + g * kHqqGroupSize;
-    for (int64_t i = 0; i < kHqqGroupSize / 2; ++i) {
-      y[2 * i] = (static_cast<float>(in[i] >> 4) - zeros[g]) * scales[g];
-      y[2 * i + 1] = (static_cast<float>(in[i] & 0xF) - zeros[g]) * scales[g];
-    }
-  }
+  cpu::hqq_dequantize(out, q.codes.data<uint8_t>(), q.scales.data<float>(),
+                      q.zeros.data<float>(), q.numel());
 }
 
 Tensor hqq_dequantize(const HqqWeight& q) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/tensor.h"
@@ -23,6 +24,10 @@ struct HqqOptions {
   float beta = 10.0f;    // initial penalty of the half-quadratic splitting
   float kappa = 1.01f;   // beta grows by this factor every iteration
   int iterations = 20;   // at most; stops early once the mean |W - dequant(W)| stops improving
+  // When the matrix's rows are split over ranks (ZeRO-3): sums a rank's error over all of
+  // them, so every rank stops at the iteration one process holding the whole matrix would.
+  // Null: this process holds the whole matrix.
+  std::function<double(double)> global_sum;
 };
 
 struct HqqWeight {

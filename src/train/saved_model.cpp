@@ -7,6 +7,7 @@
 #include "ckpt/sharded_reader.h"
 #include "model/hf_model.h"
 #include "model/lora.h"
+#include "quant/hqq.h"
 #include "quant/nf4.h"
 
 namespace fs = std::filesystem;
@@ -42,14 +43,16 @@ std::unique_ptr<LocalParameters> load_lora_merged(const nlohmann::json& config,
     params = std::make_unique<LocalParameters>(shape, std::stoull(key("train.seed")),
                                                std::stof(key("train.init_std")), false);
   }
-  if (key("train.type") == "qlora") {
-    // The run trained on the NF4 base: what it saw is the dequantized weight (bitsandbytes'
-    // quantization of the whole tensor is what the ranks' shards make together).
+  const std::string type = key("train.type");
+  if (type == "qlora" || type == "hqq_lora") {
+    // The run trained on a 4-bit base: what it saw is the dequantized weight (the whole
+    // tensor's quantization is what the ranks' shards make together).
     for (const UnitSpec& unit : llama_units(shape))
       for (const ParamSpec& spec : unit.params)
         if (spec.shape.size() == 2 && is_block_projection(spec.name)) {
           Tensor& w = params->param(spec.name);
-          w.copy_from(nf4_dequantize(nf4_quantize(w, spec.name)));
+          w.copy_from(type == "qlora" ? nf4_dequantize(nf4_quantize(w, spec.name))
+                                      : hqq_dequantize(hqq_quantize(w, spec.name)));
         }
   }
   for (const UnitSpec& unit : lora_units(shape, lora))
@@ -112,7 +115,7 @@ SavedModel load_saved_model(const std::string& path) {
   ShardedTensorReader reader(dir, *step, manifest.at("world_size").get<int>());
   const nlohmann::json config = manifest.value("config", nlohmann::json::object());
   const std::string type = config.value("train.type", std::string("full"));
-  if (type == "lora" || type == "qlora") {
+  if (type == "lora" || type == "qlora" || type == "hqq_lora") {
     saved.params = load_lora_merged(config, saved.config, reader, dir.rank_file(*step, 0));
   } else {
     saved.params = std::make_unique<LocalParameters>(saved.config, 0, 0.0f, false);

@@ -20,12 +20,11 @@ void TrainConfig::validate() const {
     if (v <= 0) fail("config key '", key, "': value ", v, " must be positive");
   };
   positive("train.steps", train.steps);
-  if (train.type == "hqq_lora")
-    fail("config key 'train.type': 'hqq_lora' (an HQQ base under ZeRO-3) is not implemented "
-         "yet; use qlora (NF4), lora or full");
-  if (train.type != "full" && train.type != "lora" && train.type != "qlora")
-    fail("config key 'train.type': value '", train.type, "' is not one of full, lora, qlora");
-  if (train.type == "lora" || train.type == "qlora") {
+  if (train.type != "full" && train.type != "lora" && train.type != "qlora" &&
+      train.type != "hqq_lora")
+    fail("config key 'train.type': value '", train.type,
+         "' is not one of full, lora, qlora, hqq_lora");
+  if (train.type != "full") {
     if (lora.rank < 1) fail("config key 'lora.rank': value ", lora.rank, " must be >= 1");
     if (!(lora.alpha > 0)) fail("config key 'lora.alpha': value ", lora.alpha, " must be > 0");
     if (lora.dropout != 0)

@@ -387,7 +387,7 @@ TrainSummary run_training(const TrainConfig& config) {
   const AttentionOperator ring = ring_attention_operator(*mesh.cp);
   if (mesh.cp_size > 1) model.set_attention(&ring);
   LoraConfig lora;
-  if (c.train.type == "lora" || c.train.type == "qlora") {
+  if (c.train.type != "full") {
     lora.rank = c.lora.rank;
     lora.alpha = c.lora.alpha;
     lora.targets = lora_targets_from_names(c.lora.targets);
@@ -403,8 +403,12 @@ TrainSummary run_training(const TrainConfig& config) {
       return true;
     };
   }
-  if (c.train.type == "qlora")  // the frozen projections of every block in NF4, as fsdp_qlora
-    init.nf4 = [](const ParamSpec& p) { return p.shape.size() == 2 && is_block_projection(p.name); };
+  // QLoRA: the frozen projections of every block in 4 bits (as fsdp_qlora quantizes them).
+  const auto projection = [](const ParamSpec& p) {
+    return p.shape.size() == 2 && is_block_projection(p.name);
+  };
+  if (c.train.type == "qlora") init.nf4 = projection;
+  if (c.train.type == "hqq_lora") init.hqq = projection;
   Zero3Parameters params(lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world,
                          {memory.params.get(), memory.grads.get(), memory.gathered.get(),
                           memory.copies.get()},
@@ -457,7 +461,9 @@ TrainSummary run_training(const TrainConfig& config) {
     log_info("LoRA: rank ", lora.rank, ", alpha ", c.lora.alpha, " on ",
              lora_target_names(lora.targets), ": ", adapters, " trainable parameters, the ",
              c.model.parameter_count(), " of the base frozen",
-             c.train.type == "qlora" ? ", its block projections in NF4 (QLoRA)" : "");
+             c.train.type == "qlora"      ? ", its block projections in NF4 (QLoRA)"
+             : c.train.type == "hqq_lora" ? ", its block projections in HQQ 4-bit"
+                                          : "");
   }
   log_info("memory per rank: parameters ", mib(memory.params->stats().in_use_bytes),
            ", gradients ", mib(memory.grads->stats().in_use_bytes), ", optimizer ",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LoRA and QLoRA fine-tuning through the CLI (train.type = lora | qlora): a trained base exported to Hugging
+# LoRA and QLoRA fine-tuning through the CLI (train.type = lora | qlora | hqq_lora): a trained base exported to Hugging
 # Face format is frozen and adapters train on top of it. The run starts at the base's loss
 # exactly (B = 0), lowers the validation loss, trains the same on 2 ranks as on 1, checkpoints
 # only the adapters, resumes exactly, exports a merged model, and bad [lora] keys are named.
@@ -91,8 +91,25 @@ awk -v a="$qmerged" -v b="$qend" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d
   || { echo "FAIL: the merged QLoRA export evaluates to $qmerged, the run ended at $qend"; exit 1; }
 echo "QLoRA: validation loss $qstart (base $base_final) -> $qend; 2 ranks vs 1: $rel; merged export $qmerged"
 
+# HQQ as the frozen base: the same checks, more briefly.
+hqq=(train "${common[@]}" --model.hf_path="$work/hf" --train.type=hqq_lora --lora.rank=8
+     --lora.alpha=16 --train.lr=1e-2 --train.steps=10 --train.eval_every=10)
+"$frugal" "${hqq[@]}" --train.micro_batch_size=4 --train.out_dir="$work/h1" > "$work/h1.log"
+grep -q "block projections in HQQ 4-bit" "$work/h1.log" || { echo "FAIL: no HQQ line"; cat "$work/h1.log"; exit 1; }
+"${mpi[@]}" -np 2 "$frugal" "${hqq[@]}" --train.micro_batch_size=2 --train.out_dir="$work/h2" > /dev/null
+rel=$(max_rel "$work/h1/metrics.jsonl" "$work/h2/metrics.jsonl")
+awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: hqq_lora 2 ranks differ from 1 by $rel"; exit 1; }
+hend=$(grep -o '"val_loss":[^,}]*' "$work/h1/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+"$frugal" export --ckpt "$work/h1" --out "$work/hmerged" >/dev/null
+"$frugal" train "${common[@]}" --model.hf_path="$work/hmerged" --train.steps=1 \
+  --train.micro_batch_size=4 --train.out_dir="$work/hcheck" >/dev/null
+hmerged=$(head -n 1 "$work/hcheck/metrics.jsonl" | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
+awk -v a="$hmerged" -v b="$hend" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' \
+  || { echo "FAIL: the merged hqq_lora export evaluates to $hmerged, the run ended at $hend"; exit 1; }
+echo "hqq_lora: 2 ranks vs 1: $rel; merged export $hmerged = the run's $hend"
+
 for bad in "--lora.targets=q_proj,attn:lora.targets" "--lora.rank=0:lora.rank" \
-           "--lora.dropout=0.1:lora.dropout" "--train.type=hqq_lora:train.type"; do
+           "--lora.dropout=0.1:lora.dropout" "--train.type=qqlora:train.type"; do
   rc=0
   "$frugal" "${lora[@]}" "${bad%%:*}" --train.out_dir="$work/bad" > "$work/bad.log" 2>&1 || rc=$?
   [ "$rc" -ne 0 ] && grep -q "${bad##*:}" "$work/bad.log" \

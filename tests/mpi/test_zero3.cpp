@@ -11,6 +11,7 @@
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model/lora.h"
+#include "quant/hqq.h"
 #include "quant/nf4.h"
 #include "model_support.h"
 #include "train/train_step.h"
@@ -167,8 +168,9 @@ TEST_CASE("ZeRO-3 with LoRA adapters equals one rank", "[zero3][lora][mpi]") {
 // second-level groups of 256 straddle the ranks' shards), gathered as bytes and dequantized.
 // The reference: one rank, whole model, whose projections are replaced by
 // nf4_dequantize(nf4_quantize(W)) of the same initialisation.
-TEST_CASE("ZeRO-3 with an NF4 base (QLoRA) equals one rank on the dequantized base",
-          "[zero3][lora][mpi]") {
+namespace {
+
+void check_quantized_base(bool hqq) {
   auto comm = make_mpi_world_comm(60);
   const int rank = comm->rank(), ranks = comm->size();
   LlamaConfig config;
@@ -193,7 +195,8 @@ TEST_CASE("ZeRO-3 with an NF4 base (QLoRA) equals one rank on the dequantized ba
     for (const ParamSpec& p : u.params)
       if (!p.trainable && p.shape.size() == 2 && is_block_projection(p.name)) {
         Tensor& w = whole.param(p.name);
-        w.copy_from(nf4_dequantize(nf4_quantize(w, p.name)));
+        w.copy_from(hqq ? hqq_dequantize(hqq_quantize(w, p.name))
+                        : nf4_dequantize(nf4_quantize(w, p.name)));
         ++quantized;
       }
   REQUIRE(quantized == 7 * config.num_hidden_layers);
@@ -202,12 +205,15 @@ TEST_CASE("ZeRO-3 with an NF4 base (QLoRA) equals one rank on the dequantized ba
   Arena params_arena("test params", Device::cpu), grads_arena("test grads", Device::cpu),
       gathered_arena("test gathered", Device::cpu), optim_arena("test optim", Device::cpu);
   Zero3Init init;
-  init.nf4 = [](const ParamSpec& p) { return p.shape.size() == 2 && is_block_projection(p.name); };
+  const auto projection = [](const ParamSpec& p) {
+    return p.shape.size() == 2 && is_block_projection(p.name);
+  };
+  (hqq ? init.hqq : init.nf4) = projection;
   Zero3Parameters sharded(lora_units(config, lora), *comm,
                           {&params_arena, &grads_arena, &gathered_arena}, 5, 0.05f, true, init);
   AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
-  CHECK(sharded.is_nf4(block_unit(0), kGateProj));
-  CHECK_FALSE(sharded.is_nf4(embed_unit(), 0));
+  CHECK(sharded.is_quantized(block_unit(0), kGateProj));
+  CHECK_FALSE(sharded.is_quantized(embed_unit(), 0));
 
   const int64_t per_rank = 4 / ranks;
   for (int64_t step = 1; step <= 3; ++step) {
@@ -235,12 +241,23 @@ TEST_CASE("ZeRO-3 with an NF4 base (QLoRA) equals one rank on the dequantized ba
     for (const ParamSpec& p : u.params) {
       const int64_t rows = (p.shape[0] + ranks - 1) / ranks, row_len = shape_numel(p.shape) / p.shape[0];
       if (!p.trainable && p.shape.size() == 2 && is_block_projection(p.name))
-        nf4_bytes += size_t(rows * row_len / 2 + rows * row_len / 64) +
-                     size_t((shape_numel(p.shape) / 64 + 255) / 256) * 4;
+        nf4_bytes += hqq ? size_t(rows * row_len / 2 + rows * row_len / 64 * 8)  // scale, zero
+                         : size_t(rows * row_len / 2 + rows * row_len / 64) +
+                               size_t((shape_numel(p.shape) / 64 + 255) / 256) * 4;
       else
         fp32_bytes += size_t(rows * row_len) * 4;
     }
   CHECK(params_arena.stats().in_use_bytes == fp32_bytes + nf4_bytes);
+}
+
+}  // namespace
+
+// QLoRA under ZeRO-3 with NF4 (double quantization shared by the ranks) and with HQQ (the
+// half-quadratic zero fit, whose early stop the ranks decide together).
+TEST_CASE("ZeRO-3 with a 4-bit base (QLoRA) equals one rank on the dequantized base",
+          "[zero3][lora][mpi]") {
+  SECTION("NF4") { check_quantized_base(false); }
+  SECTION("HQQ") { check_quantized_base(true); }
 }
 
 TEST_CASE("ZeRO-3 equals one rank", "[zero3][mpi]") {
