@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/hf_model.h"
+#include "train/saved_model.h"
 
 namespace frugal {
 
@@ -16,6 +17,7 @@ namespace fs = std::filesystem;
 
 int cmd_export(const std::vector<std::string>& args) {
   std::string ckpt_path, hf_dir, out_dir, dtype_name_arg = "f32", tokenizer_path;
+  bool peft = false;
   po::options_description named("options");
   // clang-format off
   named.add_options()
@@ -30,7 +32,10 @@ int cmd_export(const std::vector<std::string>& args) {
            ->value_name("T"),
        "weights on disk: f32, or bf16 (rounded to nearest even)")
       ("tokenizer", po::value<std::string>(&tokenizer_path)->value_name("PATH"),
-       "tokenizer.model to copy (default: the run's or the directory's own)");
+       "tokenizer.model to copy (default: the run's or the directory's own)")
+      ("peft", po::bool_switch(&peft),
+       "for a LoRA run (--ckpt): write its adapters as a PEFT adapter directory instead of "
+       "the merged model");
   // clang-format on
   po::variables_map vm;
   try {
@@ -40,15 +45,24 @@ int cmd_export(const std::vector<std::string>& args) {
     fail("export: ", e.what(), " (see 'frugal export --help')");
   }
   if (vm.count("help")) {
-    std::cout << "usage: frugal export --ckpt DIR --out DIR [--dtype f32|bf16]\n\n"
+    std::cout << "usage: frugal export --ckpt DIR --out DIR [--dtype f32|bf16] [--peft]\n\n"
                  "Writes a Hugging Face directory: config.json (LlamaForCausalLM),\n"
                  "generation_config.json, model.safetensors (every weight under its Hugging\n"
                  "Face name; tied embeddings are written once) and, when the run has one,\n"
-                 "tokenizer.model with a tokenizer_config.json for LlamaTokenizer.\n\n"
+                 "tokenizer.model with a tokenizer_config.json for LlamaTokenizer.\n"
+                 "A LoRA run's adapters are merged into the weights; with --peft they are\n"
+                 "written as a PEFT adapter directory instead.\n\n"
               << named << "\n";
     return 0;
   }
   if (out_dir.empty()) fail("export: --out DIR is required (see 'frugal export --help')");
+  if (peft) {
+    if (ckpt_path.empty()) fail("export: --peft needs --ckpt DIR (a LoRA run)");
+    export_peft_adapters(ckpt_path, out_dir);
+    log_info("export: the adapters of ", ckpt_path, " -> ", out_dir,
+             " (adapter_model.safetensors, adapter_config.json)");
+    return 0;
+  }
   DType dtype = DType::f32;
   if (dtype_name_arg == "bf16") {
     dtype = DType::bf16;

@@ -2,9 +2,13 @@
 #include "train/saved_model.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/safetensors.h"
 #include "ckpt/sharded_reader.h"
+#include "core/log.h"
 #include "model/hf_model.h"
 #include "model/lora.h"
 #include "quant/hqq.h"
@@ -81,10 +85,20 @@ std::unique_ptr<LocalParameters> load_lora_merged(const nlohmann::json& config,
 
 }  // namespace
 
-SavedModel load_saved_model(const std::string& path) {
+namespace {
+
+// The committed step a path names (a run directory, its ckpt/, or a step directory).
+struct SavedStep {
+  std::unique_ptr<CheckpointDir> dir;
+  int64_t step = 0;
+  fs::path run_dir;
+  nlohmann::json manifest;
+};
+
+SavedStep open_saved_step(const std::string& path) {
   const fs::path p(path);
   if (!fs::exists(p)) fail("checkpoint '", path, "' does not exist");
-  fs::path ckpt_root, run_dir;
+  fs::path ckpt_root;
   std::optional<int64_t> step;
   if (p.filename().string().rfind("step_", 0) == 0 ||
       p.parent_path().filename().string().rfind("step_", 0) == 0) {
@@ -100,14 +114,26 @@ SavedModel load_saved_model(const std::string& path) {
          "' is neither a frugal run directory, its ckpt/ directory, nor a step directory "
          "(no LATEST found)");
   }
-  run_dir = ckpt_root.parent_path();
-  CheckpointDir dir(ckpt_root.string());
-  if (!step) step = dir.latest();
+  SavedStep s;
+  s.run_dir = ckpt_root.parent_path();
+  s.dir = std::make_unique<CheckpointDir>(ckpt_root.string());
+  if (!step) step = s.dir->latest();
   if (!step) fail("no committed checkpoint under '", ckpt_root.string(), "'");
+  s.step = *step;
+  s.manifest = s.dir->manifest(*step);
+  if (!s.manifest.contains("model") || !s.manifest.contains("world_size"))
+    fail("checkpoint '", s.dir->rank_file(*step, 0), "' has no model description in its manifest");
+  return s;
+}
 
-  const nlohmann::json manifest = dir.manifest(*step);
-  if (!manifest.contains("model") || !manifest.contains("world_size"))
-    fail("checkpoint '", dir.rank_file(*step, 0), "' has no model description in its manifest");
+}  // namespace
+
+SavedModel load_saved_model(const std::string& path) {
+  SavedStep opened = open_saved_step(path);
+  CheckpointDir& dir = *opened.dir;
+  const std::optional<int64_t> step = opened.step;
+  const fs::path run_dir = opened.run_dir;
+  const nlohmann::json& manifest = opened.manifest;
   SavedModel saved;
   saved.config = llama_config_from_json(manifest.at("model"), dir.rank_file(*step, 0));
   saved.step = *step;
@@ -128,6 +154,60 @@ SavedModel load_saved_model(const std::string& path) {
   if (fs::exists(run_dir / "tokenizer.model"))
     saved.tokenizer_path = (run_dir / "tokenizer.model").string();
   return saved;
+}
+
+void export_peft_adapters(const std::string& path, const std::string& out_dir) {
+  SavedStep opened = open_saved_step(path);
+  const nlohmann::json config = opened.manifest.value("config", nlohmann::json::object());
+  const std::string type = config.value("train.type", std::string("full"));
+  const std::string source = opened.dir->rank_file(opened.step, 0);
+  if (type == "full")
+    fail("checkpoint '", source, "' is of a full training run: it has no adapters to export as "
+         "PEFT (export it without --peft)");
+  auto key = [&](const std::string& name) {
+    if (!config.contains(name))
+      fail("checkpoint '", source, "' of a LoRA run has no '", name, "' in its configuration");
+    return config.at(name).get<std::string>();
+  };
+  const LlamaConfig shape = llama_config_from_json(opened.manifest.at("model"), source);
+  LoraConfig lora;
+  lora.rank = std::stoll(key("lora.rank"));
+  lora.alpha = std::stod(key("lora.alpha"));
+  lora.targets = lora_targets_from_names(key("lora.targets"));
+  ShardedTensorReader reader(*opened.dir, opened.step, opened.manifest.at("world_size").get<int>());
+  // PEFT's names: the model wrapped as base_model.model.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const UnitSpec& unit : lora_units(shape, lora))
+    for (const ParamSpec& spec : unit.params)
+      if (spec.trainable)
+        tensors.emplace_back("base_model.model." + spec.name,
+                             reader.read_full("model/" + spec.name, spec.shape));
+  fs::create_directories(out_dir);
+  write_safetensors((fs::path(out_dir) / "adapter_model.safetensors").string(), tensors, DType::f32,
+                    {{"format", "pt"}});
+  nlohmann::json targets = nlohmann::json::array();
+  std::stringstream names(lora_target_names(lora.targets));
+  for (std::string name; std::getline(names, name, ',');) targets.push_back(name);
+  const nlohmann::json adapter = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"r", lora.rank},
+      {"lora_alpha", lora.alpha},
+      {"lora_dropout", 0.0},
+      {"target_modules", targets},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"modules_to_save", nullptr},
+      {"base_model_name_or_path", config.value("model.hf_path", std::string())}};
+  std::ofstream((fs::path(out_dir) / "adapter_config.json").string()) << adapter.dump(2) << "\n";
+  if (type != "lora")
+    log_warn("export: the adapters of this ", type, " run were trained on a 4-bit base; applied ",
+             "to the full-precision base they give a slightly different model (the merged export "
+             "is exact)");
 }
 
 }  // namespace frugal

@@ -21,4 +21,9 @@ struct SavedModel {
 // step directory (ckpt/step_00000400). Checksums are verified; errors name the file.
 SavedModel load_saved_model(const std::string& path);
 
+// A LoRA run's adapters as a PEFT adapter directory: adapter_model.safetensors (PEFT's names,
+// base_model.model.<name>, f32) and adapter_config.json (r, lora_alpha, target_modules, and
+// the run's model.hf_path as base_model_name_or_path). `path` as for load_saved_model.
+void export_peft_adapters(const std::string& path, const std::string& out_dir);
+
 }  // namespace frugal

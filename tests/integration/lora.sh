@@ -51,6 +51,25 @@ awk -v a="$merged" -v b="$end" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <
   || { echo "FAIL: the merged export evaluates to $merged, the LoRA run ended at $end"; exit 1; }
 echo "export: merged model's validation loss $merged = the LoRA run's $end"
 
+# Or the adapters alone, as a PEFT adapter directory (tools/check_peft_export.py loads it with
+# the real peft library against the merged export).
+"$frugal" export --ckpt "$work/one" --out "$work/peft" --peft >/dev/null
+grep -q '"r": 8' "$work/peft/adapter_config.json" && grep -q '"lora_alpha": 16.0' "$work/peft/adapter_config.json" \
+  && grep -q '"peft_type": "LORA"' "$work/peft/adapter_config.json" \
+  && grep -q "\"base_model_name_or_path\": \"$work/hf\"" "$work/peft/adapter_config.json" \
+  || { echo "FAIL: adapter_config.json"; cat "$work/peft/adapter_config.json"; exit 1; }
+for name in base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight \
+            base_model.model.model.layers.1.mlp.down_proj.lora_B.weight; do
+  grep -aq "\"$name\"" "$work/peft/adapter_model.safetensors" || { echo "FAIL: no $name"; exit 1; }
+done
+if grep -aq '"base_model.model.model.embed_tokens.weight"' "$work/peft/adapter_model.safetensors"; then
+  echo "FAIL: base weights in the adapter file"; exit 1
+fi
+rc=0
+"$frugal" export --ckpt "$work/base" --out "$work/nope" --peft > "$work/nope.log" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "no adapters" "$work/nope.log" || { echo "FAIL: --peft of a full run"; exit 1; }
+echo "export --peft: adapter_model.safetensors and adapter_config.json"
+
 "${mpi[@]}" -np 2 "$frugal" "${lora[@]}" --train.micro_batch_size=2 --train.out_dir="$work/two" > /dev/null
 rel=$(max_rel "$work/one/metrics.jsonl" "$work/two/metrics.jsonl")
 awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: 2 ranks differ from 1 by $rel"; exit 1; }
