@@ -2,6 +2,7 @@
 #include "kernels/cpu/elementwise.h"
 
 #include "core/dtype.h"
+#include "kernels/dropout_mask.h"
 
 namespace frugal::cpu {
 
@@ -21,6 +22,12 @@ void scale_inplace(float* y, float s, int64_t n) {
 void add_scaled_inplace(float* y, const float* x, float s, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) y[i] += s * x[i];
+}
+
+void dropout(float* y, const float* x, int64_t n, float p, uint64_t seed) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) y[i] = dropout_keeps(seed, i, p) ? x[i] * scale : 0.0f;
 }
 
 void f32_to_bf16(uint16_t* out, const float* in, int64_t n) {

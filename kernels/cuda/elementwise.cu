@@ -7,6 +7,10 @@
 // rounds as the CPU's (no fused multiply-add), so fp32 results match the CPU bit for bit.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
+
+#include <algorithm>
+
+#include "kernels/dropout_mask.h"
 #include "kernels/cuda/pack16.cuh"
 
 namespace frugal::cuda {
@@ -72,6 +76,23 @@ void scale_inplace(float* y, float s, int64_t n, cudaStream_t stream) {
 void scale_inplace(__nv_bfloat16* y, float s, int64_t n, cudaStream_t stream) {
   launch_elementwise<Op::scale>(y, static_cast<const __nv_bfloat16*>(nullptr), s, n, stream);
 }
+namespace {
+__global__ void dropout_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, float p,
+                               float scale, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(dropout_keeps(seed, i, p) ? __bfloat162float(x[i]) * scale : 0.0f);
+}
+}  // namespace
+
+void dropout(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, float p, uint64_t seed,
+             cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  dropout_kernel<<<unsigned(blocks), 256, 0, stream>>>(y, x, n, p, 1.0f / (1.0f - p), seed);
+  CUDA_CHECK_LAUNCH();
+}
+
 void add_scaled_inplace(float* y, const float* x, float s, int64_t n, cudaStream_t stream) {
   launch_elementwise<Op::add_scaled>(y, x, s, n, stream);
 }

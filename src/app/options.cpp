@@ -113,7 +113,8 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   po::options_description lora("[lora] adapters (train.type = lora)");
   t.add(lora, "lora.rank", &c.lora.rank, "rank r of each adapter (A [r, in], B [out, r])");
   t.add(lora, "lora.alpha", &c.lora.alpha, "the adapters' update is scaled by alpha / rank");
-  t.add(lora, "lora.dropout", &c.lora.dropout, "dropout on the adapters' input (only 0 so far)");
+  t.add(lora, "lora.dropout", &c.lora.dropout,
+        "dropout probability on each adapter's input while training (PEFT's lora_dropout)");
   t.add_string(lora, "lora.targets", &c.lora.targets,
                "all, or the projections that get adapters: q_proj,k_proj,v_proj,o_proj,"
                "gate_proj,up_proj,down_proj");

@@ -1,6 +1,8 @@
 // The transformer block as a page of math; see llama_block.h for the equations.
 #include "model/llama_block.h"
 
+#include "core/random.h"
+
 namespace frugal {
 
 CheckpointPolicy checkpoint_policy_from_name(const std::string& name) {
@@ -46,12 +48,27 @@ Tensor merge_heads(const Tensor& t) { return t.view({t.size(0), t.size(1) * t.si
 
 float eps_of(const BlockContext& ctx) { return static_cast<float>(ctx.config->rms_norm_eps); }
 
-// y = x W^T, plus s (x A^T) B^T where the projection has a LoRA adapter (t = x A^T is kept).
+// The adapter's input: x, or while training with lora.dropout, x through dropout with a mask
+// of its own per (micro-batch, block, projection), drawn again in the backward.
+bool adapter_dropout(const BlockContext& ctx) {
+  return ctx.lora->dropout > 0 && ctx.noise_seed != 0;
+}
+uint64_t adapter_seed(const BlockContext& ctx, int p) {
+  uint64_t state = ctx.noise_seed ^ (ctx.lora->seed * 0xD1B54A32D192ED03ull) ^ uint64_t(p + 1);
+  return splitmix64(state);
+}
+Tensor adapter_input(const Tensor& x, const BlockContext& ctx, int p) {
+  if (!adapter_dropout(ctx)) return x;
+  return ops::dropout(x, static_cast<float>(ctx.lora->dropout), adapter_seed(ctx, p));
+}
+
+// y = x W^T, plus s (d(x) A^T) B^T where the projection has a LoRA adapter (d: its dropout;
+// t = d(x) A^T is kept).
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const Tensor& weight,
                const BlockContext& ctx, BlockActivations& a) {
   Tensor y = ops::linear(x, weight);
   if (!w.lora_a[p].defined()) return y;
-  a.lora_t[p] = ops::linear(x, w.lora_a[p]);
+  a.lora_t[p] = ops::linear(adapter_input(x, ctx, p), w.lora_a[p]);
   Tensor update = ops::linear(a.lora_t[p], w.lora_b[p]);
   ops::scale_inplace(update, ctx.lora->scale());
   ops::add_inplace(y, update);
@@ -68,7 +85,11 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
   ops::copy(dy_scaled, dy);
   ops::scale_inplace(dy_scaled, ctx.lora->scale());
   Tensor dt = ops::linear_backward(dy_scaled, a.lora_t[p], w.lora_b[p], g.lora_b[p]);
-  ops::add_inplace(dx, ops::linear_backward(dt, x, w.lora_a[p], g.lora_a[p]));
+  Tensor d_input = ops::linear_backward(dt, adapter_input(x, ctx, p), w.lora_a[p], g.lora_a[p]);
+  // Dropout is linear and its own adjoint: the same mask carries the gradient back.
+  if (adapter_dropout(ctx))
+    d_input = ops::dropout(d_input, static_cast<float>(ctx.lora->dropout), adapter_seed(ctx, p));
+  ops::add_inplace(dx, d_input);
   return dx;
 }
 float theta_of(const BlockContext& ctx) { return static_cast<float>(ctx.config->rope_theta); }

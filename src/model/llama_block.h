@@ -44,6 +44,8 @@ struct BlockContext {
   CheckpointPolicy policy = CheckpointPolicy::none;
   const AttentionOperator* attention = nullptr;  // null: ops::attention on the local rows
   const LoraConfig* lora = nullptr;              // null: no adapters
+  // Training noise (LoRA dropout) of this block in this micro-batch; 0: none (evaluation).
+  uint64_t noise_seed = 0;
 };
 
 // The forward's intermediates. Which ones survive until the backward is the policy's choice;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/random.h"
 #include "model/llama_block.h"
 #include "ops/ops.h"
 
@@ -55,6 +56,15 @@ BlockContext block_context(const LlamaConfig& config, const Batch& batch, Checkp
 
 }  // namespace
 
+BlockContext LlamaModel::layer_context(const BlockContext& ctx, int64_t layer, bool training) const {
+  BlockContext c = ctx;
+  if (training && noise_ != 0) {
+    uint64_t state = noise_ * 0x9E3779B97F4A7C15ull + uint64_t(layer);
+    c.noise_seed = splitmix64(state) | 1;  // never 0 (which means none)
+  }
+  return c;
+}
+
 Tensor LlamaModel::embed(Batch& batch, ParameterProvider& params) {
   std::vector<Tensor> unit = params.gather(embed_unit());
   batch.tokens = ops::on_device_of(batch.tokens, unit[0]);
@@ -77,7 +87,7 @@ Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvide
   for (int64_t i = 0; i < layers; ++i) {
     params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config_));
     BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)), lora_);
-    x = block_forward(x, w, ctx, saved ? &(*saved)[i] : nullptr);
+    x = block_forward(x, w, layer_context(ctx, i, saved != nullptr), saved ? &(*saved)[i] : nullptr);
     params.release(block_unit(i));
   }
   return x;
@@ -141,8 +151,9 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
     if (i > 0) params.prefetch(block_unit(i - 1));
     BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)), lora_);
     BlockWeights g = BlockWeights::from_unit(params.grads(block_unit(i)), lora_);
-    block_recompute(saved[i], w, ctx);
-    dx = block_backward(dx, saved[i], w, g, ctx);
+    const BlockContext layer_ctx = layer_context(ctx, i, true);
+    block_recompute(saved[i], w, layer_ctx);
+    dx = block_backward(dx, saved[i], w, g, layer_ctx);
     saved[i] = BlockActivations{};
     w = g = BlockWeights{};  // drop our references before the provider frees the unit
     params.grads_done(block_unit(i));

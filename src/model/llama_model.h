@@ -14,6 +14,7 @@ namespace frugal {
 struct BlockActivations;
 struct AttentionOperator;
 struct LoraConfig;
+struct BlockContext;
 
 // A micro-batch of `batch` sequences of `seq` tokens, flattened to [batch * seq].
 struct Batch {
@@ -57,9 +58,14 @@ class LlamaModel {
   void set_attention(const AttentionOperator* attention) { attention_ = attention; }
   // LoRA adapters in the block units (lora.h); null, the default, means none. Not owned.
   void set_lora(const LoraConfig* lora) { lora_ = lora; }
+  // The seed of the training noise (LoRA dropout) of the next forward_backward calls; 0, the
+  // default, means none. train_step sets one per micro-batch; evaluation never has noise.
+  void set_noise(uint64_t seed) { noise_ = seed; }
   const LoraConfig* lora() const { return lora_; }
 
  private:
+  // ctx for block `layer`, with its own noise seed when training.
+  BlockContext layer_context(const BlockContext& ctx, int64_t layer, bool training) const;
   // Looks up the embeddings; moves the batch's ids and positions to the weights' device first
   // (once per call on a GPU).
   Tensor embed(Batch& batch, ParameterProvider& params);
@@ -74,6 +80,7 @@ class LlamaModel {
   int64_t loss_chunk_rows_ = 1024;
   const AttentionOperator* attention_ = nullptr;
   const LoraConfig* lora_ = nullptr;
+  uint64_t noise_ = 0;
 };
 
 }  // namespace frugal

@@ -256,6 +256,13 @@ void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t ba
                         out.size(0) / batch, out.size(1), out.size(2), stream());
 }
 
+Tensor dropout(const Tensor& x, float p, uint64_t seed) {
+  expect(x, DType::bf16, "dropout input");
+  Tensor y = empty(x.shape(), DType::bf16);
+  cuda::dropout(bf(y), bf(x), x.numel(), p, seed, stream());
+  return y;
+}
+
 Tensor swiglu(const Tensor& g, const Tensor& u) {
   expect(g, DType::bf16, "swiglu gate");
   expect(u, DType::bf16, "swiglu up");

@@ -45,6 +45,7 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
                                    const Tensor& out, const Tensor& lse,
                                    const cpu::AttentionShape& shape);
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch);
+Tensor dropout(const Tensor& x, float p, uint64_t seed);
 Tensor swiglu(const Tensor& g, const Tensor& u);
 SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u);
 

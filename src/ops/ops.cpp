@@ -298,6 +298,15 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   return g;
 }
 
+Tensor dropout(const Tensor& x, float p, uint64_t seed) {
+  FRUGAL_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is not in [0, 1)");
+  FRUGAL_ON_GPU(x, dropout(x, p, seed));
+  expect_cpu_f32(x, "dropout input");
+  Tensor y = empty_like(x);
+  cpu::dropout(y.data<float>(), x.data<float>(), x.numel(), p, seed);
+  return y;
+}
+
 Tensor swiglu(const Tensor& g, const Tensor& u) {
   expect_shape(u, g.shape(), "swiglu up");
   FRUGAL_ON_GPU(g, swiglu(g, u));

@@ -96,6 +96,10 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Attention& fwd, int64_t batch);
 
+// Inverted dropout with probability p of dropping, its mask a pure function of (seed, element
+// index) (kernels/dropout_mask.h): the backward is dropout(dy, p, seed) with the same seed.
+Tensor dropout(const Tensor& x, float p, uint64_t seed);
+
 // silu(g) * u
 Tensor swiglu(const Tensor& g, const Tensor& u);
 struct SwigluGrads {

@@ -193,7 +193,7 @@ void export_peft_adapters(const std::string& path, const std::string& out_dir) {
       {"task_type", "CAUSAL_LM"},
       {"r", lora.rank},
       {"lora_alpha", lora.alpha},
-      {"lora_dropout", 0.0},
+      {"lora_dropout", std::stod(config.value("lora.dropout", std::string("0")))},
       {"target_modules", targets},
       {"bias", "none"},
       {"fan_in_fan_out", false},

@@ -27,8 +27,8 @@ void TrainConfig::validate() const {
   if (train.type != "full") {
     if (lora.rank < 1) fail("config key 'lora.rank': value ", lora.rank, " must be >= 1");
     if (!(lora.alpha > 0)) fail("config key 'lora.alpha': value ", lora.alpha, " must be > 0");
-    if (lora.dropout != 0)
-      fail("config key 'lora.dropout': value ", lora.dropout, ": only 0 is supported so far");
+    if (!(lora.dropout >= 0 && lora.dropout < 1))
+      fail("config key 'lora.dropout': value ", lora.dropout, " must lie in [0, 1)");
     lora_targets_from_names(lora.targets);
   }
   positive("train.micro_batch_size", train.micro_batch_size);

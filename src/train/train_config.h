@@ -40,7 +40,7 @@ struct TrainSettings {
 struct LoraSettings {
   int64_t rank = 16;
   double alpha = 32;            // the update is scaled by alpha / rank
-  double dropout = 0;           // on the adapters' input; only 0 is supported so far
+  double dropout = 0;           // on each adapter's input while training
   std::string targets = "all";  // all, or a list: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 };
 

@@ -19,8 +19,11 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optim
 
   params.zero_grads();
   double loss_sum = 0;
-  for (const Batch& b : micro_batches)
-    loss_sum += model.forward_backward(b, params, grad_scale, policy);
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    model.set_noise(uint64_t(step) * 4096 + m + 1);  // a dropout mask per micro-batch
+    loss_sum += model.forward_backward(micro_batches[m], params, grad_scale, policy);
+  }
+  model.set_noise(0);
   result.loss = global_sum(loss_sum) / double(std::max<int64_t>(1, result.tokens));
   result.grad_norm = optimizer.step(lr, step, global_sum).grad_norm;
   params.weights_updated();

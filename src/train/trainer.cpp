@@ -391,6 +391,8 @@ TrainSummary run_training(const TrainConfig& config) {
     lora.rank = c.lora.rank;
     lora.alpha = c.lora.alpha;
     lora.targets = lora_targets_from_names(c.lora.targets);
+    lora.dropout = c.lora.dropout;
+    lora.seed = c.train.seed;
     model.set_lora(&lora);
   }
   Zero3Init init;

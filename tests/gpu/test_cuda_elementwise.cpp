@@ -420,6 +420,24 @@ TEST_CASE("cuda adamw: multi-tensor update matches the CPU, bf16 copy included",
   }
 }
 
+TEST_CASE("cuda dropout draws the CPU's mask and scale", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  for (size_t n : {size_t{1}, size_t{13 * 4097}}) {
+    INFO("n " << n);
+    const Bf16Data x = random_bf16(n, rng);
+    DeviceBuffer<bf16> d_x(n), d_y(n);
+    d_x.upload(x.bits);
+    frugal::cuda::dropout(d_y.get(), d_x.get(), static_cast<int64_t>(n), 0.3f, 1234, nullptr);
+    FVec y(n);
+    frugal::cpu::dropout(y.data(), x.f.data(), static_cast<int64_t>(n), 0.3f, 1234);
+    const std::vector<uint16_t> got = d_y.download<uint16_t>();
+    size_t mismatches = 0;
+    for (size_t i = 0; i < n; ++i) mismatches += got[i] != frugal::float_to_bf16(y[i]);
+    CHECK(mismatches == 0);  // the same mask, and x / (1 - p) rounded once from fp32
+  }
+}
+
 TEST_CASE("cuda sum_squares: fp64 global norm against the CPU", "[gpu]") {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);

@@ -41,6 +41,15 @@ grep -q '"tensors":84,"bytes":196608' "$work/verify.log" \
   || { echo "FAIL: the checkpoint is not the adapters alone:"; cat "$work/verify.log"; exit 1; }
 echo "checkpoint: the adapters alone ($(cat "$work/verify.log"))"
 
+# With adapter dropout the run still learns, and it is a different run (the masks are drawn).
+"$frugal" "${lora[@]}" --lora.dropout=0.1 --train.micro_batch_size=4 --train.out_dir="$work/drop" >/dev/null
+dend=$(grep -o '"val_loss":[^,}]*' "$work/drop/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+awk -v a="$start" -v b="$dend" 'BEGIN { exit !(b < a - 0.02) }' || { echo "FAIL: dropout run $start -> $dend"; exit 1; }
+if cmp -s <(losses "$work/one/metrics.jsonl") <(losses "$work/drop/metrics.jsonl"); then
+  echo "FAIL: lora.dropout changed nothing"; exit 1
+fi
+echo "lora.dropout 0.1: validation loss $start -> $dend"
+
 # Export merges the adapters into the base weights (W += alpha/r B A): the merged model
 # evaluates to the LoRA run's final validation loss (up to the merge's rounding).
 "$frugal" export --ckpt "$work/one" --out "$work/merged" >/dev/null
@@ -128,7 +137,7 @@ awk -v a="$hmerged" -v b="$hend" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d
 echo "hqq_lora: 2 ranks vs 1: $rel; merged export $hmerged = the run's $hend"
 
 for bad in "--lora.targets=q_proj,attn:lora.targets" "--lora.rank=0:lora.rank" \
-           "--lora.dropout=0.1:lora.dropout" "--train.type=qqlora:train.type"; do
+           "--lora.dropout=1:lora.dropout" "--train.type=qqlora:train.type"; do
   rc=0
   "$frugal" "${lora[@]}" "${bad%%:*}" --train.out_dir="$work/bad" > "$work/bad.log" 2>&1 || rc=$?
   [ "$rc" -ne 0 ] && grep -q "${bad##*:}" "$work/bad.log" \

@@ -10,6 +10,7 @@
 #include "model/local_parameters.h"
 #include "model/lora.h"
 #include "model_support.h"
+#include "ops/ops.h"
 #include "test_support.h"
 
 using namespace frugal;
@@ -49,6 +50,13 @@ void randomize_b(LocalParameters& params, uint32_t seed) {
       for (int64_t i = 0; i < s.param.numel(); ++i) s.param.data<float>()[i] = normal(rng);
 }
 
+// With dropout the loss is that of the training forward with the same masks.
+double training_loss(LlamaModel& model, LocalParameters& params, const Batch& b,
+                     CheckpointPolicy policy) {
+  return model.forward_backward(b, params, 0.0f, policy) /
+         static_cast<double>(counted_targets(b.targets));
+}
+
 void check_gradients(const LoraConfig& lora, CheckpointPolicy policy) {
   const LlamaConfig config = awkward_config();
   LlamaModel model(config);
@@ -57,8 +65,12 @@ void check_gradients(const LoraConfig& lora, CheckpointPolicy policy) {
   randomize_b(params, 5);
   const Batch b = test::slice_of_random_batch(11, 2, 13, config.vocab_size, 0, 2, 5);
   const float scale = 1.0f / static_cast<float>(counted_targets(b.targets));
+  model.set_noise(lora.dropout > 0 ? 77 : 0);  // the same masks in every evaluation below
   params.zero_grads();
   model.forward_backward(b, params, scale, policy);
+  const std::vector<TrainableShard> grads_now = params.trainable();
+  std::vector<Tensor> grads;
+  for (const TrainableShard& s : grads_now) grads.push_back(s.grad.clone());
 
   // Only adapters train: 2 per target projection and layer.
   const std::vector<TrainableShard> shards = params.trainable();
@@ -69,19 +81,20 @@ void check_gradients(const LoraConfig& lora, CheckpointPolicy policy) {
 
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const TrainableShard& s : shards) {
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const TrainableShard& s = shards[k];
     Tensor p = s.param;
     Tensor saved = p.clone();
     Tensor u = Tensor::empty(p.shape());
     double analytic = 0;
     for (int64_t i = 0; i < p.numel(); ++i) {
       u.data<float>()[i] = normal(rng);
-      analytic += double(s.grad.data<float>()[i]) * u.data<float>()[i];
+      analytic += double(grads[k].data<float>()[i]) * u.data<float>()[i];
     }
     auto loss_at = [&](double t) {
       for (int64_t i = 0; i < p.numel(); ++i)
         p.data<float>()[i] = saved.data<float>()[i] + float(t) * u.data<float>()[i];
-      return mean_loss(model, params, b);
+      return lora.dropout > 0 ? training_loss(model, params, b, policy) : mean_loss(model, params, b);
     };
     // Central differences at h and h/2, Richardson-extrapolated (see test_model.cpp).
     const double h = 1e-2;
@@ -106,6 +119,50 @@ TEST_CASE("LoRA adapter gradients equal finite differences", "[lora]") {
   SECTION("MLP only, rank 2, full recompute") {
     check_gradients(lora_of(2, "gate_proj,up_proj,down_proj"), CheckpointPolicy::full);
   }
+  SECTION("dropout 0.3 on every adapter, full recompute draws the same masks") {
+    LoraConfig lora = lora_of(3, "all");
+    lora.dropout = 0.3;
+    lora.seed = 5;
+    check_gradients(lora, CheckpointPolicy::full);
+  }
+}
+
+TEST_CASE("dropout keeps 1 - p of the elements, scaled, and is its own adjoint", "[lora]") {
+  const int64_t n = 200000;
+  Tensor ones = Tensor::empty({n});
+  for (int64_t i = 0; i < n; ++i) ones.data<float>()[i] = 1.0f;
+  const Tensor y = ops::dropout(ones, 0.25f, 42);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = y.data<float>()[i];
+    if (v == 0.0f)
+      ++dropped;
+    else
+      CHECK(v == 1.0f / 0.75f);
+  }
+  // Binomial(200000, 0.25): standard deviation 194; 5 of them either side.
+  CHECK(std::abs(double(dropped) - 0.25 * n) < 5 * std::sqrt(n * 0.25 * 0.75));
+  // The same seed draws the same mask; another seed another one.
+  const Tensor again = ops::dropout(ones, 0.25f, 42), other = ops::dropout(ones, 0.25f, 43);
+  int64_t same = 0, differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    same += again.data<float>()[i] == y.data<float>()[i];
+    differ += other.data<float>()[i] != y.data<float>()[i];
+  }
+  CHECK(same == n);
+  CHECK(differ > n / 4);
+  // <d(x), z> == <x, d(z)>: the backward is the same function.
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  Tensor x = Tensor::empty({1000}), z = Tensor::empty({1000});
+  for (int64_t i = 0; i < 1000; ++i) x.data<float>()[i] = normal(rng), z.data<float>()[i] = normal(rng);
+  const Tensor dx = ops::dropout(x, 0.4f, 9), dz = ops::dropout(z, 0.4f, 9);
+  double left = 0, right = 0;
+  for (int64_t i = 0; i < 1000; ++i) {
+    left += double(dx.data<float>()[i]) * z.data<float>()[i];
+    right += double(x.data<float>()[i]) * dz.data<float>()[i];
+  }
+  CHECK(left == Approx(right).epsilon(1e-6));  // fp32 roundings of x / (1 - p)
 }
 
 TEST_CASE("a fresh LoRA model is the base model", "[lora]") {
