@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,6 +56,37 @@ inline double max_weight_difference(ParameterProvider& a, ParameterProvider& b,
     b.release(int64_t(u));
   }
   return largest;
+}
+
+// The derivative of a loss along a random direction u of one parameter tensor, two ways:
+// analytic = <grad, u>, and numeric from central differences of loss() around the current
+// values at h and h/2, combined by Richardson extrapolation so that the h^2 truncation error
+// cancels (the models of the tests are far from linear at their init). `param` is restored.
+struct DirectionalDerivative {
+  double analytic = 0, numeric = 0;
+};
+inline DirectionalDerivative directional_derivative(Tensor param, const Tensor& grad,
+                                                    std::mt19937& rng,
+                                                    const std::function<double()>& loss) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const Tensor saved = param.clone();
+  std::vector<float> u(static_cast<size_t>(param.numel()));
+  DirectionalDerivative d;
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    u[size_t(i)] = normal(rng);
+    d.analytic += double(grad.data<float>()[i]) * u[size_t(i)];
+  }
+  auto loss_at = [&](double t) {
+    for (int64_t i = 0; i < param.numel(); ++i)
+      param.data<float>()[i] = saved.data<float>()[i] + float(t) * u[size_t(i)];
+    return loss();
+  };
+  const double h = 1e-2;
+  const double d_h = (loss_at(h) - loss_at(-h)) / (2 * h);
+  const double d_half = (loss_at(h / 2) - loss_at(-h / 2)) / h;
+  d.numeric = (4 * d_half - d_h) / 3;
+  param.copy_from(saved);
+  return d;
 }
 
 }  // namespace frugal::test

@@ -7,9 +7,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "catch_compat.h"
+#include "core/device.h"
+#include "dist/comm.h"
+#include "dist/mesh.h"
+#include "dist/nccl_comm.h"
+#include "ops/ops.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace frugal::test {
@@ -76,3 +82,36 @@ class DeviceBuffer {
       return;                          \
     }                                  \
   } while (0)
+
+namespace frugal::test {
+
+// One rank's GPU for the mpi_*.cpp tests: the MPI world, this rank's GPU (bound for ops/) and
+// an NCCL world over it. make_gpu_world() returns null, after saying why, when this machine
+// has fewer GPUs than ranks. Destroyed in order: ops unbound, NCCL, then the GPU.
+struct GpuWorld {
+  std::unique_ptr<Comm> mpi;
+  std::unique_ptr<DeviceContext> gpu;
+  std::unique_ptr<Comm> nccl;
+  ~GpuWorld() {
+    ops::bind_device(nullptr);
+    nccl.reset();
+    gpu.reset();
+  }
+};
+
+inline std::unique_ptr<GpuWorld> make_gpu_world() {
+  auto mpi = make_mpi_world_comm(60);
+  const int gpus = device_count();
+  if (gpus == 0 || gpus < mpi->size()) {
+    if (mpi->rank() == 0) std::printf("needs %d GPU(s), sees %d: skipping\n", mpi->size(), gpus);
+    return nullptr;
+  }
+  auto world = std::make_unique<GpuWorld>();
+  world->mpi = std::move(mpi);
+  world->gpu = std::make_unique<DeviceContext>(local_rank_from_environment());
+  world->nccl = make_nccl_comm(*world->mpi, *world->gpu, 60);
+  ops::bind_device(world->gpu.get());
+  return world;
+}
+
+}  // namespace frugal::test

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "catch_compat.h"
+#include "gpu_support.h"
 #include "core/device.h"
 #include "dist/mesh.h"
 #include "dist/nccl_comm.h"
@@ -102,19 +103,9 @@ void check_ring(Comm& cp, DeviceContext& gpu, int64_t seq, int64_t heads, int64_
 }  // namespace
 
 TEST_CASE("ring attention on GPUs matches the CPU kernel on the whole sequence", "[gpu][ring]") {
-  auto mpi = make_mpi_world_comm(60);
-  const int gpus = device_count();
-  if (gpus == 0 || gpus < mpi->size()) {
-    if (mpi->rank() == 0) std::printf("needs %d GPU(s), sees %d: skipping\n", mpi->size(), gpus);
-    return;
-  }
-  auto gpu = std::make_unique<DeviceContext>(local_rank_from_environment());
-  auto nccl = make_nccl_comm(*mpi, *gpu, 60);
-  struct Binding {
-    explicit Binding(DeviceContext* gpu) { ops::bind_device(gpu); }
-    ~Binding() { ops::bind_device(nullptr); }
-  } binding(gpu.get());
-  check_ring(*nccl, *gpu, 301, 8, 2, 64, 11);
-  check_ring(*nccl, *gpu, 130, 4, 1, 32, 21);
-  check_ring(*nccl, *gpu, 512, 4, 4, 128, 31);
+  const auto world = test::make_gpu_world();
+  if (!world) return;
+  check_ring(*world->nccl, *world->gpu, 301, 8, 2, 64, 11);
+  check_ring(*world->nccl, *world->gpu, 130, 4, 1, 32, 21);
+  check_ring(*world->nccl, *world->gpu, 512, 4, 4, 128, 31);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "gpu_support.h"
 #include "core/device.h"
 #include "dist/comm.h"
 #include "dist/mesh.h"
@@ -108,19 +109,10 @@ Losses train_on_gpu(const Case& c, Comm& nccl, DeviceContext& gpu, CheckpointPol
 }  // namespace
 
 TEST_CASE("training on GPUs matches the CPU backend to bf16 tolerance", "[gpu][train]") {
-  auto mpi = make_mpi_world_comm(60);
-  const int gpus = device_count();
-  if (gpus == 0 || gpus < mpi->size()) {
-    if (mpi->rank() == 0) std::printf("needs %d GPU(s), sees %d: skipping\n", mpi->size(), gpus);
-    return;
-  }
-  auto gpu = std::make_unique<DeviceContext>(local_rank_from_environment());
-  auto nccl = make_nccl_comm(*mpi, *gpu, 60);
-  // Unbound before the context goes, also when an assertion throws.
-  struct Binding {
-    explicit Binding(DeviceContext* gpu) { ops::bind_device(gpu); }
-    ~Binding() { ops::bind_device(nullptr); }
-  } binding(gpu.get());
+  const auto world = test::make_gpu_world();
+  if (!world) return;
+  Comm* nccl = world->nccl.get();
+  DeviceContext* gpu = world->gpu.get();
   for (const Case& c : cases()) {
     INFO(c.name << " on " << nccl->size() << " GPU(s)");
     const Losses cpu = train_on_cpu(c);

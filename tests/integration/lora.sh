@@ -94,47 +94,37 @@ cmp <(losses "$work/one/metrics.jsonl") <(losses "$work/re/metrics.jsonl") \
   || { echo "FAIL: the resumed LoRA run differs"; exit 1; }
 echo "resume: the same losses as the straight run"
 
-# QLoRA: the same with the block projections in NF4, sharded as bytes. It starts from the
+# The 4-bit bases (NF4: qlora, HQQ: hqq_lora), sharded as bytes: a run starts from the
 # quantized base (near the base's loss, not equal), learns, trains the same on 2 ranks, and
 # its merged export (adapters on the dequantized base) evaluates to its final loss.
-qlora=(train "${common[@]}" --model.hf_path="$work/hf" --train.type=qlora --lora.rank=8
-       --lora.alpha=16 --train.lr=1e-2 --train.steps=30 --train.eval_every=15)
-"$frugal" "${qlora[@]}" --train.micro_batch_size=4 --train.out_dir="$work/q1" > "$work/q1.log"
-grep -q "block projections in NF4" "$work/q1.log" || { echo "FAIL: no QLoRA line"; cat "$work/q1.log"; exit 1; }
-qvals=$(grep -o '"val_loss":[^,}]*' "$work/q1/metrics.jsonl" | cut -d: -f2)
-qstart=$(echo "$qvals" | head -n 1)
-qend=$(echo "$qvals" | tail -n 1)
-awk -v a="$qstart" -v b="$base_final" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d > 0 && d < 0.05 * b) }' \
-  || { echo "FAIL: QLoRA starts at $qstart, the base ended at $base_final"; exit 1; }
-awk -v a="$qstart" -v b="$qend" 'BEGIN { exit !(b < a - 0.02) }' \
-  || { echo "FAIL: QLoRA validation loss $qstart -> $qend"; exit 1; }
-"${mpi[@]}" -np 2 "$frugal" "${qlora[@]}" --train.micro_batch_size=2 --train.out_dir="$work/q2" > /dev/null
-rel=$(max_rel "$work/q1/metrics.jsonl" "$work/q2/metrics.jsonl")
-awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: QLoRA 2 ranks differ from 1 by $rel"; exit 1; }
-"$frugal" export --ckpt "$work/q1" --out "$work/qmerged" >/dev/null
-"$frugal" train "${common[@]}" --model.hf_path="$work/qmerged" --train.steps=1 \
-  --train.micro_batch_size=4 --train.out_dir="$work/qcheck" >/dev/null
-qmerged=$(head -n 1 "$work/qcheck/metrics.jsonl" | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
-awk -v a="$qmerged" -v b="$qend" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' \
-  || { echo "FAIL: the merged QLoRA export evaluates to $qmerged, the run ended at $qend"; exit 1; }
-echo "QLoRA: validation loss $qstart (base $base_final) -> $qend; 2 ranks vs 1: $rel; merged export $qmerged"
-
-# HQQ as the frozen base: the same checks, more briefly.
-hqq=(train "${common[@]}" --model.hf_path="$work/hf" --train.type=hqq_lora --lora.rank=8
-     --lora.alpha=16 --train.lr=1e-2 --train.steps=10 --train.eval_every=10)
-"$frugal" "${hqq[@]}" --train.micro_batch_size=4 --train.out_dir="$work/h1" > "$work/h1.log"
-grep -q "block projections in HQQ 4-bit" "$work/h1.log" || { echo "FAIL: no HQQ line"; cat "$work/h1.log"; exit 1; }
-"${mpi[@]}" -np 2 "$frugal" "${hqq[@]}" --train.micro_batch_size=2 --train.out_dir="$work/h2" > /dev/null
-rel=$(max_rel "$work/h1/metrics.jsonl" "$work/h2/metrics.jsonl")
-awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: hqq_lora 2 ranks differ from 1 by $rel"; exit 1; }
-hend=$(grep -o '"val_loss":[^,}]*' "$work/h1/metrics.jsonl" | tail -n 1 | cut -d: -f2)
-"$frugal" export --ckpt "$work/h1" --out "$work/hmerged" >/dev/null
-"$frugal" train "${common[@]}" --model.hf_path="$work/hmerged" --train.steps=1 \
-  --train.micro_batch_size=4 --train.out_dir="$work/hcheck" >/dev/null
-hmerged=$(head -n 1 "$work/hcheck/metrics.jsonl" | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
-awk -v a="$hmerged" -v b="$hend" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' \
-  || { echo "FAIL: the merged hqq_lora export evaluates to $hmerged, the run ended at $hend"; exit 1; }
-echo "hqq_lora: 2 ranks vs 1: $rel; merged export $hmerged = the run's $hend"
+# usage: check_4bit TYPE LOG_LINE STEPS
+check_4bit() {
+  local type=$1 line=$2 steps=$3 name=$1
+  local run=(train "${common[@]}" --model.hf_path="$work/hf" --train.type="$type" --lora.rank=8
+             --lora.alpha=16 --train.lr=1e-2 --train.steps="$steps" --train.eval_every=$((steps / 2)))
+  "$frugal" "${run[@]}" --train.micro_batch_size=4 --train.out_dir="$work/$name-1" > "$work/$name.log"
+  grep -q "$line" "$work/$name.log" || { echo "FAIL: no '$line'"; cat "$work/$name.log"; exit 1; }
+  local vals first last merged rel
+  vals=$(grep -o '"val_loss":[^,}]*' "$work/$name-1/metrics.jsonl" | cut -d: -f2)
+  first=$(echo "$vals" | head -n 1)
+  last=$(echo "$vals" | tail -n 1)
+  awk -v a="$first" -v b="$base_final" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d > 0 && d < 0.05 * b) }' \
+    || { echo "FAIL: $type starts at $first, the base ended at $base_final"; exit 1; }
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.01) }' \
+    || { echo "FAIL: $type validation loss $first -> $last"; exit 1; }
+  "${mpi[@]}" -np 2 "$frugal" "${run[@]}" --train.micro_batch_size=2 --train.out_dir="$work/$name-2" > /dev/null
+  rel=$(max_rel "$work/$name-1/metrics.jsonl" "$work/$name-2/metrics.jsonl")
+  awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: $type 2 ranks differ from 1 by $rel"; exit 1; }
+  "$frugal" export --ckpt "$work/$name-1" --out "$work/$name-merged" >/dev/null
+  "$frugal" train "${common[@]}" --model.hf_path="$work/$name-merged" --train.steps=1 \
+    --train.micro_batch_size=4 --train.out_dir="$work/$name-check" >/dev/null
+  merged=$(head -n 1 "$work/$name-check/metrics.jsonl" | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
+  awk -v a="$merged" -v b="$last" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' \
+    || { echo "FAIL: the merged $type export evaluates to $merged, the run ended at $last"; exit 1; }
+  echo "$type: validation loss $first (base $base_final) -> $last; 2 ranks vs 1: $rel; merged export $merged"
+}
+check_4bit qlora "block projections in NF4" 30
+check_4bit hqq_lora "block projections in HQQ 4-bit" 20
 
 for bad in "--lora.targets=q_proj,attn:lora.targets" "--lora.rank=0:lora.rank" \
            "--lora.dropout=1:lora.dropout" "--train.type=qqlora:train.type"; do

@@ -115,9 +115,37 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
 
 // LoRA under ZeRO-3: the frozen base is sharded like any weight but gets no gradient and no
 // optimizer state; the adapters' trajectory on N ranks equals one rank's.
+namespace {
+
+// `steps` AdamW steps of the whole model on one rank (every rank computes it alike) and of the
+// sharded one on this rank's slice of the same global batches: the same losses and gradient
+// norms at every step, and the same weights at the end.
+void expect_same_training(LlamaModel& model, LocalParameters& whole, AdamW& whole_opt,
+                          Zero3Parameters& sharded, AdamW& sharded_opt, Comm& comm,
+                          const std::vector<UnitSpec>& units, int64_t steps, double lr,
+                          CheckpointPolicy policy) {
+  const int64_t per_rank = 4 / comm.size();
+  for (int64_t step = 1; step <= steps; ++step) {
+    StepResult a = train_step(model, whole, whole_opt, {slice_of_global_batch(0, 4, step, 0)},
+                              nullptr, lr, step, policy);
+    StepResult b = train_step(model, sharded, sharded_opt,
+                              {slice_of_global_batch(comm.rank() * per_rank, per_rank, step, 0)},
+                              &comm, lr, step, policy);
+    INFO("step " << step << " on " << comm.size() << " ranks");
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
+  }
+  std::string worst;
+  const double difference = test::max_weight_difference(sharded, whole, units, &worst);
+  INFO("largest weight difference " << difference << " at " << worst);
+  CHECK(difference < 1e-5);
+}
+
+}  // namespace
+
 TEST_CASE("ZeRO-3 with LoRA adapters equals one rank", "[zero3][lora][mpi]") {
   auto comm = make_mpi_world_comm(60);
-  const int rank = comm->rank(), ranks = comm->size();
+  const int ranks = comm->size();
   const LlamaConfig config = odd_config(false);
   LoraConfig lora;
   lora.rank = 3;
@@ -135,23 +163,8 @@ TEST_CASE("ZeRO-3 with LoRA adapters equals one rank", "[zero3][lora][mpi]") {
   AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
   REQUIRE(sharded.trainable().size() == 3 * 2 * size_t(config.num_hidden_layers));
 
-  const int64_t per_rank = 4 / ranks;
-  for (int64_t step = 1; step <= 4; ++step) {
-    const double lr = 1e-2;
-    StepResult a = train_step(model, whole, whole_opt, {slice_of_global_batch(0, 4, step, 0)},
-                              nullptr, lr, step, CheckpointPolicy::selective);
-    StepResult b = train_step(model, sharded, sharded_opt,
-                              {slice_of_global_batch(rank * per_rank, per_rank, step, 0)},
-                              comm.get(), lr, step, CheckpointPolicy::selective);
-    INFO("step " << step << " on " << ranks << " ranks");
-    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
-    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
-  }
-  std::string worst;
-  const double difference =
-      test::max_weight_difference(sharded, whole, lora_units(config, lora), &worst);
-  INFO("largest weight difference " << difference << " at " << worst);
-  CHECK(difference < 1e-5);
+  expect_same_training(model, whole, whole_opt, sharded, sharded_opt, *comm,
+                       lora_units(config, lora), 4, 1e-2, CheckpointPolicy::selective);
   // Memory: gradients and moments only for the adapters' rows.
   size_t adapter_bytes = 0;
   for (const UnitSpec& u : lora_units(config, lora))
@@ -172,7 +185,7 @@ namespace {
 
 void check_quantized_base(bool hqq) {
   auto comm = make_mpi_world_comm(60);
-  const int rank = comm->rank(), ranks = comm->size();
+  const int ranks = comm->size();
   LlamaConfig config;
   config.hidden_size = 64;
   config.intermediate_size = 640;
@@ -215,25 +228,10 @@ void check_quantized_base(bool hqq) {
   CHECK(sharded.is_quantized(block_unit(0), kGateProj));
   CHECK_FALSE(sharded.is_quantized(embed_unit(), 0));
 
-  const int64_t per_rank = 4 / ranks;
-  for (int64_t step = 1; step <= 3; ++step) {
-    // Adam turns the summation-order differences of near-zero gradient entries (A's are
-    // tiny while B is still near 0) into steps of up to lr: the weight bound scales with it.
-    const double lr = 1e-3;
-    StepResult a = train_step(model, whole, whole_opt, {slice_of_global_batch(0, 4, step, 0)},
-                              nullptr, lr, step, CheckpointPolicy::none);
-    StepResult b = train_step(model, sharded, sharded_opt,
-                              {slice_of_global_batch(rank * per_rank, per_rank, step, 0)},
-                              comm.get(), lr, step, CheckpointPolicy::none);
-    INFO("step " << step << " on " << ranks << " ranks");
-    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
-    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
-  }
-  std::string worst;
-  const double difference =
-      test::max_weight_difference(sharded, whole, lora_units(config, lora), &worst);
-  INFO("largest weight difference " << difference << " at " << worst);
-  CHECK(difference < 1e-5);
+  // Adam turns the summation-order differences of near-zero gradient entries (A's are tiny
+  // while B is still near 0) into steps of up to lr: the weight bound scales with it.
+  expect_same_training(model, whole, whole_opt, sharded, sharded_opt, *comm,
+                       lora_units(config, lora), 3, 1e-3, CheckpointPolicy::none);
   // The frozen projections cost their NF4 bytes on this rank: half a byte per weight plus a
   // byte per 64 weights, and the second-level scales, not 4 bytes per weight.
   size_t fp32_bytes = 0, nf4_bytes = 0;

@@ -80,28 +80,14 @@ void check_gradients(const LoraConfig& lora, CheckpointPolicy policy) {
   CHECK_FALSE(params.grads(embed_unit())[0].defined());
 
   std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (size_t k = 0; k < shards.size(); ++k) {
     const TrainableShard& s = shards[k];
-    Tensor p = s.param;
-    Tensor saved = p.clone();
-    Tensor u = Tensor::empty(p.shape());
-    double analytic = 0;
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      u.data<float>()[i] = normal(rng);
-      analytic += double(grads[k].data<float>()[i]) * u.data<float>()[i];
-    }
-    auto loss_at = [&](double t) {
-      for (int64_t i = 0; i < p.numel(); ++i)
-        p.data<float>()[i] = saved.data<float>()[i] + float(t) * u.data<float>()[i];
-      return lora.dropout > 0 ? training_loss(model, params, b, policy) : mean_loss(model, params, b);
-    };
-    // Central differences at h and h/2, Richardson-extrapolated (see test_model.cpp).
-    const double h = 1e-2;
-    const double d_h = (loss_at(h) - loss_at(-h)) / (2 * h);
-    const double d_half = (loss_at(h / 2) - loss_at(-h / 2)) / h;
-    const double numeric = (4 * d_half - d_h) / 3;
-    p.copy_from(saved);
+    const test::DirectionalDerivative d =
+        test::directional_derivative(s.param, grads[k], rng, [&] {
+          return lora.dropout > 0 ? training_loss(model, params, b, policy)
+                                  : mean_loss(model, params, b);
+        });
+    const double analytic = d.analytic, numeric = d.numeric;
     INFO(s.name << ": analytic " << analytic << " numeric " << numeric);
     CHECK(std::abs(analytic - numeric) <= 2e-3 * std::abs(numeric) + 5e-5);
   }

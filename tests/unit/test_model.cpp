@@ -7,6 +7,7 @@
 #include "catch_compat.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
+#include "model_support.h"
 
 using namespace frugal;
 
@@ -61,28 +62,10 @@ void check_gradients(bool tied, CheckpointPolicy policy) {
   // Directional derivative along a random direction, one parameter tensor at a time:
   // (L(p + h u) - L(p - h u)) / 2h  ~  <grad, u>.
   std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (TrainableShard& s : params.trainable()) {
-    Tensor p = s.param;
-    Tensor saved = p.clone();
-    Tensor u = Tensor::empty(p.shape());
-    double analytic = 0;
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      u.data<float>()[i] = normal(rng);
-      analytic += double(s.grad.data<float>()[i]) * u.data<float>()[i];
-    }
-    auto loss_at = [&](double t) {
-      for (int64_t i = 0; i < p.numel(); ++i)
-        p.data<float>()[i] = saved.data<float>()[i] + float(t) * u.data<float>()[i];
-      return mean_loss(model, params, b);
-    };
-    // Central differences at h and h/2, combined by Richardson extrapolation so that the
-    // h^2 truncation error cancels (the model is far from linear at this init).
-    const double h = 1e-2;
-    const double d_h = (loss_at(h) - loss_at(-h)) / (2 * h);
-    const double d_half = (loss_at(h / 2) - loss_at(-h / 2)) / h;
-    const double numeric = (4 * d_half - d_h) / 3;
-    p.copy_from(saved);
+    const test::DirectionalDerivative d = test::directional_derivative(
+        s.param, s.grad, rng, [&] { return mean_loss(model, params, b); });
+    const double analytic = d.analytic, numeric = d.numeric;
     INFO(s.name << ": analytic " << analytic << " numeric " << numeric);
     CHECK(std::abs(analytic - numeric) <= 2e-3 * std::abs(numeric) + 5e-5);
   }
