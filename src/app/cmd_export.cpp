@@ -57,7 +57,8 @@ int cmd_export(const std::vector<std::string>& args) {
   }
   if (out_dir.empty()) fail("export: --out DIR is required (see 'frugal export --help')");
   if (peft) {
-    if (ckpt_path.empty()) fail("export: --peft needs --ckpt DIR (a LoRA run)");
+    if (ckpt_path.empty() || !hf_dir.empty())
+      fail("export: --peft takes --ckpt DIR (a LoRA run), not --hf-model");
     export_peft_adapters(ckpt_path, out_dir);
     log_info("export: the adapters of ", ckpt_path, " -> ", out_dir,
              " (adapter_model.safetensors, adapter_config.json)");
