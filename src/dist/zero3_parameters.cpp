@@ -75,6 +75,12 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     quant_.push_back(std::move(quantized));
   }
   refresh_copies();
+  // On a GPU a frozen weight needs only its bf16 copy (or its host staging copy): its fp32
+  // master would never change, so it goes (4 bytes per frozen weight).
+  if (arenas_.copies)
+    for (size_t u = 0; u < units_.size(); ++u)
+      for (size_t i = 0; i < units_[u].params.size(); ++i)
+        if (!units_[u].params[i].trainable) shards_[u][i] = Tensor();
 }
 
 Zero3Parameters::QuantShard Zero3Parameters::quantize_nf4(const ShardLayout& l, const Tensor& rows) {
