@@ -157,14 +157,16 @@ void Zero3Parameters::refresh_copies() {
   if (!arenas_.copies) return;
   copies_.resize(shards_.size());
   staging_.resize(shards_.size());
-  stale_.assign(shards_.size(), true);
+  stale_.assign(shards_.size(), {});
   fresh_.assign(shards_.size(), true);
   for (size_t u = 0; u < shards_.size(); ++u) {
     copies_[u].resize(shards_[u].size());
     staging_[u].resize(shards_[u].size());
+    stale_[u].assign(shards_[u].size(), true);
     for (size_t i = 0; i < shards_[u].size(); ++i) {
       const Tensor& master = shards_[u][i];
-      if (!master.defined()) continue;  // NF4: gathered and dequantized as such
+      // 4-bit (gathered and dequantized as such), or frozen on a GPU: its copy stays as it is.
+      if (!master.defined()) continue;
       // Into the existing tensors: the optimizer holds them (TrainableShard::param_copy).
       auto make = [](Tensor& slot, const Tensor& value) {
         if (slot.defined())
@@ -194,7 +196,11 @@ Tensor Zero3Parameters::copy_for_optimizer(size_t u, size_t i) const {
 }
 
 void Zero3Parameters::weights_updated() {
-  if (host_state()) stale_.assign(shards_.size(), true);
+  // The trainable ones changed; a frozen weight's copy on the GPU is still what it was.
+  if (!host_state()) return;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t i = 0; i < units_[u].params.size(); ++i)
+      if (units_[u].params[i].trainable) stale_[u][i] = true;
 }
 
 Zero3Parameters::~Zero3Parameters() = default;
@@ -210,13 +216,13 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
     // compute stream, once per update (copies kept on the GPU) or every time (offloaded).
     const bool kept_on_gpu = arenas_.copies->device() != Device::cpu;
     for (size_t i = 0; i < source.size(); ++i) {
-      if ((kept_on_gpu && !stale_[unit]) || quant_[unit][i]) continue;
+      if ((kept_on_gpu && !stale_[unit][i]) || quant_[unit][i]) continue;
       const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
       if (!kept_on_gpu)
         source[i] = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
       g.uploads.emplace_back(source[i], host);
+      stale_[unit][i] = false;
     }
-    stale_[unit] = false;
   }
   // NF4 rows: their codes are gathered (on one rank: taken as they are), and dequantized into
   // a whole weight in the compute dtype once they are there.

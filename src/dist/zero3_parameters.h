@@ -144,7 +144,8 @@ class Zero3Parameters : public ParameterProvider {
   // are offloaded too), which copies that are on the GPU need again (stale_), and which
   // gradient shards have received nothing since zero_grads (fresh_: overwritten, not added).
   std::vector<std::vector<Tensor>> staging_;
-  std::vector<bool> stale_, fresh_;
+  std::vector<std::vector<bool>> stale_;  // by unit and parameter
+  std::vector<bool> fresh_;
   std::optional<Download> downloading_;
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;
