@@ -137,8 +137,8 @@ void describe(po::options_description& all, OptionTable& t, TrainConfig& c,
   t.add(parallel, "parallel.timeout_s", &c.parallel.timeout_s,
         "seconds a collective may wait for the other ranks before the run stops with an error");
   t.add_string(parallel, "parallel.device", &c.parallel.device,
-               "auto | cpu | cuda: where the model runs (auto: a GPU when this build and machine "
-               "have one, one GPU per rank)");
+               "auto | cpu | cuda: where the model runs, one GPU per rank (auto: the GPUs when "
+               "every node has one for each of its ranks, else the CPU)");
   t.add_string(parallel, "parallel.gpu_mem_limit", &c.parallel.gpu_mem_limit,
                "cap on each rank's GPU memory, e.g. 24GiB to behave like a consumer card (0: the "
                "whole card); allocations past it stop the run naming what did not fit");

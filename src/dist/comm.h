@@ -95,5 +95,7 @@ std::unique_ptr<Comm> make_mpi_world_comm(double timeout_s);
 // The process-wide rank and size straight from MPI (for logging before a Comm exists).
 int mpi_world_rank();
 int mpi_world_size();
+// The ranks on this node (those that share its memory): a collective of every rank.
+int mpi_node_size();
 
 }  // namespace frugal

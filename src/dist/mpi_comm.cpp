@@ -217,4 +217,13 @@ int mpi_world_size() {
   return size;
 }
 
+int mpi_node_size() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int size = 1;
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return size;
+}
+
 }  // namespace frugal

@@ -344,11 +344,22 @@ TrainSummary run_training(const TrainConfig& config) {
   Mesh host_mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);
   const int rank = host_mesh.world->rank();
   check_same_config(*host_mesh.world, c);
-  const bool use_gpu = c.parallel.device == "cuda" ||
-                       (c.parallel.device == "auto" && device_count() > 0);
-  if (c.parallel.device == "cuda" && device_count() == 0)
-    fail("config key 'parallel.device': cuda, but this process sees no GPU",
+  // One GPU per rank: `auto` takes the GPUs only when every node has one for each of its
+  // ranks, and every rank decides the same (a rank on the CPU and one on a GPU cannot train
+  // together).
+  const int gpus = device_count(), node_ranks = mpi_node_size();
+  const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
+  const bool everywhere = host_mesh.world->all_reduce_max(enough_gpus ? 0 : 1) == 0;
+  if (c.parallel.device == "cuda" && !everywhere)
+    fail("config key 'parallel.device': cuda needs one GPU per rank, but ",
+         enough_gpus ? "another node has fewer GPUs than ranks"
+                     : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
+                           std::to_string(gpus) + " GPU(s)",
          kHaveCuda ? "" : " (this frugal was built without CUDA)");
+  const bool use_gpu = c.parallel.device == "cuda" || (c.parallel.device == "auto" && everywhere);
+  if (c.parallel.device == "auto" && gpus > 0 && !use_gpu)
+    log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
+             " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
 
   // --- data --------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
