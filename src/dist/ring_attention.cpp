@@ -148,6 +148,18 @@ int64_t block_offset(int64_t qc, int64_t kc, int64_t chunk) {
   return kc > qc ? -1 : (qc - kc) * chunk;
 }
 
+// Calls f(query half, key half, causal offset) for each block pair of step s that is not
+// fully masked: this rank's two query chunks against the two key chunks it holds then.
+template <class F>
+void for_each_visible_pair(const RingShape& r, int s, F&& f) {
+  const int src = r.source(s);
+  for (int qh = 0; qh < 2; ++qh)
+    for (int kh = 0; kh < 2; ++kh) {
+      const int64_t offset = block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
+      if (offset >= 0) f(qh, kh, offset);
+    }
+}
+
 // The local [batch * 2c, ...] tensor assembled from its two chunk-major halves.
 // With `dtype`: the result rounded to it (the fp32 accumulators to the model's bf16 on a GPU).
 Tensor join_halves(const Tensor& first, const Tensor& second, int64_t outer, const Shape& shape,
@@ -288,17 +300,11 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
     const Tensor& cur = kv[s % 2];
     RingTransfer next_kv;
     if (s + 1 < r.P) next_kv = pass_along(cp, r, cur, kv[(s + 1) % 2], kTagKv);
-    const int src = r.source(s);
-    for (int qh = 0; qh < 2; ++qh) {
-      for (int kh = 0; kh < 2; ++kh) {
-        const int64_t offset =
-            block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
-        if (offset < 0) continue;
-        const ops::Attention part = ops::attention_block(
-            q_half[qh], kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh), batch, offset);
-        ops::merge_attention(out_half[qh], lse_half[qh], part, batch);
-      }
-    }
+    for_each_visible_pair(r, s, [&](int qh, int kh, int64_t offset) {
+      const ops::Attention part = ops::attention_block(
+          q_half[qh], kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh), batch, offset);
+      ops::merge_attention(out_half[qh], lse_half[qh], part, batch);
+    });
     if (next_kv.send) next_kv.send->wait();
     if (next_kv.recv) next_kv.recv->wait();
   }
@@ -357,19 +363,13 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
     Tensor& acc = dkv_out[s % 2];
     if (dkv_send[s % 2]) dkv_send[s % 2]->wait();
     ops::zero(acc);
-    const int src = r.source(s);
-    for (int qh = 0; qh < 2; ++qh) {
-      for (int kh = 0; kh < 2; ++kh) {
-        const int64_t offset =
-            block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
-        if (offset < 0) continue;
-        Tensor dk_part = kv_quarter(acc, rows, kh);
-        Tensor dv_part = kv_quarter(acc, rows, 2 + kh);
-        ops::attention_block_backward(dq_half[qh], dk_part, dv_part, dout_half[qh], q_half[qh],
-                                      kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh),
-                                      out_half[qh], lse_half[qh], batch, offset);
-      }
-    }
+    for_each_visible_pair(r, s, [&](int qh, int kh, int64_t offset) {
+      Tensor dk_part = kv_quarter(acc, rows, kh);
+      Tensor dv_part = kv_quarter(acc, rows, 2 + kh);
+      ops::attention_block_backward(dq_half[qh], dk_part, dv_part, dout_half[qh], q_half[qh],
+                                    kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh),
+                                    out_half[qh], lse_half[qh], batch, offset);
+    });
     if (r.P > 1) {
       if (s > 0) {
         dkv_recv->wait();

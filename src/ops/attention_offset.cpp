@@ -23,19 +23,7 @@ Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int
   }
   FRUGAL_CHECK(v.shape() == k.shape(), "attention_block value ", shape_string(v.shape()),
                " against key ", shape_string(k.shape()));
-  FRUGAL_CHECK(batch > 0 && q.size(0) % batch == 0 && k.size(0) % batch == 0 &&
-                   q.size(2) == k.size(2) && q.size(1) % k.size(1) == 0 && causal_offset >= 0,
-               "attention_block q ", shape_string(q.shape()), " k ", shape_string(k.shape()),
-               " batch ", batch, " causal_offset ", causal_offset);
-  cpu::AttentionShape s;
-  s.batch = batch;
-  s.q_len = q.size(0) / batch;
-  s.kv_len = k.size(0) / batch;
-  s.n_heads = q.size(1);
-  s.n_kv_heads = k.size(1);
-  s.head_dim = q.size(2);
-  s.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));  // as ops::attention
-  s.causal_offset = causal_offset;
+  const cpu::AttentionShape s = attention_shape(q, k, batch, causal_offset, "attention_block");
 #ifdef FRUGAL_HAVE_CUDA
   if (device == Device::cuda) return gpu::attention(q, k, v, s);
 #endif

@@ -88,6 +88,11 @@ struct Attention {
   Tensor out;  // [B*S, n_heads, head_dim]
   Tensor lse;  // [B, n_heads, S]
 };
+// The kernels' description of attention of q [B*Sq, n_heads, D] against k [B*Skv, n_kv_heads,
+// D] with a causal offset (query i sees key j iff j <= i + causal_offset), scale 1/sqrt(D);
+// throws naming `what` and the shapes when they do not fit together.
+cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t batch,
+                                    int64_t causal_offset, const char* what);
 // q [B*S, n_heads, D], k, v [B*S, n_kv_heads, D]; causal within each of the B sequences.
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch);
 struct AttentionGrads {
