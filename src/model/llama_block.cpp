@@ -62,16 +62,16 @@ Tensor adapter_input(const Tensor& x, const BlockContext& ctx, int p) {
   return ops::dropout(x, static_cast<float>(ctx.lora->dropout), adapter_seed(ctx, p));
 }
 
-// y = x W^T, plus s (d(x) A^T) B^T where the projection has a LoRA adapter (d: its dropout;
-// t = d(x) A^T is kept).
+// y = x W^T, plus t B^T where the projection has a LoRA adapter, t = s d(x) A^T (d: its
+// dropout, s = alpha / r). t is kept; the scale goes on it ([T, r]) rather than on the
+// [T, out] update, which saves a pass over the projection's output.
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const Tensor& weight,
                const BlockContext& ctx, BlockActivations& a) {
   Tensor y = ops::linear(x, weight);
   if (!w.lora_a[p].defined()) return y;
   a.lora_t[p] = ops::linear(adapter_input(x, ctx, p), w.lora_a[p]);
-  Tensor update = ops::linear(a.lora_t[p], w.lora_b[p]);
-  ops::scale_inplace(update, ctx.lora->scale());
-  ops::add_inplace(y, update);
+  ops::scale_inplace(a.lora_t[p], ctx.lora->scale());
+  ops::add_inplace(y, ops::linear(a.lora_t[p], w.lora_b[p]));
   return y;
 }
 
@@ -81,10 +81,9 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
                         const BlockContext& ctx, const BlockActivations& a) {
   Tensor dx = ops::linear_backward(dy, x, weight, weight_grad);
   if (!w.lora_a[p].defined()) return dx;
-  Tensor dy_scaled = ops::empty_like(dy, dy.shape(), dy.dtype());
-  ops::copy(dy_scaled, dy);
-  ops::scale_inplace(dy_scaled, ctx.lora->scale());
-  Tensor dt = ops::linear_backward(dy_scaled, a.lora_t[p], w.lora_b[p], g.lora_b[p]);
+  // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.
+  Tensor dt = ops::linear_backward(dy, a.lora_t[p], w.lora_b[p], g.lora_b[p]);
+  ops::scale_inplace(dt, ctx.lora->scale());
   Tensor d_input = ops::linear_backward(dt, adapter_input(x, ctx, p), w.lora_a[p], g.lora_a[p]);
   // Dropout is linear and its own adjoint: the same mask carries the gradient back.
   if (adapter_dropout(ctx))

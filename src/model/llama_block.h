@@ -60,7 +60,8 @@ struct BlockActivations {
   Tensor n2, rstd2;     // post-attention norm
   Tensor gate, up;      // MLP projections [T, I]
   Tensor act;           // silu(gate) * up
-  // x A^T of each adapted projection (LoRA), [T, r]: kept by every policy (they are small).
+  // (alpha / r) d(x) A^T of each adapted projection (LoRA; d: its dropout), [T, r]: kept by
+  // every policy (they are small).
   std::array<Tensor, kBlockParamCount> lora_t;
 };
 

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "model/hf_model.h"
 #include "model/lora.h"
+#include "ops/ops.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
 
@@ -20,6 +21,23 @@ namespace frugal {
 
 namespace {
 
+// A key of a run's resolved configuration (a checkpoint manifest's "config").
+std::string run_key(const nlohmann::json& config, const std::string& name,
+                    const std::string& source) {
+  if (!config.contains(name))
+    fail("checkpoint '", source, "' of a LoRA run has no '", name, "' in its configuration");
+  return config.at(name).get<std::string>();
+}
+
+// The adapters a LoRA run trained, as its configuration describes them.
+LoraConfig lora_of_run(const nlohmann::json& config, const std::string& source) {
+  LoraConfig lora;
+  lora.rank = std::stoll(run_key(config, "lora.rank", source));
+  lora.alpha = std::stod(run_key(config, "lora.alpha", source));
+  lora.targets = lora_targets_from_names(run_key(config, "lora.targets", source));
+  return lora;
+}
+
 // A LoRA run's checkpoint holds the adapters alone: the base comes back as the run made it
 // (its model.hf_path, or the seed's initialisation), and each adapted projection gets its
 // update merged in, W += (alpha / r) B A, so the result is an ordinary model.
@@ -27,15 +45,8 @@ std::unique_ptr<LocalParameters> load_lora_merged(const nlohmann::json& config,
                                                   const LlamaConfig& shape,
                                                   ShardedTensorReader& reader,
                                                   const std::string& source) {
-  auto key = [&](const std::string& name) {
-    if (!config.contains(name))
-      fail("checkpoint '", source, "' of a LoRA run has no '", name, "' in its configuration");
-    return config.at(name).get<std::string>();
-  };
-  LoraConfig lora;
-  lora.rank = std::stoll(key("lora.rank"));
-  lora.alpha = std::stod(key("lora.alpha"));
-  lora.targets = lora_targets_from_names(key("lora.targets"));
+  auto key = [&](const std::string& name) { return run_key(config, name, source); };
+  const LoraConfig lora = lora_of_run(config, source);
   std::unique_ptr<LocalParameters> params;
   const std::string hf_path = config.value("model.hf_path", std::string());
   if (!hf_path.empty()) {
@@ -62,30 +73,22 @@ std::unique_ptr<LocalParameters> load_lora_merged(const nlohmann::json& config,
   for (const UnitSpec& unit : lora_units(shape, lora))
     for (const ParamSpec& spec : unit.params) {
       if (!is_lora_a(spec.name)) continue;
-      const std::string stem = spec.name.substr(0, spec.name.size() - std::string(".lora_A.weight").size());
+      const std::string stem =
+          spec.name.substr(0, spec.name.size() - std::string(".lora_A.weight").size());
       Tensor& w = params->param(stem + ".weight");
       const int64_t out = w.size(0), in = w.size(1), r = lora.rank;
       const Tensor a = reader.read_full("model/" + spec.name, {r, in});
       const Tensor b = reader.read_full("model/" + stem + ".lora_B.weight", {out, r});
-      // W[o, i] += s * sum_j B[o, j] A[j, i], in double.
-      const float* pa = a.data<float>();
-      const float* pb = b.data<float>();
-      float* pw = w.data<float>();
-      const double s = lora.alpha / double(r);
-#pragma omp parallel for schedule(static)
-      for (int64_t o = 0; o < out; ++o)
-        for (int64_t i = 0; i < in; ++i) {
-          double sum = 0;
-          for (int64_t j = 0; j < r; ++j) sum += double(pb[o * r + j]) * pa[j * in + i];
-          pw[o * in + i] = static_cast<float>(pw[o * in + i] + s * sum);
-        }
+      // W += (alpha / r) B A, as one GEMM: B [out, r] times A^T [in, r] transposed.
+      Tensor a_t = Tensor::empty({in, r});
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t i = 0; i < in; ++i) a_t.data<float>()[i * r + j] = a.data<float>()[j * in + i];
+      Tensor update = ops::linear(b, a_t);
+      ops::scale_inplace(update, lora.scale());
+      ops::add_inplace(w, update);
     }
   return params;
 }
-
-}  // namespace
-
-namespace {
 
 // The committed step a path names (a run directory, its ckpt/, or a step directory).
 struct SavedStep {
@@ -164,16 +167,8 @@ void export_peft_adapters(const std::string& path, const std::string& out_dir) {
   if (type == "full")
     fail("checkpoint '", source, "' is of a full training run: it has no adapters to export as "
          "PEFT (export it without --peft)");
-  auto key = [&](const std::string& name) {
-    if (!config.contains(name))
-      fail("checkpoint '", source, "' of a LoRA run has no '", name, "' in its configuration");
-    return config.at(name).get<std::string>();
-  };
   const LlamaConfig shape = llama_config_from_json(opened.manifest.at("model"), source);
-  LoraConfig lora;
-  lora.rank = std::stoll(key("lora.rank"));
-  lora.alpha = std::stod(key("lora.alpha"));
-  lora.targets = lora_targets_from_names(key("lora.targets"));
+  const LoraConfig lora = lora_of_run(config, source);
   ShardedTensorReader reader(*opened.dir, opened.step, opened.manifest.at("world_size").get<int>());
   // PEFT's names: the model wrapped as base_model.model.
   std::vector<std::pair<std::string, Tensor>> tensors;
