@@ -16,43 +16,24 @@
 #include "dist/nccl_comm.h"
 #include "dist/ring_attention.h"
 #include "ops/ops.h"
+#include "ring_support.h"
 
 using namespace frugal;
+using test::relative_error;
 
 namespace {
 
 // Uniform in [-amplitude, amplitude), rounded to bf16 (the inputs both sides see).
 Tensor random_tensor(const Shape& shape, uint32_t seed, float amplitude) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  std::mt19937 rng(seed);
-  float* p = t.data<float>();
+  Tensor t = test::random_tensor(shape, seed, amplitude);
   for (int64_t i = 0; i < t.numel(); ++i)
-    p[i] = bf16_to_float(float_to_bf16(amplitude * (2.0f * float(rng() >> 8) / float(1 << 24) - 1.0f)));
+    t.data<float>()[i] = bf16_to_float(float_to_bf16(t.data<float>()[i]));
   return t;
 }
 
 Tensor to_gpu_bf16(const Tensor& host, DeviceContext& gpu) {
   return ops::convert(ops::convert(host, DType::f32, gpu.device_memory()), DType::bf16,
                       gpu.device_memory());
-}
-
-// Largest |got - want| over real (not padding) rows, relative to the largest |want| there.
-double relative_error(const Tensor& got, const Tensor& want, const ZigzagLayout& layout,
-                      int64_t batch) {
-  REQUIRE(got.shape() == want.shape());
-  const std::vector<int64_t> indices = zigzag_token_indices(layout);
-  const int64_t row = got.numel() / got.size(0);
-  double worst = 0, largest = 0;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < layout.local_len(); ++i) {
-      if (indices[size_t(i)] >= layout.seq_len) continue;
-      const int64_t r = b * layout.local_len() + i;
-      for (int64_t e = r * row; e < (r + 1) * row; ++e) {
-        worst = std::max(worst, double(std::abs(got.data<float>()[e] - want.data<float>()[e])));
-        largest = std::max(largest, double(std::abs(want.data<float>()[e])));
-      }
-    }
-  return worst / std::max(largest, 1e-30);
 }
 
 void check_ring(Comm& cp, DeviceContext& gpu, int64_t seq, int64_t heads, int64_t kv_heads,
@@ -87,17 +68,7 @@ void check_ring(Comm& cp, DeviceContext& gpu, int64_t seq, int64_t heads, int64_
                        batch) < tolerance);
   CHECK(relative_error(host(grads.dv), zigzag_scatter(ref_grads.dv, layout, batch), layout,
                        batch) < tolerance);
-  const Tensor lse = host(fwd.lse);
-  const std::vector<int64_t> indices = zigzag_token_indices(layout);
-  double lse_worst = 0;
-  for (int64_t bh = 0; bh < batch * heads; ++bh)
-    for (int64_t i = 0; i < layout.local_len(); ++i)
-      if (indices[size_t(i)] < seq) {
-        const float want = ref.lse.data<float>()[bh * seq + indices[size_t(i)]];
-        const float got = lse.data<float>()[bh * layout.local_len() + i];
-        lse_worst = std::max(lse_worst, double(std::abs(got - want)) / (1.0 + std::abs(want)));
-      }
-  CHECK(lse_worst < 1e-4);  // fp32 all the way
+  CHECK(test::lse_error(host(fwd.lse), ref.lse, layout, batch * heads) < 1e-4);  // fp32 all the way
 }
 
 }  // namespace

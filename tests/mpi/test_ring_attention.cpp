@@ -13,41 +13,13 @@
 #include "dist/comm.h"
 #include "dist/ring_attention.h"
 #include "ops/ops.h"
+#include "ring_support.h"
 
 using namespace frugal;
+using test::random_tensor;
+using test::relative_error;
 
 namespace {
-
-// Uniform in [-amplitude, amplitude), the same on every rank for the same seed.
-Tensor random_tensor(const Shape& shape, uint32_t seed, float amplitude) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  std::mt19937 rng(seed);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    p[i] = amplitude * (2.0f * float(rng() >> 8) / float(1 << 24) - 1.0f);
-  return t;
-}
-
-// Largest |got - want| over the rows of `local` that hold real tokens, relative to the largest
-// |want| there. `want` is the reference in the same local layout.
-double relative_error(const Tensor& got, const Tensor& want, const ZigzagLayout& layout,
-                      int64_t batch) {
-  REQUIRE(got.shape() == want.shape());
-  const std::vector<int64_t> indices = zigzag_token_indices(layout);
-  const int64_t row = got.numel() / got.size(0);
-  double worst = 0, largest = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < layout.local_len(); ++i) {
-      if (indices[size_t(i)] >= layout.seq_len) continue;
-      const int64_t r = b * layout.local_len() + i;
-      for (int64_t e = r * row; e < (r + 1) * row; ++e) {
-        worst = std::max(worst, double(std::abs(got.data<float>()[e] - want.data<float>()[e])));
-        largest = std::max(largest, double(std::abs(want.data<float>()[e])));
-      }
-    }
-  }
-  return worst / std::max(largest, 1e-30);
-}
 
 void check_ring(Comm& cp, int64_t seq, int64_t heads, int64_t kv_heads, uint32_t seed) {
   const int64_t batch = 2, head_dim = 16;
@@ -83,16 +55,7 @@ void check_ring(Comm& cp, int64_t seq, int64_t heads, int64_t kv_heads, uint32_t
 
   // lse [batch, heads, local_len] against the reference [batch, heads, seq].
   REQUIRE(fwd.lse.shape() == Shape({batch, heads, layout.local_len()}));
-  const std::vector<int64_t> indices = zigzag_token_indices(layout);
-  double lse_worst = 0;
-  for (int64_t bh = 0; bh < batch * heads; ++bh)
-    for (int64_t i = 0; i < layout.local_len(); ++i)
-      if (indices[size_t(i)] < seq) {
-        const float want = ref.lse.data<float>()[bh * seq + indices[size_t(i)]];
-        const float got = fwd.lse.data<float>()[bh * layout.local_len() + i];
-        lse_worst = std::max(lse_worst, double(std::abs(got - want)) / (1.0 + std::abs(want)));
-      }
-  CHECK(lse_worst < tolerance);
+  CHECK(test::lse_error(fwd.lse, ref.lse, layout, batch * heads) < tolerance);
 
   // Gathered over the group, the key gradients are those of the whole sequence.
   const Tensor dk_all = zigzag_gather(grads.dk, layout, batch, cp);
