@@ -326,12 +326,10 @@ std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
 void Zero3Parameters::complete_reduction() {
   if (!in_flight_) return;
   for (Pending& op : in_flight_->ops) op->wait();
-  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i) {
-    if (!in_flight_->shard_sum[i].defined()) continue;  // frozen
-    // Offloaded gradient shards live in host memory: the sum comes down first.
-    Tensor& shard = grad_shards_[in_flight_->unit][i];
-    ops::add_inplace(shard, ops::on_device_of(in_flight_->shard_sum[i], shard));
-  }
+  // (Gradient shards in host memory while the GPU computes go through downloads instead.)
+  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
+    if (in_flight_->shard_sum[i].defined())  // not frozen
+      ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
   in_flight_.reset();
 }
 

@@ -122,10 +122,6 @@ Tensor to_host_f32(const Tensor& src) {
   return to_host(wide, device().context->compute());
 }
 
-void synchronize() {
-  if (bound().context) bound().context->compute().synchronize();
-}
-
 void* copy_beside(Tensor& dst, const Tensor& src) {
   DeviceContext& c = *device().context;
   c.comm().wait(c.compute());
@@ -357,11 +353,11 @@ double sum_squares(const std::vector<Tensor>& xs) {
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy) {
-  // The gradient and the moments may be in pinned host memory (parallel.offload = optimizer):
-  // the kernel then reads and writes them over PCIe, in place.
+  // (Offloaded state is updated on the host: ops::adamw_update dispatches on the parameter.)
   expect(param, DType::f32, "optimizer parameter");
-  FRUGAL_CHECK(grad.dtype() == DType::f32 && m.dtype() == DType::f32 && v.dtype() == DType::f32,
-               "AdamW state must be f32");
+  expect(grad, DType::f32, "optimizer gradient");
+  expect(m, DType::f32, "AdamW first moment");
+  expect(v, DType::f32, "AdamW second moment");
   cuda::AdamWChunk chunk;
   chunk.param = f32(param);
   chunk.grad = f32(grad);

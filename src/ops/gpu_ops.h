@@ -18,7 +18,6 @@ Tensor zeros(const Shape& shape, DType dtype, Arena& arena);
 void copy(Tensor& dst, const Tensor& src);
 Tensor convert(const Tensor& src, DType dtype, Arena& arena);
 Tensor to_host_f32(const Tensor& src);
-void synchronize();  // nothing when no GPU is bound
 // Queues dst = src on the communication stream after the compute stream's work so far; returns
 // an event recorded after it (opaque: a CUevent_st* owned by the caller, see event_*).
 void* copy_beside(Tensor& dst, const Tensor& src);

@@ -116,12 +116,6 @@ Tensor to_host_f32(const Tensor& src) {
   return src;
 }
 
-void synchronize() {
-#ifdef FRUGAL_HAVE_CUDA
-  gpu::synchronize();
-#endif
-}
-
 struct SideCopy::State {
   Tensor dst, src;
   void* event = nullptr;  // the GPU's, when the copy involves device memory or pinned memory

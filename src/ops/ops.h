@@ -40,10 +40,6 @@ Tensor convert(const Tensor& src, DType dtype, Arena& arena);
 Tensor on_device_of(const Tensor& src, const Tensor& like);
 // An f32 copy in host memory, complete on return (waits for the GPU).
 Tensor to_host_f32(const Tensor& src);
-// Waits until the bound GPU has finished the work queued so far (nothing without one): before
-// the host writes memory that queued kernels may still read, such as pinned offloaded state.
-void synchronize();
-
 // A copy that runs beside the compute stream (on the GPU's communication stream, after the
 // work queued on the compute stream so far), so that moving offloaded state to and from pinned
 // host memory overlaps the kernels. wait() orders the compute stream after it; done() blocks

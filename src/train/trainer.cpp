@@ -80,7 +80,9 @@ struct RunMemory {
 #endif
   }
   ~RunMemory() {
+#ifdef FRUGAL_HAVE_CUDA
     if (gpu) ops::bind_device(nullptr);
+#endif
   }
   Arena& activations() {
 #ifdef FRUGAL_HAVE_CUDA
@@ -88,14 +90,13 @@ struct RunMemory {
 #endif
     return host_arena();
   }
+  // On a GPU every state arena is a part of the device or pinned arena, which count it all.
   size_t peak_bytes() {
-    size_t sum = activations().stats().peak_bytes + gathered->stats().peak_bytes +
-                 params->stats().peak_bytes + grads->stats().peak_bytes +
-                 optimizer->stats().peak_bytes;
 #ifdef FRUGAL_HAVE_CUDA
-    if (gpu) sum = gpu->device_memory().stats().peak_bytes + gpu->pinned_memory().stats().peak_bytes;
+    if (gpu) return gpu->device_memory().stats().peak_bytes + gpu->pinned_memory().stats().peak_bytes;
 #endif
-    return sum;
+    return activations().stats().peak_bytes + gathered->stats().peak_bytes +
+           params->stats().peak_bytes + grads->stats().peak_bytes + optimizer->stats().peak_bytes;
   }
   nlohmann::json report() {
     nlohmann::json r = {{"parameters_bytes", params->stats().in_use_bytes},
@@ -117,8 +118,6 @@ struct RunMemory {
 
 #ifdef FRUGAL_HAVE_CUDA
   std::unique_ptr<DeviceContext> gpu;  // first member: outlives every arena inside it
-#else
-  std::unique_ptr<int> gpu;
 #endif
   std::unique_ptr<Arena> params, grads, optimizer, gathered, copies;
 };
@@ -521,7 +520,8 @@ TrainSummary run_training(const TrainConfig& config) {
         {"tokens_per_s", double(tokens_per_step) / step_seconds},
         {"peak_memory_bytes", memory.peak_bytes()},
         {"memory", memory.report()}};
-    if (memory.gpu) record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
+    if (record["memory"].contains("device_peak_bytes"))  // a GPU run
+      record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
     const bool last = step == c.train.steps;
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
