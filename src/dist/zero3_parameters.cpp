@@ -2,6 +2,10 @@
 #include "dist/zero3_parameters.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/log.h"
 
 #include "ops/ops.h"
 #include "quant/hqq.h"
@@ -37,7 +41,17 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
                                  const Zero3Init& init_from)
     : units_(std::move(units)), comm_(comm), arenas_(arenas) {
   const int rank = comm_.rank(), ranks = comm_.size();
+  // A 70B model takes minutes to initialise and quantize: a progress line every 15 s.
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto last_report = start;
   for (const UnitSpec& unit : units_) {
+    if (clock::now() - last_report > std::chrono::seconds(15)) {
+      last_report = clock::now();
+      log_info("parameters: ", layouts_.size(), " of ", units_.size(), " units initialised",
+               init_from.nf4 || init_from.hqq ? " and quantized" : "", " (",
+               std::lround(std::chrono::duration<double>(last_report - start).count()), " s)");
+    }
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;
     std::vector<std::optional<QuantShard>> quantized;
@@ -241,10 +255,22 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
     });
     return full;
   };
+  // 4-bit rows offloaded to pinned host memory (offload = params) go up first, beside the
+  // compute stream like the bf16 copies; the gathers follow them on the same stream.
+  auto on_gathering_device = [&](const Tensor& part) {
+    if (!part.defined() || part.device() == arenas_.gathered->device()) return part;
+    Tensor up = Tensor::empty(part.shape(), part.dtype(), *arenas_.gathered);
+    g.uploads.emplace_back(up, part);
+    return up;
+  };
+  auto uploaded = [&](QuantShard q) {
+    for (Tensor* t : {&q.codes, &q.absmax_codes, &q.scales, &q.zeros}) *t = on_gathering_device(*t);
+    return q;
+  };
   if (alone()) {
     g.full = source;
     for (size_t i = 0; i < source.size(); ++i)
-      if (quant_[unit][i]) g.full[i] = dequantize_later(i, *quant_[unit][i]);
+      if (quant_[unit][i]) g.full[i] = dequantize_later(i, uploaded(*quant_[unit][i]));
     return g;
   }
   // One all-gather per parameter, posted together as one group: each lands a contiguous
@@ -253,7 +279,7 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   for (size_t i = 0; i < layouts_[unit].size(); ++i) {
     const ShardLayout& l = layouts_[unit][i];
     if (quant_[unit][i]) {
-      const QuantShard& mine = *quant_[unit][i];
+      const QuantShard mine = uploaded(*quant_[unit][i]);
       QuantShard whole = mine;  // NF4's scales and offset are already the whole tensor's
       auto gather_rows = [&](const Tensor& part, Tensor& all) {
         all = Tensor::empty({part.numel() * comm_.size()}, part.dtype(), *arenas_.gathered);
@@ -459,11 +485,14 @@ size_t Zero3Parameters::shard_bytes() const {
   return bytes;
 }
 
-size_t Zero3Parameters::largest_unit_bytes() const {
+size_t Zero3Parameters::largest_unit_bytes(size_t weight_bytes) const {
   size_t largest = 0;
-  for (const auto& unit : layouts_) {
+  for (size_t u = 0; u < layouts_.size(); ++u) {
     size_t bytes = 0;
-    for (const ShardLayout& l : unit) bytes += size_t(shape_numel(l.padded_shape())) * 4;
+    for (size_t i = 0; i < layouts_[u].size(); ++i) {
+      const size_t n = size_t(shape_numel(layouts_[u][i].padded_shape()));
+      bytes += n * weight_bytes + (units_[u].params[i].trainable ? n * 4 : 0);
+    }
     largest = std::max(largest, bytes);
   }
   return largest;

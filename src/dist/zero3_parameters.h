@@ -83,10 +83,12 @@ class Zero3Parameters : public ParameterProvider {
   // After the fp32 shards changed other than through the optimizer (a checkpoint or weights
   // loaded into them): the bf16 copies are made again. Nothing to do on the CPU.
   void refresh_copies();
-  // Bytes of this rank's shards (padding included) and of the largest whole unit.
+  // Bytes of this rank's shards (padding included), and of the largest unit while it is whole:
+  // its weights at `weight_bytes` an element (the compute dtype's) and its trainable weights'
+  // fp32 gradients.
   size_t shard_bytes() const;  // NF4 rows counted as their bytes
   bool is_quantized(int64_t unit, size_t i) const { return quant_[unit][i].has_value(); }
-  size_t largest_unit_bytes() const;
+  size_t largest_unit_bytes(size_t weight_bytes) const;
 
  private:
   struct Gathered {

@@ -1,6 +1,8 @@
 // metrics.jsonl writer and time helpers.
 #include "monitor/metrics.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 
@@ -39,6 +41,12 @@ std::string format_duration(double seconds) {
 double now_seconds() {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+size_t peak_resident_bytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return size_t(usage.ru_maxrss) * 1024;  // Linux counts kibibytes
 }
 
 }  // namespace frugal

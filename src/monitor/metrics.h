@@ -30,4 +30,8 @@ std::string format_duration(double seconds);
 // Wall-clock seconds since an arbitrary epoch (steady).
 double now_seconds();
 
+// The most host memory this process has had resident since it started (the kernel's count:
+// pinned buffers, the heap, the libraries), in bytes.
+size_t peak_resident_bytes();
+
 }  // namespace frugal

@@ -477,10 +477,15 @@ TrainSummary run_training(const TrainConfig& config) {
              : c.train.type == "hqq_lora" ? ", its block projections in HQQ 4-bit"
                                           : "");
   }
+  // The bf16 copies hold, on a GPU, the frozen weights (4-bit rows included) besides the
+  // trainable ones' copies.
+  const std::string copies =
+      memory.copies ? ", weight copies " + mib(memory.copies->stats().in_use_bytes) : "";
   log_info("memory per rank: parameters ", mib(memory.params->stats().in_use_bytes),
            ", gradients ", mib(memory.grads->stats().in_use_bytes), ", optimizer ",
-           mib(memory.optimizer->stats().in_use_bytes), ", gathered units up to ",
-           mib(4 * params.largest_unit_bytes()), " (two units' weights and gradients)");
+           mib(memory.optimizer->stats().in_use_bytes), copies, ", gathered units up to ",
+           mib(2 * params.largest_unit_bytes(dtype_bytes(ops::compute_dtype(memory.gathered->device())))),
+           " (two units' weights and gradients)");
   log_info("data: ", train_tokens.size(), " training tokens, ", val_tokens.size(),
            " validation tokens; ", tokens_per_step, " tokens per step; steps ", start_step + 1,
            "..", c.train.steps, "; activation checkpointing ",
@@ -522,6 +527,9 @@ TrainSummary run_training(const TrainConfig& config) {
         {"memory", memory.report()}};
     if (record["memory"].contains("device_peak_bytes"))  // a GPU run
       record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
+    // Host memory as the operating system saw it: every rank's peak resident set, summed (the
+    // bound a node holding all the ranks must have; what offload and loading cost in RAM).
+    record["host_peak_rss_bytes"] = world.all_reduce_sum(double(peak_resident_bytes()));
     const bool last = step == c.train.steps;
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);

@@ -111,6 +111,9 @@ Losses train_on_gpu(const Case& c, Comm& nccl, DeviceContext& gpu, CheckpointPol
 
 // LoRA (and QLoRA: the frozen projections in NF4, dequantized on the GPU) on the GPUs against
 // one CPU rank whose base is the same (dequantized) model.
+// At 1e-2 the adapters memorise the batch so fast that bf16 rounding moves the trajectory by
+// 2 % within 15 steps (measured on an H200); 3e-3 still learns and stays comparable.
+constexpr double kAdapterLr = 3e-3;
 Losses train_adapters(bool quantized, Comm* nccl, DeviceContext* gpu) {
   LlamaConfig config;
   config.hidden_size = 256;
@@ -144,7 +147,7 @@ Losses train_adapters(bool quantized, Comm* nccl, DeviceContext* gpu) {
     AdamW opt(whole.trainable(), adamw);
     for (int64_t step = 1; step <= kSteps; ++step)
       out.loss.push_back(train_step(model, whole, opt, {slice(c, step, 0, kGlobalBatch)}, nullptr,
-                                    1e-2, step, CheckpointPolicy::selective)
+                                    kAdapterLr, step, CheckpointPolicy::selective)
                              .loss);
     return out;
   }
@@ -159,8 +162,8 @@ Losses train_adapters(bool quantized, Comm* nccl, DeviceContext* gpu) {
   const int64_t per_rank = kGlobalBatch / nccl->size();
   for (int64_t step = 1; step <= kSteps; ++step)
     out.loss.push_back(train_step(model, sharded, opt,
-                                  {slice(c, step, nccl->rank() * per_rank, per_rank)}, nccl, 1e-2,
-                                  step, CheckpointPolicy::selective)
+                                  {slice(c, step, nccl->rank() * per_rank, per_rank)}, nccl,
+                                  kAdapterLr, step, CheckpointPolicy::selective)
                            .loss);
   return out;
 }
