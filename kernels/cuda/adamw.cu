@@ -34,12 +34,29 @@ constexpr int kSumThreads = 256;
 constexpr int kSumFinalThreads = 1024;
 
 // The chunk table of one launch, passed by value as the kernel's argument.
-struct AdamWBatch {
-  AdamWChunk chunk[kAdamWChunksPerLaunch];
+template <class Chunk>
+struct ChunkBatch {
+  Chunk chunk[kAdamWChunksPerLaunch];
   int64_t first_block[kAdamWChunksPerLaunch + 1];  // chunk c owns blocks [first[c], first[c+1])
-  bool vec[kAdamWChunksPerLaunch];                 // float4 path allowed for chunk c
+  bool vec[kAdamWChunksPerLaunch];                 // vector path allowed for chunk c
   int n_chunks;
 };
+using AdamWBatch = ChunkBatch<AdamWChunk>;
+using AdamWBatchBf16 = ChunkBatch<AdamWChunkBf16>;
+
+// The last chunk whose first block is <= block (binary search over the table).
+template <class Batch>
+__device__ __forceinline__ int chunk_of_block(const Batch& batch, int64_t block) {
+  int lo = 0, hi = batch.n_chunks - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (batch.first_block[mid] <= block)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
 
 // Per-step scalars, computed on the host as frugal::cpu::adamw_update computes them.
 struct AdamWScalars {
@@ -55,6 +72,8 @@ struct AdamWScalars {
 
 static_assert(sizeof(AdamWBatch) + sizeof(AdamWScalars) <= 4096,
               "adamw_kernel's arguments must fit the classic 4 KiB kernel argument limit");
+static_assert(sizeof(AdamWBatchBf16) + sizeof(AdamWScalars) <= 4096,
+              "adamw_bf16_kernel's arguments must fit the classic 4 KiB kernel argument limit");
 
 // One element, rounded step by step exactly as the CPU loop.
 __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g_raw,
@@ -79,14 +98,7 @@ __device__ __forceinline__ void adamw_scalar(const AdamWChunk& c, int64_t i,
 
 __global__ void adamw_kernel(const AdamWBatch batch, const AdamWScalars s) {
   const int64_t b = blockIdx.x;
-  int lo = 0, hi = batch.n_chunks - 1;  // the last chunk whose first block is <= b
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (batch.first_block[mid] <= b)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
+  const int lo = chunk_of_block(batch, b);
   const AdamWChunk& c = batch.chunk[lo];
   const int64_t e0 = (b - batch.first_block[lo]) * kBlockElems;
 
@@ -121,6 +133,25 @@ __global__ void adamw_kernel(const AdamWBatch batch, const AdamWScalars s) {
       const int64_t i = e0 + static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
       if (i < c.n) adamw_scalar(c, i, s);
     }
+  }
+}
+
+// bf16 storage: widened, updated by the fp32 element math, each result rounded once. Scalar
+// accesses, coalesced across the warp (the whole update moves 14 bytes per weight).
+__global__ void adamw_bf16_kernel(const AdamWBatchBf16 batch, const AdamWScalars s) {
+  const int64_t b = blockIdx.x;
+  const int k = chunk_of_block(batch, b);
+  const AdamWChunkBf16& c = batch.chunk[k];
+  const int64_t e0 = (b - batch.first_block[k]) * kBlockElems;
+  for (int r = 0; r < kElemsPerThread; ++r) {
+    const int64_t i = e0 + static_cast<int64_t>(r) * blockDim.x + threadIdx.x;
+    if (i >= c.n) continue;
+    float p = __bfloat162float(c.param[i]), m = __bfloat162float(c.m[i]),
+          v = __bfloat162float(c.v[i]);
+    adamw_element(p, m, v, __bfloat162float(c.grad[i]), s);
+    c.param[i] = __float2bfloat16_rn(p);
+    c.m[i] = __float2bfloat16_rn(m);
+    c.v[i] = __float2bfloat16_rn(v);
   }
 }
 
@@ -159,6 +190,19 @@ __global__ void sum_squares_partial_kernel(double* partial, const float* x, int6
     acc += static_cast<double>(v.w) * v.w;
   }
   for (int64_t i = 4 * n4 + first; i < n; i += stride) acc += static_cast<double>(x[i]) * x[i];
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// Pass 1 for bf16 values (a bf16 run's gradients): widened exactly, squared in fp64.
+__global__ void sum_squares_partial_bf16_kernel(double* partial, const bf16* x, int64_t n) {
+  __shared__ double scratch[kWarpSize];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  double acc = 0.0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const double value = __bfloat162float(x[i]);
+    acc += value * value;
+  }
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -214,6 +258,43 @@ void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double
   else
     sum_squares_partial_kernel<false>
         <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
+  CUDA_CHECK_LAUNCH();
+  sum_squares_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+void adamw_update(const AdamWChunkBf16* chunks, int64_t n_chunks, const AdamWStep& step,
+                  cudaStream_t stream) {
+  const AdamWScalars s = adamw_scalars(step);
+  for (int64_t c0 = 0; c0 < n_chunks; c0 += kAdamWChunksPerLaunch) {
+    AdamWBatchBf16 batch{};
+    batch.n_chunks = static_cast<int>(std::min<int64_t>(kAdamWChunksPerLaunch, n_chunks - c0));
+    int64_t blocks = 0;
+    for (int k = 0; k < batch.n_chunks; ++k) {
+      const AdamWChunkBf16& c = chunks[c0 + k];
+      FRUGAL_CHECK(c.n >= 0, "adamw_update: chunk ", c0 + k, " has n = ", c.n);
+      FRUGAL_CHECK(c.n == 0 || (c.param && c.grad && c.m && c.v), "adamw_update: chunk ", c0 + k,
+                   " has a null pointer");
+      batch.chunk[k] = c;
+      batch.first_block[k] = blocks;
+      blocks += (c.n + kBlockElems - 1) / kBlockElems;
+    }
+    batch.first_block[batch.n_chunks] = blocks;
+    if (blocks == 0) continue;
+    FRUGAL_CHECK(blocks <= INT32_MAX, "adamw_update: ", blocks, " blocks in one launch");
+    adamw_bf16_kernel<<<static_cast<unsigned>(blocks), kAdamWThreads, 0, stream>>>(batch, s);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+void sum_squares(double* out, const bf16* x, int64_t n, bool accumulate, double* scratch,
+                 cudaStream_t stream) {
+  FRUGAL_CHECK(n >= 0, "sum_squares: n = ", n);
+  FRUGAL_CHECK(scratch != nullptr && out != nullptr, "sum_squares: null out or scratch");
+  const int64_t blocks =
+      std::clamp<int64_t>((n + kSumThreads - 1) / kSumThreads, 1, kSumSquaresScratch);
+  sum_squares_partial_bf16_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
+      scratch, x, n);
   CUDA_CHECK_LAUNCH();
   sum_squares_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks, accumulate);
   CUDA_CHECK_LAUNCH();

@@ -27,12 +27,25 @@ struct AdamWChunk {
   int64_t n = 0;
 };
 
+// One tensor of a bf16 run (optim.state_dtype = bf16): weight, gradient and moments all bf16,
+// as a bf16 PyTorch model with torch.optim.AdamW keeps them. The element math is the fp32 one
+// above on the widened values; each result is rounded to bf16 once (nearest even).
+struct AdamWChunkBf16 {
+  __nv_bfloat16* param = nullptr;
+  const __nv_bfloat16* grad = nullptr;
+  __nv_bfloat16* m = nullptr;
+  __nv_bfloat16* v = nullptr;
+  int64_t n = 0;
+};
+
 // Updates every chunk of the host array `chunks` with the same step (one param group); the
 // chunk table travels as kernel arguments, one launch per kAdamWChunksPerLaunch chunks. The
 // element math is frugal::cpu::adamw_update's, rounded identically (fp32, no fused
 // multiply-add), so the results match the CPU bit for bit.
 inline constexpr int kAdamWChunksPerLaunch = 48;
 void adamw_update(const AdamWChunk* chunks, int64_t n_chunks, const AdamWStep& step,
+                  cudaStream_t stream);
+void adamw_update(const AdamWChunkBf16* chunks, int64_t n_chunks, const AdamWStep& step,
                   cudaStream_t stream);
 
 // Doubles of scratch sum_squares needs (its first-pass partial sums).
@@ -43,6 +56,8 @@ inline constexpr int64_t kSumSquaresScratch = 1024;
 // kSumSquaresScratch doubles. Deterministic: two passes with a fixed grid (depending on n only)
 // and fixed-order reductions.
 void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double* scratch,
+                 cudaStream_t stream);
+void sum_squares(double* out, const __nv_bfloat16* x, int64_t n, bool accumulate, double* scratch,
                  cudaStream_t stream);
 
 }  // namespace frugal::cuda

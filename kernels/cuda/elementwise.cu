@@ -30,8 +30,8 @@ __device__ __forceinline__ float apply(float y, float x, float s) {
   return __fadd_rn(y, __fmul_rn(s, x));
 }
 
-template <class T, Op kOp, bool kVec>
-__global__ void elementwise_kernel(T* y, const T* x, float s, int64_t n) {
+template <class T, class TX, Op kOp, bool kVec>
+__global__ void elementwise_kernel(T* y, const TX* x, float s, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t n_groups = kVec ? n / kGroup : 0;
@@ -49,15 +49,15 @@ __global__ void elementwise_kernel(T* y, const T* x, float s, int64_t n) {
   }
 }
 
-template <Op kOp, class T>
-void launch_elementwise(T* y, const T* x, float s, int64_t n, cudaStream_t stream) {
+template <Op kOp, class T, class TX>
+void launch_elementwise(T* y, const TX* x, float s, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   if (all_aligned16(y, x)) {
     const unsigned blocks = grid_stride_blocks((n + kGroup - 1) / kGroup, kThreads);
-    elementwise_kernel<T, kOp, true><<<blocks, kThreads, 0, stream>>>(y, x, s, n);
+    elementwise_kernel<T, TX, kOp, true><<<blocks, kThreads, 0, stream>>>(y, x, s, n);
   } else {
     const unsigned blocks = grid_stride_blocks(n, kThreads);
-    elementwise_kernel<T, kOp, false><<<blocks, kThreads, 0, stream>>>(y, x, s, n);
+    elementwise_kernel<T, TX, kOp, false><<<blocks, kThreads, 0, stream>>>(y, x, s, n);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -68,6 +68,9 @@ void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream) {
   launch_elementwise<Op::add>(y, x, 0.0f, n, stream);
 }
 void add_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, cudaStream_t stream) {
+  launch_elementwise<Op::add>(y, x, 0.0f, n, stream);
+}
+void add_inplace(__nv_bfloat16* y, const float* x, int64_t n, cudaStream_t stream) {
   launch_elementwise<Op::add>(y, x, 0.0f, n, stream);
 }
 void scale_inplace(float* y, float s, int64_t n, cudaStream_t stream) {

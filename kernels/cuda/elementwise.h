@@ -12,6 +12,9 @@ namespace frugal::cuda {
 // y += x  (bf16: computed in fp32, rounded once; x may alias y)
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);
 void add_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, cudaStream_t stream);
+// y += x with y bf16 and x fp32 (a bf16 run's gradient shards receiving fp32 sums): the sum in
+// fp32, rounded once.
+void add_inplace(__nv_bfloat16* y, const float* x, int64_t n, cudaStream_t stream);
 // y *= s
 void scale_inplace(float* y, float s, int64_t n, cudaStream_t stream);
 void scale_inplace(__nv_bfloat16* y, float s, int64_t n, cudaStream_t stream);

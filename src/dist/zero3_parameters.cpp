@@ -72,14 +72,14 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
         quantized.push_back(nf4 ? quantize_nf4(l, init) : quantize_hqq(l, init));
         shards.push_back(Tensor());
       } else {
-        Tensor shard = Tensor::empty(l.shard_shape(), DType::f32, *arenas_.params);
-        ops::copy(shard, init);
+        Tensor shard = Tensor::empty(l.shard_shape(), arenas_.master, *arenas_.params);
+        ops::assign(shard, init);
         shards.push_back(shard);
         quantized.push_back(std::nullopt);
       }
       // A frozen parameter (LoRA's base) has no gradient shard and no optimizer state.
       if (with_grads)
-        grads.push_back(spec.trainable ? ops::zeros(l.shard_shape(), DType::f32, *arenas_.grads)
+        grads.push_back(spec.trainable ? ops::zeros(l.shard_shape(), arenas_.master, *arenas_.grads)
                                        : Tensor());
       layouts.push_back(l);
     }
@@ -181,6 +181,10 @@ void Zero3Parameters::refresh_copies() {
       const Tensor& master = shards_[u][i];
       // 4-bit (gathered and dequantized as such), or frozen on a GPU: its copy stays as it is.
       if (!master.defined()) continue;
+      if (master.dtype() == DType::bf16) {  // a bf16 run: the master is the copy
+        copies_[u][i] = master;
+        continue;
+      }
       // Into the existing tensors: the optimizer holds them (TrainableShard::param_copy).
       auto make = [](Tensor& slot, const Tensor& value) {
         if (slot.defined())
@@ -203,7 +207,7 @@ void Zero3Parameters::refresh_copies() {
 }
 
 Tensor Zero3Parameters::copy_for_optimizer(size_t u, size_t i) const {
-  if (copies_.empty()) return Tensor();
+  if (copies_.empty() || arenas_.master == DType::bf16) return Tensor();
   // A host optimizer writes host memory; the GPU's writes the GPU's copies.
   if (host_state() && arenas_.copies->device() != Device::cpu) return staging_[u][i];
   return copies_[u][i];
@@ -335,8 +339,7 @@ void Zero3Parameters::release(int64_t unit) {
 
 std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
   FRUGAL_CHECK(!grad_shards_.at(unit).empty(), "gradients asked of inference-only parameters");
-  if (alone() && arenas_.grads->device() == arenas_.gathered->device())
-    return unpadded(unit, grad_shards_[unit]);  // accumulate straight into the shards
+  if (direct_grads()) return unpadded(unit, grad_shards_[unit]);  // accumulate straight into them
   auto it = full_grads_.find(unit);
   if (it == full_grads_.end()) {
     std::vector<Tensor> full;
@@ -372,9 +375,16 @@ void Zero3Parameters::complete_download() {
 }
 
 void Zero3Parameters::grads_done(int64_t unit) {
-  if (alone() && arenas_.grads->device() == arenas_.gathered->device()) return;
+  if (direct_grads()) return;
   auto it = full_grads_.find(unit);
   FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
+  if (alone() && !host_state()) {
+    // One rank with bf16 shards: the unit's fp32 sums go in, rounded once per micro-batch.
+    for (size_t i = 0; i < it->second.size(); ++i)
+      if (it->second[i].defined()) ops::add_inplace(grad_shards_[unit][i], it->second[i]);
+    full_grads_.erase(it);
+    return;
+  }
   if (host_state()) {
     // One unit on its way down at a time (bounding whole-size gradients on the GPU to two
     // units); the previous one's copies ran beside this unit's backward.

@@ -41,6 +41,11 @@ struct Zero3Arenas {
   // On a GPU: where the bf16 copies of the shards live, which are what the ranks gather (half
   // the bytes of fp32) and the layers read. Null on the CPU: the fp32 shards are gathered.
   Arena* copies = nullptr;
+  // The dtype of the master shards and gradient shards (and so of the optimizer's moments).
+  // bf16 (a GPU run with optim.state_dtype = bf16, the arithmetic of a bf16 PyTorch model): a
+  // master shard is its own bf16 copy, and whole-unit fp32 gradients are added into bf16
+  // shards; 8 bytes per trainable weight with AdamW instead of 18.
+  DType master = DType::f32;
 };
 
 // Where the first weights come from, and which frozen ones are kept in NF4.
@@ -133,6 +138,11 @@ class Zero3Parameters : public ParameterProvider {
   Zero3Arenas arenas_;
   // One rank needs no collective: the shards are the whole weights and gradients.
   bool alone() const { return comm_.size() == 1; }
+  // One rank whose backward can accumulate straight into its fp32 gradient shards.
+  bool direct_grads() const {
+    return alone() && arenas_.grads->device() == arenas_.gathered->device() &&
+           arenas_.master == DType::f32;
+  }
   // A GPU run with the fp32 state in host memory (parallel.offload): the optimizer works on
   // the host, gradient shards come down and bf16 copies go up beside the compute stream.
   bool host_state() const { return arenas_.copies && arenas_.params->device() == Device::cpu; }

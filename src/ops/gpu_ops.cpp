@@ -302,9 +302,12 @@ double read_loss(const Tensor& loss_sum) {
 // --- elementwise ----------------------------------------------------------------------------
 
 void add_inplace(Tensor& y, const Tensor& x) {
-  FRUGAL_CHECK(x.dtype() == y.dtype() && x.device() == Device::cuda, "add of ",
+  const bool widened = y.dtype() == DType::bf16 && x.dtype() == DType::f32;  // bf16 gradient shards
+  FRUGAL_CHECK((x.dtype() == y.dtype() || widened) && x.device() == Device::cuda, "add of ",
                dtype_name(x.dtype()), " to ", dtype_name(y.dtype()), " on a GPU");
-  if (y.dtype() == DType::bf16)
+  if (widened)
+    cuda::add_inplace(bf(y), f32(x), y.numel(), stream());
+  else if (y.dtype() == DType::bf16)
     cuda::add_inplace(bf(y), bf(x), y.numel(), stream());
   else if (y.dtype() == DType::f32)
     cuda::add_inplace(f32(y), f32(x), y.numel(), stream());
@@ -342,9 +345,14 @@ double sum_squares(const std::vector<Tensor>& xs) {
   BoundDevice& d = device();
   bool first = true;
   for (const Tensor& x : xs) {
-    expect(x, DType::f32, "norm input");
-    cuda::sum_squares(static_cast<double*>(d.norm_sum.raw()), f32(x), x.numel(), !first,
-                      static_cast<double*>(d.norm_scratch.raw()), stream());
+    double* sum = static_cast<double*>(d.norm_sum.raw());
+    double* scratch = static_cast<double*>(d.norm_scratch.raw());
+    if (x.dtype() == DType::bf16)  // a bf16 run's gradients
+      cuda::sum_squares(sum, bf(x), x.numel(), !first, scratch, stream());
+    else {
+      expect(x, DType::f32, "norm input");
+      cuda::sum_squares(sum, f32(x), x.numel(), !first, scratch, stream());
+    }
     first = false;
   }
   if (first) return 0;
@@ -354,6 +362,20 @@ double sum_squares(const std::vector<Tensor>& xs) {
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy) {
   // (Offloaded state is updated on the host: ops::adamw_update dispatches on the parameter.)
+  if (param.dtype() == DType::bf16) {  // optim.state_dtype = bf16: everything bf16, no copy
+    FRUGAL_CHECK(!param_copy.defined(), "a bf16 parameter is its own copy");
+    expect(grad, DType::bf16, "optimizer gradient of a bf16 parameter");
+    expect(m, DType::bf16, "AdamW first moment of a bf16 parameter");
+    expect(v, DType::bf16, "AdamW second moment of a bf16 parameter");
+    cuda::AdamWChunkBf16 chunk;
+    chunk.param = bf(param);
+    chunk.grad = bf(grad);
+    chunk.m = bf(m);
+    chunk.v = bf(v);
+    chunk.n = param.numel();
+    cuda::adamw_update(&chunk, 1, s, stream());
+    return;
+  }
   expect(param, DType::f32, "optimizer parameter");
   expect(grad, DType::f32, "optimizer gradient");
   expect(m, DType::f32, "AdamW first moment");

@@ -103,6 +103,14 @@ Tensor convert(const Tensor& src, DType dtype, Arena& arena) {
   return out;
 }
 
+void assign(Tensor& dst, const Tensor& src) {
+  if (src.dtype() == dst.dtype()) return copy(dst, src);
+  // Converted where dst lives (a GPU converts only its own memory), then copied in.
+  const Tensor there = on_device_of(src, dst);
+  const Tensor converted = convert(there, dst.dtype(), compute_arena(dst));
+  copy(dst, converted);
+}
+
 Tensor on_device_of(const Tensor& src, const Tensor& like) {
   if (!src.defined() || src.device() == like.device()) return src;
   Tensor out = Tensor::empty(src.shape(), src.dtype(), compute_arena(like));

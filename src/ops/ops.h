@@ -36,6 +36,9 @@ Tensor zeros(const Shape& shape, DType dtype, Arena& arena);
 void copy(Tensor& dst, const Tensor& src);
 // src in `arena` converted to dtype (f32 <-> bf16; a plain copy when the dtype is the same).
 Tensor convert(const Tensor& src, DType dtype, Arena& arena);
+// dst = src converted to dst's dtype (f32 <-> bf16), any devices (fp32 checkpoint rows into the
+// bf16 shards of a bf16 run); ops::copy when the dtypes agree.
+void assign(Tensor& dst, const Tensor& src);
 // src on the device of `like` (src itself when it is already there).
 Tensor on_device_of(const Tensor& src, const Tensor& like);
 // An f32 copy in host memory, complete on return (waits for the GPU).

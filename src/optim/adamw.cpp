@@ -11,9 +11,11 @@ bool decays(const std::string& name) { return name.find("norm") == std::string::
 
 AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Arena& state_arena)
     : shards_(std::move(shards)), config_(config) {
+  // The moments take the master's dtype: fp32, or bf16 in a bf16 run (as torch.optim.AdamW
+  // keeps them for bf16 parameters).
   for (const TrainableShard& s : shards_) {
-    m_.push_back(ops::zeros(s.param.shape(), DType::f32, state_arena));
-    v_.push_back(ops::zeros(s.param.shape(), DType::f32, state_arena));
+    m_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
+    v_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
   }
 }
 

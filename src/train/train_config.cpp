@@ -54,6 +54,14 @@ void TrainConfig::validate() const {
     fail("config key 'optim.weight_decay': value ", optim.weight_decay, " must be >= 0");
   if (!(optim.grad_clip >= 0))
     fail("config key 'optim.grad_clip': value ", optim.grad_clip, " must be >= 0");
+  if (optim.state_dtype != "fp32" && optim.state_dtype != "bf16")
+    fail("config key 'optim.state_dtype': value '", optim.state_dtype, "' is not one of fp32, bf16");
+  if (optim.state_dtype == "bf16" && parallel.device == "cpu")
+    fail("config key 'optim.state_dtype': bf16 needs parallel.device = cuda (the CPU backend "
+         "trains in fp32)");
+  if (optim.state_dtype == "bf16" && parallel.offload != "none")
+    fail("config key 'optim.state_dtype': bf16 works without offload (parallel.offload = ",
+         parallel.offload, "): offload keeps the fp32 state on the host instead");
   if (parallel.offload != "none" && parallel.offload != "optimizer" && parallel.offload != "params")
     fail("config key 'parallel.offload': value '", parallel.offload,
          "' is not one of none, optimizer, params");

@@ -50,6 +50,9 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // global-norm clip; 0 disables
+  // fp32: master weights, gradient shards and moments in fp32 (bf16 copies for compute on a
+  // GPU); bf16 (GPU only): all of them in bf16, like a bf16 PyTorch model with AdamW.
+  std::string state_dtype = "fp32";
 };
 
 struct ParallelConfig {

@@ -255,7 +255,8 @@ int64_t load_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters&
       if (last == first) continue;
       auto load = [&](const std::string& prefix, Tensor& shard) {
         Tensor rows = shard.rows(0, last - first);
-        ops::copy(rows, reader.read_rows(prefix + l.name, l.shape, first, last).view(rows.shape()));
+        // Checkpoints hold fp32 (a bf16 run's values widen exactly and narrow back unchanged).
+        ops::assign(rows, reader.read_rows(prefix + l.name, l.shape, first, last).view(rows.shape()));
       };
       load("model/", params.shard(u, i));
       load("optim/exp_avg/", opt.first_moment(k));
@@ -359,6 +360,10 @@ TrainSummary run_training(const TrainConfig& config) {
   if (c.parallel.device == "auto" && gpus > 0 && !use_gpu)
     log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
              " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
+  const bool bf16_state = c.optim.state_dtype == "bf16";
+  if (bf16_state && !use_gpu)
+    fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU (",
+         gpus, " GPU(s) for ", node_ranks, " rank(s) on this node)");
 
   // --- data --------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
@@ -423,7 +428,7 @@ TrainSummary run_training(const TrainConfig& config) {
   if (c.train.type == "hqq_lora") init.hqq = projection;
   Zero3Parameters params(lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world,
                          {memory.params.get(), memory.grads.get(), memory.gathered.get(),
-                          memory.copies.get()},
+                          memory.copies.get(), bf16_state ? DType::bf16 : DType::f32},
                          c.train.seed, static_cast<float>(c.train.init_std), true, init);
   AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                            c.optim.grad_clip};
@@ -464,7 +469,9 @@ TrainSummary run_training(const TrainConfig& config) {
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
            c.model.vocab_size, "); ", world.size(), " rank(s) = dp ", mesh.dp_size, " x cp ",
            mesh.cp_size, ", ZeRO-3, offload ", c.parallel.offload, ", ",
-           use_gpu ? "GPU (bf16 compute, fp32 master weights)" : "CPU (fp32)");
+           !use_gpu     ? "CPU (fp32)"
+           : bf16_state ? "GPU (bf16 compute, bf16 master weights, gradients and moments)"
+                        : "GPU (bf16 compute, fp32 master weights)");
   if (lora.enabled()) {
     int64_t adapters = 0;
     for (const UnitSpec& u : params.units())

@@ -515,3 +515,64 @@ TEST_CASE("cuda kernels are bitwise reproducible run to run", "[gpu]") {
   CHECK(a.dtable == b.dtable);
   CHECK(a.norm == b.norm);
 }
+
+// optim.state_dtype = bf16: the kernels a bf16 run adds, against the CPU's fp32 math on the
+// widened values, rounded once to bf16 (the GPU's element math is the CPU's bit for bit).
+TEST_CASE("cuda bf16 state: AdamW on bf16 tensors, fp32 sums into bf16, bf16 norms", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  const std::vector<size_t> sizes = {1, 37, 4097, 100003, 0, 1025};
+  frugal::cuda::AdamWStep step;
+  step.lr = 3e-3f;
+  step.weight_decay = 0.1f;
+  step.grad_scale = 0.5f;
+  step.step = 2;
+  for (size_t n : sizes) {
+    INFO("n " << n);
+    const Bf16Data p = random_bf16(n, rng), g = random_bf16(n, rng, -0.1f, 0.1f),
+                   m = random_bf16(n, rng, -0.01f, 0.01f), v = random_bf16(n, rng, 0.0f, 0.001f);
+    DeviceBuffer<bf16> dp(n), dg(n), dm(n), dv(n);
+    dp.upload(p.bits);
+    dg.upload(g.bits);
+    dm.upload(m.bits);
+    dv.upload(v.bits);
+    frugal::cuda::AdamWChunkBf16 c;
+    c.param = dp.get();
+    c.grad = dg.get();
+    c.m = dm.get();
+    c.v = dv.get();
+    c.n = static_cast<int64_t>(n);
+    frugal::cuda::adamw_update(&c, 1, step, nullptr);
+    FVec wp = p.f, wm = m.f, wv = v.f;
+    frugal::cpu::adamw_update(wp.data(), g.f.data(), wm.data(), wv.data(),
+                              static_cast<int64_t>(n), step);
+    const auto gp = dp.download<uint16_t>(), gm = dm.download<uint16_t>(),
+               gv = dv.download<uint16_t>();
+    size_t mismatches = 0;
+    for (size_t i = 0; i < n; ++i)
+      mismatches += (gp[i] != frugal::float_to_bf16(wp[i])) + (gm[i] != frugal::float_to_bf16(wm[i])) +
+                    (gv[i] != frugal::float_to_bf16(wv[i]));
+    CHECK(mismatches == 0);
+
+    // y (bf16) += x (fp32): the sum in fp32, rounded once.
+    const FVec x = random_floats(n, rng);
+    DeviceBuffer<float> dx(n);
+    dx.upload(x);
+    DeviceBuffer<bf16> dy(n);
+    dy.upload(p.bits);
+    frugal::cuda::add_inplace(dy.get(), dx.get(), static_cast<int64_t>(n), nullptr);
+    const auto gy = dy.download<uint16_t>();
+    mismatches = 0;
+    for (size_t i = 0; i < n; ++i) mismatches += gy[i] != frugal::float_to_bf16(p.f[i] + x[i]);
+    CHECK(mismatches == 0);
+
+    // The sum of squares of bf16 values: exact widening, fp64 sums.
+    if (n == 0) continue;
+    DeviceBuffer<double> out(1), scratch(static_cast<size_t>(frugal::cuda::kSumSquaresScratch));
+    frugal::cuda::sum_squares(out.get(), dg.get(), static_cast<int64_t>(n), false, scratch.get(),
+                              nullptr);
+    double want = 0.0;
+    for (float e : g.f) want += double(e) * e;
+    CHECK(std::fabs(out.download<double>()[0] - want) <= 1e-12 * want);
+  }
+}

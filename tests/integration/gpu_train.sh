@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training on the GPU through the CLI: it learns, matches the CPU backend to bf16 tolerance,
-# resumes a killed run exactly, offloads without changing the losses, trains on 2 GPUs like
-# on 1, and the memory cap refuses with a message saying what did not fit.
+# resumes a killed run exactly, offloads without changing the losses, trains with bf16 state
+# (optim.state_dtype) in half the parameter memory, trains on 2 GPUs like on 1, and the memory
+# cap refuses with a message saying what did not fit.
 # Skips itself (exit 0, with a message) on a machine without a GPU.
 # usage: gpu_train.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
@@ -52,6 +53,26 @@ for mode in optimizer params; do
   awk -v r="$rel" 'BEGIN { exit !(r < 1e-6) }' || { echo "FAIL: offload=$mode differs by $rel"; exit 1; }
   echo "offload=$mode: largest relative loss difference $rel"
 done
+
+# optim.state_dtype = bf16: learns like the fp32 run, needs less memory, resumes exactly (its
+# checkpoints hold the bf16 values widened to fp32, which narrow back unchanged).
+"${gpu[@]}" "${common[@]}" --optim.state_dtype=bf16 --ckpt.every=20 --train.out_dir="$work/bf16" > "$work/bf16.log"
+grep -q "bf16 master weights, gradients and moments" "$work/bf16.log" \
+  || { echo "FAIL: not a bf16 run"; cat "$work/bf16.log"; exit 1; }
+rel=$(max_rel "$work/bf16/metrics.jsonl" "$work/gpu/metrics.jsonl")
+awk -v r="$rel" 'BEGIN { exit !(r < 5e-2) }' || { echo "FAIL: bf16 state vs fp32 differs by $rel"; exit 1; }
+a=$(grep -o '"parameters_bytes":[0-9]*' "$work/gpu/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+b=$(grep -o '"parameters_bytes":[0-9]*' "$work/bf16/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+[ $((2 * b)) -eq "$a" ] || { echo "FAIL: bf16 parameter shards take $b B, fp32 ones $a B"; exit 1; }
+rc=0
+FRUGAL_INJECT_FAULT=exit:0:21 "${gpu[@]}" "${common[@]}" --optim.state_dtype=bf16 --ckpt.every=20 \
+  --train.out_dir="$work/bf16-re" >/dev/null 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: the injected exit did not stop the bf16 run"; exit 1; }
+"${gpu[@]}" "${common[@]}" --optim.state_dtype=bf16 --ckpt.every=20 --train.resume=true \
+  --train.out_dir="$work/bf16-re" >/dev/null
+rel2=$(max_rel "$work/bf16/metrics.jsonl" "$work/bf16-re/metrics.jsonl")
+awk -v r="$rel2" 'BEGIN { exit !(r < 1e-6) }' || { echo "FAIL: resumed bf16 run differs by $rel2"; exit 1; }
+echo "optim.state_dtype=bf16: against fp32 state $rel, parameter shards $b B (fp32: $a B), resume $rel2"
 
 rc=0
 "${gpu[@]}" "${common[@]}" --parallel.gpu_mem_limit=3MiB --train.out_dir="$work/cap" > "$work/cap.log" 2>&1 \

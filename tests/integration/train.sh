@@ -116,4 +116,6 @@ printf '[train]\nsteps = 3\nbogus = 1\n' > "$work/bad.cfg"
 expect_error "unknown config key 'train.bogus'" "$work/bad.cfg" "${common[@]}"
 expect_error "cannot read config file" "$work/missing.cfg"
 expect_error "smaller than the vocabulary" "${common[@]}" --model.vocab_size=100
+expect_error "'optim.state_dtype': bf16 needs" "${common[@]}" --optim.state_dtype=bf16
+expect_error "'optim.state_dtype': value 'fp8'" "${common[@]}" --optim.state_dtype=fp8
 echo "integration train: ok"

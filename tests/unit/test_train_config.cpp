@@ -39,3 +39,16 @@ TEST_CASE("parallel.device must be auto, cpu or cuda", "[config]") {
   c.parallel.gpu_mem_limit = "24 pages";
   CHECK(test::contains(test::error_of([&] { c.validate(); }), "parallel.gpu_mem_limit"));
 }
+
+TEST_CASE("optim.state_dtype is fp32 or bf16, and bf16 asks for GPUs without offload", "[config]") {
+  TrainConfig c;
+  c.optim.state_dtype = "fp16";
+  CHECK(test::contains(test::error_of([&] { c.validate(); }), "'optim.state_dtype': value 'fp16'"));
+  c.optim.state_dtype = "bf16";
+  c.parallel.device = "cpu";
+  CHECK(test::contains(test::error_of([&] { c.validate(); }), "bf16 needs parallel.device = cuda"));
+  c.parallel.device = "cuda";
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  c.parallel.offload = "optimizer";
+  CHECK(test::contains(test::error_of([&] { c.validate(); }), "bf16 works without offload"));
+}
