@@ -2,6 +2,7 @@
 // batch, seed and steps give the same losses and the same final weights (fp32 tolerance),
 // with sizes that need padding (vocab 37, 3 heads over 1 kv head). And the per-rank memory
 // is what the layout promises: total / N plus padding, and at most two whole units.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -33,15 +34,21 @@ LlamaConfig odd_config(bool tied) {
   return c;
 }
 
-// Sequences [first, first + count) of the step's global batch of 4 sequences of 13 tokens.
-Batch slice_of_global_batch(int64_t first, int64_t count, int64_t step, int64_t micro) {
-  return test::slice_of_random_batch(uint32_t(1000 * step + micro), 4, 13, 37, first, count, 7);
+// The global batch: 4 sequences, or one per rank beyond 4 ranks (mpiexec -n 8).
+int64_t global_batch(int ranks) { return std::max<int64_t>(4, ranks); }
+
+// Sequences [first, first + count) of the step's global batch of `global` sequences of 13 tokens.
+Batch slice_of_global_batch(int64_t first, int64_t count, int64_t step, int64_t micro,
+                            int64_t global) {
+  return test::slice_of_random_batch(uint32_t(1000 * step + micro), global, 13, 37, first, count,
+                                     7);
 }
 
 void check_equivalence(bool tied, CheckpointPolicy policy) {
   auto comm = make_mpi_world_comm(60);
   const int rank = comm->rank(), ranks = comm->size();
-  REQUIRE(4 % ranks == 0);
+  const int64_t global = global_batch(ranks);
+  REQUIRE(global % ranks == 0);
   const LlamaConfig config = odd_config(tied);
   LlamaModel model(config);
   // eps well above the rounding noise of near-zero gradients, which Adam would otherwise
@@ -58,12 +65,13 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
                           {&params_arena, &grads_arena, &gathered_arena}, 5, 0.05f);
   AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
 
-  const int64_t per_rank = 4 / ranks;
+  const int64_t per_rank = global / ranks;
   for (int64_t step = 1; step <= 4; ++step) {
     std::vector<Batch> whole_batches, rank_batches;
     for (int64_t micro = 0; micro < 2; ++micro) {
-      whole_batches.push_back(slice_of_global_batch(0, 4, step, micro));
-      rank_batches.push_back(slice_of_global_batch(rank * per_rank, per_rank, step, micro));
+      whole_batches.push_back(slice_of_global_batch(0, global, step, micro, global));
+      rank_batches.push_back(
+          slice_of_global_batch(rank * per_rank, per_rank, step, micro, global));
     }
     const double lr = 1e-3;
     StepResult a = train_step(model, whole, whole_opt, whole_batches, nullptr, lr, step, policy);
@@ -124,13 +132,15 @@ void expect_same_training(LlamaModel& model, LocalParameters& whole, AdamW& whol
                           Zero3Parameters& sharded, AdamW& sharded_opt, Comm& comm,
                           const std::vector<UnitSpec>& units, int64_t steps, double lr,
                           CheckpointPolicy policy) {
-  const int64_t per_rank = 4 / comm.size();
+  const int64_t global = global_batch(comm.size()), per_rank = global / comm.size();
   for (int64_t step = 1; step <= steps; ++step) {
-    StepResult a = train_step(model, whole, whole_opt, {slice_of_global_batch(0, 4, step, 0)},
-                              nullptr, lr, step, policy);
-    StepResult b = train_step(model, sharded, sharded_opt,
-                              {slice_of_global_batch(comm.rank() * per_rank, per_rank, step, 0)},
-                              &comm, lr, step, policy);
+    StepResult a = train_step(model, whole, whole_opt,
+                              {slice_of_global_batch(0, global, step, 0, global)}, nullptr, lr,
+                              step, policy);
+    StepResult b = train_step(
+        model, sharded, sharded_opt,
+        {slice_of_global_batch(comm.rank() * per_rank, per_rank, step, 0, global)}, &comm, lr,
+        step, policy);
     INFO("step " << step << " on " << comm.size() << " ranks");
     CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
     CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
