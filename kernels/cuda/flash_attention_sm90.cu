@@ -30,7 +30,9 @@
 // Forward: one block per (128 query rows, head, batch), longest rows first. Each consumer
 // holds O (64 rows x D, fp32) in registers; per key tile of 128: S = Q K^T (wgmma, both from
 // shared memory), mask (only tiles crossing the diagonal or kv_len), online softmax in fp32
-// (exp2, scale folded in), O += P V with P in registers as bf16.
+// (exp2, scale folded in), O += P V with P in registers as bf16. S of the next tile is issued
+// before P V of this one, so the softmax of one tile overlaps the tensor cores' P V of the one
+// before (FlashAttention-3's intra-warpgroup pipelining); the two consumers interleave too.
 //
 // Backward, deterministic like flash_attention.cu (no float atomics; every gradient element is
 // summed by one thread in a fixed order), recomputing P = exp2(S scale log2(e) - lse_log2):
@@ -76,17 +78,13 @@ using ::frugal::cpu::AttentionShape;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = 3 * kWarpgroupThreads;  // producer + 2 consumers
-constexpr int kConsumerThreads = 2 * kWarpgroupThreads;
-constexpr int kRowsPerConsumer = 64;  // the M of every wgmma
-constexpr int kSwizzleBytes = 128;    // one swizzled row of a column block: 64 bf16
+constexpr int kRowsPerConsumer = 64;             // the M of every wgmma
+constexpr int kSwizzleBytes = 128;               // one swizzled row of a column block: 64 bf16
 constexpr int kSwizzleColumns = kSwizzleBytes / 2;
 constexpr int kSwizzlePeriodBytes = 8 * kSwizzleBytes;
-// Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 = 64,512 of the 65,536.
-constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
-// Bytes of a tile of `rows` rows of D bf16, and of one of its 64-column blocks.
+// Bytes of a tile of `rows` rows of D bf16.
 constexpr int tile_bytes(int rows, int d) { return rows * d * 2; }
-constexpr int column_block_bytes(int rows) { return rows * kSwizzleBytes; }
 
 struct Sm90Params {
   int q_len, kv_len, n_heads, n_kv_heads, group;
@@ -96,6 +94,12 @@ struct Sm90Params {
 };
 
 #if FRUGAL_SM90_DEVICE_CODE
+
+constexpr int kConsumerThreads = 2 * kWarpgroupThreads;
+// Bytes of one 64-column block of a tile of `rows` rows.
+constexpr int column_block_bytes(int rows) { return rows * kSwizzleBytes; }
+// Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 = 64,512 of the 65,536.
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
 // Keys that query row `row` sees: j <= row + offset, clipped to [0, kv_len].
 __device__ __forceinline__ int keys_seen(int row, const Sm90Params& p) {
@@ -440,22 +444,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  mbarrier_wait(q_full, 0);
-  for (int t = 0; t < n_tiles; ++t) {
+  // Issues S = Q K_t^T (64 rows x 128 keys per consumer) into s, once tile t has landed.
+  auto issue_scores = [&](float(&s)[kBlockN / 2], int t) {
     const int stage = t % kStages;
     mbarrier_wait(full(stage), (t / kStages) & 1);
-
-    // S = Q K^T: 64 rows x 128 keys per consumer.
-    float s[kBlockN / 2];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       wgmma_ss<kBlockN>(s, k_major<kBlockM>(sq, consumer * kRowsPerConsumer, kk),
                         k_major<kBlockN>(k_tile(stage), 0, kk), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    pin_registers(s);
-
+  };
+  // Online softmax of tile t, rows in fp32 (a row's 128 scores are spread over the 4 lanes of a
+  // quad): masks s, updates the row max and sum, turns s into P (relative to the new max) and
+  // returns the factor that takes O from the old max to the new one.
+  auto softmax = [&](float(&s)[kBlockN / 2], int t, float(&correction)[2]) {
     const int k0 = t * kBlockN;
     if (k0 + kBlockN > unmasked_end) {
 #pragma unroll
@@ -465,7 +468,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (key > row + p.causal_offset || key >= p.kv_len) s[i] = -INFINITY;
       }
     }
-    // Online softmax, rows in fp32: a row's 128 scores are spread over the 4 lanes of a quad.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = row_max[r];
@@ -476,14 +478,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // A row that has seen no key yet keeps max -inf; subtracting 0 keeps exp2(-inf) = 0.
       const float base_log2 = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-      const float correction = exp2_approx(row_max[r] * p.scale_log2 - base_log2);
+      correction[r] = exp2_approx(row_max[r] * p.scale_log2 - base_log2);
       row_max[r] = mx;
-      row_sum[r] *= correction;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j + 2 * r] *= correction;
-        o[4 * j + 2 * r + 1] *= correction;
-      }
+      row_sum[r] *= correction[r];
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
@@ -494,20 +491,49 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+  };
 
-    // O += P V, P rounded to bf16 in registers.
-    uint32_t pa[kBlockN / 16][4];
-    accumulators_to_a<kBlockN>(pa, s);
+  // FlashAttention-3's overlap within a warpgroup: S_{t+1} is issued before O += P_t V_t, and
+  // its softmax runs while the tensor cores still work on P_t V_t. P_t (pa, bf16) and O stay
+  // untouched until that product has completed; s is free for S_{t+1} once P_t is in pa.
+  mbarrier_wait(q_full, 0);
+  float s[kBlockN / 2], correction[2];
+  uint32_t pa[kBlockN / 16][4];
+  issue_scores(s, 0);
+  wgmma_wait<0>();
+  pin_registers(s);
+  softmax(s, 0, correction);  // O is still 0: nothing to rescale
+  accumulators_to_a<kBlockN>(pa, s);
+  for (int t = 0; t < n_tiles; ++t) {
+    const bool next = t + 1 < n_tiles;
+    if (next) issue_scores(s, t + 1);
     wgmma_fence();
     pin_registers(o);
     pin_registers(pa);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_rs<D>(o, pa[kk], mn_major<kBlockN>(v_tile(stage), kk));
+      wgmma_rs<D>(o, pa[kk], mn_major<kBlockN>(v_tile(t % kStages), kk));
     wgmma_commit();
+    if (next) {
+      wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
+      pin_registers(s);
+      softmax(s, t + 1, correction);
+    }
     wgmma_wait<0>();
     pin_registers(o);
-    mbarrier_arrive(empty(stage));  // this thread's reads of the stage are done
+    pin_registers(pa);
+    mbarrier_arrive(empty(t % kStages));  // K_t (read by S_t) and V_t are done with
+    if (next) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          o[4 * j + 2 * r] *= correction[r];
+          o[4 * j + 2 * r + 1] *= correction[r];
+        }
+      }
+      accumulators_to_a<kBlockN>(pa, s);
+    }
   }
 
 #pragma unroll
@@ -685,6 +711,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     pin_registers(dk_acc);
     pin_registers(dv_acc);
+    pin_registers(pa);  // the registers of A operands are read until the wgmma completes
+    pin_registers(dsa);
     mbarrier_arrive(empty(stage));
   }
 
@@ -840,6 +868,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<0>();
     pin_registers(dq_acc);
+    pin_registers(dsa);  // the registers of A operands are read until the wgmma completes
     mbarrier_arrive(empty(stage));
   }
 
@@ -929,7 +958,7 @@ void allow_shared_memory(Kernel kernel, int bytes) {
 
 // Stages: as many as the 227 KiB of shared memory per block take with room to spare.
 template <int D>
-constexpr int kForwardStages = D == 128 ? 2 : 4;
+constexpr int kForwardStages = D == 128 ? 3 : 4;
 template <int D>
 constexpr int kDkdvStages = D == 128 ? 2 : 3;
 constexpr int kDqStages = 3;
@@ -988,7 +1017,7 @@ void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16*
   }
 }
 
-bool aligned(const void* p, uintptr_t bytes) {
+[[maybe_unused]] bool aligned(const void* p, uintptr_t bytes) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
