@@ -98,8 +98,8 @@ struct Sm90Params {
 constexpr int kConsumerThreads = 2 * kWarpgroupThreads;
 // Bytes of one 64-column block of a tile of `rows` rows.
 constexpr int column_block_bytes(int rows) { return rows * kSwizzleBytes; }
-// Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 = 64,512 of the 65,536.
-constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+// Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 = 64,512 of the 65,536.
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 
 // Keys that query row `row` sees: j <= row + offset, clipped to [0, kv_len].
 __device__ __forceinline__ int keys_seen(int row, const Sm90Params& p) {
@@ -664,22 +664,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = step % kStages, i0 = step_row0(step);
     mbarrier_wait(full(stage), (step / kStages) & 1);
 
-    // S^T = K Q^T and dP^T = V dO^T: 64 keys (rows) x 64 queries per consumer.
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys (rows) x 64 queries per consumer, as two groups
+    // so that P^T is computed while the tensor cores still work on dP^T, and dS^T while they
+    // work on dV.
     float st[kBlockM / 2], dpt[kBlockM / 2];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < D / 16; ++kk)
       wgmma_ss<kBlockM>(st, k_major<kBlockN>(sk, consumer * kRowsPerConsumer, kk),
                         k_major<kBlockM>(q_tile(stage), 0, kk), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
       wgmma_ss<kBlockM>(dpt, k_major<kBlockN>(sv, consumer * kRowsPerConsumer, kk),
                         k_major<kBlockM>(dout_tile(stage), 0, kk), kk > 0);
-    }
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S^T has completed
     pin_registers(st);
-    pin_registers(dpt);
 
-    // P^T = exp2(S^T scale log2(e) - lse_log2) (0 where masked), dS^T = P^T (dP^T - Delta).
+    // P^T = exp2(S^T scale log2(e) - lse_log2), 0 where masked; dV += P^T dO.
     const float* lse_t = row_lse(stage);
     const float* delta_t = row_delta(stage);
     const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset;
@@ -690,23 +693,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       float pe = exp2_approx(fmaf(st[i], p.scale_log2, -lse_t[col]));
       if (need_mask && key > i0 + col + p.causal_offset) pe = 0.0f;
       st[i] = pe;
-      dpt[i] = pe * (dpt[i] - delta_t[col]);
     }
-
-    // dV += P^T dO, dK += dS^T Q (the scale is applied once at the end).
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
     accumulators_to_a<kBlockM>(pa, st);
+    wgmma_fence();
+    pin_registers(dv_acc);
+    pin_registers(pa);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      wgmma_rs<D>(dv_acc, pa[kk], mn_major<kBlockM>(dout_tile(stage), kk));
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T has completed; dV may still be running
+    pin_registers(dpt);
+
+    // dS^T = P^T (dP^T - Delta); dK += dS^T Q (the scale is applied once at the end).
+#pragma unroll
+    for (int i = 0; i < kBlockM / 2; ++i) {
+      const int col = (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+      dpt[i] = st[i] * (dpt[i] - delta_t[col]);
+    }
     accumulators_to_a<kBlockM>(dsa, dpt);
     wgmma_fence();
     pin_registers(dk_acc);
-    pin_registers(dv_acc);
-    pin_registers(pa);
     pin_registers(dsa);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      wgmma_rs<D>(dv_acc, pa[kk], mn_major<kBlockM>(dout_tile(stage), kk));
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
       wgmma_rs<D>(dk_acc, dsa[kk], mn_major<kBlockM>(q_tile(stage), kk));
-    }
     wgmma_commit();
     wgmma_wait<0>();
     pin_registers(dk_acc);
@@ -829,20 +841,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = t % kStages;
     mbarrier_wait(full(stage), (t / kStages) & 1);
 
-    // S = Q K^T and dP = dO V^T: 64 rows x 64 keys per consumer.
+    // S = Q K^T and dP = dO V^T: 64 rows x 64 keys per consumer, as two groups so that P is
+    // computed while the tensor cores still work on dP.
     float s[kBlockN / 2], dp[kBlockN / 2];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < D / 16; ++kk)
       wgmma_ss<kBlockN>(s, k_major<kBlockM>(sq, consumer * kRowsPerConsumer, kk),
                         k_major<kBlockN>(k_tile(stage), 0, kk), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
       wgmma_ss<kBlockN>(dp, k_major<kBlockM>(sdo, consumer * kRowsPerConsumer, kk),
                         k_major<kBlockN>(v_tile(stage), 0, kk), kk > 0);
-    }
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S has completed
     pin_registers(s);
-    pin_registers(dp);
 
     const int k0 = t * kBlockN;
     const bool need_mask = k0 + kBlockN > unmasked_end;
@@ -853,8 +867,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row = upper ? row_a : row_b;
       float pe = exp2_approx(fmaf(s[i], p.scale_log2, -(upper ? lse_a : lse_b)));
       if (need_mask && (key > row + p.causal_offset || key >= p.kv_len)) pe = 0.0f;
-      dp[i] = pe * (dp[i] - (upper ? delta_a : delta_b));
+      s[i] = pe;
     }
+    wgmma_wait<0>();  // dP has completed
+    pin_registers(dp);
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i)
+      dp[i] = s[i] * (dp[i] - ((i % 4) < 2 ? delta_a : delta_b));
 
     // dQ += dS K.
     uint32_t dsa[kBlockN / 16][4];
