@@ -744,9 +744,7 @@ void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16*
   const int64_t rows = s.batch * s.q_len * s.n_heads;
   float* lse_log2 = scratch;
   float* delta = scratch + rows;
-  flash_backward_prepare_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
-      lse_log2, delta, dout, out, lse, rows, p.q_len, p.n_heads);
-  CUDA_CHECK_LAUNCH();
+  flash_attention_backward_prepare(scratch, dout, out, lse, s, stream);
   if (tiles == FlashBackwardTiles::kAuto)
     tiles = large_smem_device() ? FlashBackwardTiles::kLargeSmem : FlashBackwardTiles::kSmallSmem;
   if (tiles == FlashBackwardTiles::kLargeSmem)
@@ -785,6 +783,24 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k
 
 int64_t flash_attention_backward_scratch_floats(const AttentionShape& s) {
   return 2 * s.batch * s.n_heads * s.q_len;
+}
+
+void flash_attention_backward_prepare(float* scratch, const bf16* dout, const bf16* out,
+                                      const float* lse, const AttentionShape& s,
+                                      cudaStream_t stream) {
+  const int64_t rows = s.batch * s.q_len * s.n_heads;
+  if (rows == 0) return;
+  const unsigned blocks = static_cast<unsigned>((rows + 7) / 8);
+  const int q_len = static_cast<int>(s.q_len), n_heads = static_cast<int>(s.n_heads);
+  if (s.head_dim == 64)
+    flash_backward_prepare_kernel<64><<<blocks, 256, 0, stream>>>(scratch, scratch + rows, dout,
+                                                                  out, lse, rows, q_len, n_heads);
+  else if (s.head_dim == 128)
+    flash_backward_prepare_kernel<128><<<blocks, 256, 0, stream>>>(scratch, scratch + rows, dout,
+                                                                   out, lse, rows, q_len, n_heads);
+  else
+    fail("cuda flash attention: head_dim ", s.head_dim, " is not supported (64 or 128)");
+  CUDA_CHECK_LAUNCH();
 }
 
 void flash_attention_backward(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,

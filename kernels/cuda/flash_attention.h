@@ -30,6 +30,14 @@ enum class FlashBackwardTiles { kAuto, kLargeSmem, kSmallSmem };
 // Floats of scratch the backward needs: lse * log2(e) and Delta = rowsum(dout * out), per row.
 int64_t flash_attention_backward_scratch_floats(const ::frugal::cpu::AttentionShape& s);
 
+// The backward's first pass, shared with flash_attention_sm90.h: per query row, lse * log2(e)
+// (+inf for a row that sees no key, so that exp2(s - it) = 0) into scratch[0, rows) and
+// Delta = rowsum(dout * out) into scratch[rows, 2 rows), both [batch, n_heads, q_len] with
+// rows = batch * n_heads * q_len.
+void flash_attention_backward_prepare(float* scratch, const __nv_bfloat16* dout,
+                                      const __nv_bfloat16* out, const float* lse,
+                                      const ::frugal::cpu::AttentionShape& s, cudaStream_t stream);
+
 // Same contract as attention_backward (attention.h); the shape must be supported.
 void flash_attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                               const __nv_bfloat16* q, const __nv_bfloat16* k,

@@ -4,7 +4,11 @@
 //
 // usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D
 //                        [--iters N] [--dump FILE] [--backward-tiles large|small]
-// (--backward-tiles forces the backward's tiling, e.g. the one for 99 KiB of shared memory.)
+//                        [--kernel auto|fa2|sm90]
+// (--backward-tiles forces the FlashAttention-2 backward's tiling, e.g. the one for 99 KiB of
+// shared memory. --kernel: auto is attention.h's choice (FRUGAL_ATTENTION_SM90=1 lets it take
+// the Hopper kernels), fa2 the FlashAttention-2 kernels (flash_attention.h), sm90 the Hopper
+// ones (flash_attention_sm90.h, compute capability 9.0 only).)
 // Layouts are frugal's: q, out [B, S, H, D]; k, v [B, S, KVH, D]; lse [B, H, S] (bf16, fp32).
 // FLOPs counted as FlashAttention does: forward 4 B H S^2 D / 2 (causal), backward 2.5x that.
 #include <cuda_bf16.h>
@@ -22,6 +26,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_sm90.h"
 
 namespace {
 
@@ -64,9 +69,10 @@ void write_device(FILE* f, const T* d, int64_t n) {
 }
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D "
-               "[--iters N] [--dump FILE] [--backward-tiles large|small]\n");
+  std::fprintf(
+      stderr,
+      "usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D "
+      "[--iters N] [--dump FILE] [--backward-tiles large|small] [--kernel auto|fa2|sm90]\n");
   return 2;
 }
 
@@ -75,7 +81,7 @@ int usage() {
 int main(int argc, char** argv) {
   int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0;
   int iters = 10;
-  std::string dump, tiles_name = "auto";
+  std::string dump, tiles_name = "auto", kernel = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--batch")
@@ -94,11 +100,15 @@ int main(int argc, char** argv) {
       dump = value;
     else if (key == "--backward-tiles")
       tiles_name = value;
+    else if (key == "--kernel")
+      kernel = value;
     else
       return usage();
   }
   if (argc % 2 == 0 || batch <= 0 || heads <= 0 || kv_heads <= 0 || seq <= 0 || head_dim <= 0 ||
-      iters <= 0 || (tiles_name != "auto" && tiles_name != "large" && tiles_name != "small"))
+      iters <= 0 || (tiles_name != "auto" && tiles_name != "large" && tiles_name != "small") ||
+      (kernel != "auto" && kernel != "fa2" && kernel != "sm90") ||
+      (kernel == "sm90" && tiles_name != "auto"))
     return usage();
   const auto tiles = tiles_name == "large"   ? frugal::cuda::FlashBackwardTiles::kLargeSmem
                      : tiles_name == "small" ? frugal::cuda::FlashBackwardTiles::kSmallSmem
@@ -127,14 +137,31 @@ int main(int argc, char** argv) {
     CUDA_CHECK_LAUNCH();
     const cudaStream_t stream = nullptr;
 
-    auto forward = [&] { frugal::cuda::attention_forward(out, lse, q, k, v, s, stream); };
+    if (kernel == "sm90" &&
+        !frugal::cuda::flash_attention_sm90_supports(s, {q, k, v, out, dout}, {dq, dk, dv})) {
+      std::fprintf(stderr,
+                   "bench_attention: --kernel sm90 needs a compute capability 9.0 GPU "
+                   "and a build with sm_90a\n");
+      return 1;
+    }
+    auto forward = [&] {
+      if (kernel == "sm90")
+        frugal::cuda::flash_attention_sm90_forward(out, lse, q, k, v, s, stream);
+      else if (kernel == "fa2")
+        frugal::cuda::flash_attention_forward(out, lse, q, k, v, s, stream);
+      else
+        frugal::cuda::attention_forward(out, lse, q, k, v, s, stream);
+    };
     auto forward_backward = [&] {
       forward();
       // The backward accumulates: a caller zeroes the gradients first, so that is timed too.
       CUDA_CHECK(cudaMemsetAsync(dq, 0, sizeof(float) * q_n, stream));
       CUDA_CHECK(cudaMemsetAsync(dk, 0, sizeof(float) * kv_n, stream));
       CUDA_CHECK(cudaMemsetAsync(dv, 0, sizeof(float) * kv_n, stream));
-      if (tiles == frugal::cuda::FlashBackwardTiles::kAuto)
+      if (kernel == "sm90")
+        frugal::cuda::flash_attention_sm90_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
+                                                    stream);
+      else if (kernel == "auto" && tiles == frugal::cuda::FlashBackwardTiles::kAuto)
         frugal::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
       else
         frugal::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
@@ -163,13 +190,14 @@ int main(int argc, char** argv) {
     const double fwdbwd_flop = fwd_flop * 3.5;
     std::printf(
         "{\"impl\": \"frugal\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"seq\": "
-        "%lld, \"head_dim\": %lld, \"backward_tiles\": \"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": "
+        "%lld, \"head_dim\": %lld, \"kernel\": \"%s\", \"backward_tiles\": \"%s\", \"fwd_ms\": "
+        "%.4f, \"fwd_tflops\": "
         "%.1f, \"fwdbwd_ms\": %.4f, "
         "\"fwdbwd_tflops\": %.1f}\n",
         static_cast<long long>(batch), static_cast<long long>(heads),
         static_cast<long long>(kv_heads), static_cast<long long>(seq),
-        static_cast<long long>(head_dim), tiles_name.c_str(), fwd_ms, fwd_flop / fwd_ms * 1e-9,
-        fwdbwd_ms, fwdbwd_flop / fwdbwd_ms * 1e-9);
+        static_cast<long long>(head_dim), kernel.c_str(), tiles_name.c_str(), fwd_ms,
+        fwd_flop / fwd_ms * 1e-9, fwdbwd_ms, fwdbwd_flop / fwdbwd_ms * 1e-9);
 
     if (!dump.empty()) {
       // One more forward + backward on the same inputs (the result is deterministic), then

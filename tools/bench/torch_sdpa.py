@@ -113,6 +113,7 @@ def main():
             sdpa_fwdbwd = 3.5 * fwd_flop / fwdbwd_ms * 1e-9
             print(json.dumps({
                 "batch": b, "heads": h, "kv_heads": kvh, "seq": s, "head_dim": d,
+                "kernel": fr.get("kernel", "auto"),
                 "frugal_fwd_tflops": fr["fwd_tflops"], "sdpa_fwd_tflops": round(sdpa_fwd, 1),
                 "fwd_ratio": round(fr["fwd_tflops"] / sdpa_fwd, 3),
                 "frugal_fwdbwd_tflops": fr["fwdbwd_tflops"],

@@ -1,0 +1,41 @@
+// Causal GQA attention on Hopper's tensor cores (sm_90a), FlashAttention-3 style, head dims 64
+// and 128: wgmma, TMA tile loads, one producer and two consumer warpgroups per block.
+// Same contract as flash_attention.h; attention.h's launchers take it only when asked to
+// (FRUGAL_ATTENTION_SM90=1) on a compute capability 9.0 device.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/cpu/attention.h"
+
+namespace frugal::cuda {
+
+// Whether the environment asks for these kernels: FRUGAL_ATTENTION_SM90=1 (off by default
+// until they have been measured against flash_attention.h's on an H200).
+bool flash_attention_sm90_requested();
+
+// Whether they take this call: the build has the sm_90a kernels, the current device has
+// compute capability 9.0, head dim 64 or 128, bf16 tensors 16-byte aligned (TMA needs it),
+// fp32 gradients 8-byte aligned (null pointers are ignored), lengths that fit an int.
+bool flash_attention_sm90_supports(const ::frugal::cpu::AttentionShape& s,
+                                   std::initializer_list<const void*> bf16_tensors,
+                                   std::initializer_list<const void*> fp32_tensors);
+
+// Same contract as attention_forward (attention.h); the call must be supported.
+void flash_attention_sm90_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
+                                  const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                  const ::frugal::cpu::AttentionShape& s, cudaStream_t stream);
+
+// Same contract as attention_backward (attention.h): dq, dk, dv accumulated, deterministic;
+// scratch holds flash_attention_backward_scratch_floats(s) floats. The call must be supported.
+void flash_attention_sm90_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
+                                   const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                   const __nv_bfloat16* v, const __nv_bfloat16* out,
+                                   const float* lse, const ::frugal::cpu::AttentionShape& s,
+                                   float* scratch, cudaStream_t stream);
+
+}  // namespace frugal::cuda
