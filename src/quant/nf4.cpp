@@ -134,10 +134,17 @@ void check_nf4_shape(const Shape& shape, const std::string& name) {
 const std::array<float, 16>& nf4_values() { return kNf4Values; }
 const std::array<float, 256>& dynamic_map_values() { return kDynamicMap; }
 
-uint8_t nf4_code(float x) {
-  const auto& mid = nf4_midpoints();
-  return static_cast<uint8_t>(std::lower_bound(mid.begin(), mid.end(), x) - mid.begin());
+namespace {
+// The number of midpoints below x: lower_bound's index, without branches (the compiler
+// vectorizes it), which makes quantizing a 70B model's random weights several times faster.
+inline uint8_t code_of(float x, const std::array<float, 15>& mid) {
+  int code = 0;
+  for (float m : mid) code += m < x;
+  return static_cast<uint8_t>(code);
 }
+}  // namespace
+
+uint8_t nf4_code(float x) { return code_of(x, nf4_midpoints()); }
 
 uint8_t dynamic_map_code(float x) {
   // Largest i with map[i] <= x (0 below the map), then the nearer of i and i + 1.
@@ -158,6 +165,7 @@ void nf4_quantize_blocks(const float* w, int64_t blocks, int64_t row_len, uint8_
   // A non-finite value cannot throw inside the parallel loop; the first bad block is reported
   // after it.
   int64_t bad_block = blocks;
+  const std::array<float, 15>& mid = nf4_midpoints();
 #pragma omp parallel for schedule(static) reduction(min : bad_block) if (blocks >= kParallelBlocks)
   for (int64_t b = 0; b < blocks; ++b) {
     const float* x = w + b * kNf4BlockSize;
@@ -176,8 +184,8 @@ void nf4_quantize_blocks(const float* w, int64_t blocks, int64_t row_len, uint8_
     const float inv = 1.0f / std::max(amax, 1e-38f);
     uint8_t* out = codes + b * kNf4BlockSize / 2;
     for (int64_t i = 0; i < kNf4BlockSize; i += 2) {
-      const uint8_t hi = nf4_code(std::clamp(x[i] * inv, -1.0f, 1.0f));
-      const uint8_t lo = nf4_code(std::clamp(x[i + 1] * inv, -1.0f, 1.0f));
+      const uint8_t hi = code_of(std::clamp(x[i] * inv, -1.0f, 1.0f), mid);
+      const uint8_t lo = code_of(std::clamp(x[i + 1] * inv, -1.0f, 1.0f), mid);
       out[i / 2] = static_cast<uint8_t>(hi << 4 | lo);
     }
   }
