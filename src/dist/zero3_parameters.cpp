@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "core/log.h"
-
 #include "ops/ops.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
