@@ -241,23 +241,10 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
       stale_[unit][i] = false;
     }
   }
-  // NF4 rows: their codes are gathered (on one rank: taken as they are), and dequantized into
-  // a whole weight in the compute dtype once they are there.
-  // (q: the whole tensor's 4-bit data, gathered or this rank's own.)
-  auto dequantize_later = [&](size_t i, const QuantShard& q) {
-    const ShardLayout& l = layouts_[unit][i];
-    Tensor full = Tensor::empty(l.padded_shape(), ops::compute_dtype(arenas_.gathered->device()),
-                                *arenas_.gathered);
-    g.then.push_back([full, q, rows = l.rows] {
-      Tensor real = full.rows(0, rows);
-      if (q.hqq)
-        ops::dequantize_hqq(real, q.codes, q.scales, q.zeros);
-      else
-        ops::dequantize_nf4(real, q.codes, q.absmax_codes, q.scales, q.offset,
-                            nf4_values().data(), dynamic_map_values().data());
-    });
-    return full;
-  };
+  // 4-bit rows: their bytes are gathered (on one rank: taken as they are); the whole weight
+  // in the compute dtype is made from them only when it is asked for (gather: at once;
+  // gather_compressed: one weight at a time, by materialize).
+  g.quant.resize(layouts_[unit].size());
   // 4-bit rows offloaded to pinned host memory (offload = params) go up first, beside the
   // compute stream like the bf16 copies; the gathers follow them on the same stream.
   auto on_gathering_device = [&](const Tensor& part) {
@@ -273,7 +260,8 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   if (alone()) {
     g.full = source;
     for (size_t i = 0; i < source.size(); ++i)
-      if (quant_[unit][i]) g.full[i] = dequantize_later(i, uploaded(*quant_[unit][i]));
+      if (quant_[unit][i])
+        g.quant[i] = std::make_shared<const QuantShard>(uploaded(*quant_[unit][i]));
     return g;
   }
   // One all-gather per parameter, posted together as one group: each lands a contiguous
@@ -295,7 +283,8 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
       } else {
         gather_rows(mine.absmax_codes, whole.absmax_codes);
       }
-      g.full.push_back(dequantize_later(i, whole));
+      g.quant[i] = std::make_shared<const QuantShard>(whole);
+      g.full.push_back(Tensor());
       continue;
     }
     g.full.push_back(Tensor::empty(l.padded_shape(), source[i].dtype(), *arenas_.gathered));
@@ -318,15 +307,48 @@ void Zero3Parameters::prefetch(int64_t unit) {
   if (unit >= 0 && unit < int64_t(units_.size())) post_gather(unit);
 }
 
-std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
+Zero3Parameters::Gathered& Zero3Parameters::wait_gathered(int64_t unit) {
   Gathered& g = post_gather(unit);
   for (ops::SideCopy& upload : g.uploads) upload.wait();
   for (Pending& op : g.ops) op->wait();
   g.ops.clear();
-  for (const std::function<void()>& step : g.then) step();
-  g.then.clear();
   ++g.users;
+  return g;
+}
+
+Tensor Zero3Parameters::dequantize(int64_t unit, size_t i, const QuantShard& q) const {
+  const ShardLayout& l = layouts_[unit][i];
+  Tensor full = Tensor::empty(l.padded_shape(), ops::compute_dtype(arenas_.gathered->device()),
+                              *arenas_.gathered);
+  Tensor real = full.rows(0, l.rows);
+  if (q.hqq)
+    ops::dequantize_hqq(real, q.codes, q.scales, q.zeros);
+  else
+    ops::dequantize_nf4(real, q.codes, q.absmax_codes, q.scales, q.offset, nf4_values().data(),
+                        dynamic_map_values().data());
+  return full;
+}
+
+std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
+  Gathered& g = wait_gathered(unit);
+  for (size_t i = 0; i < g.quant.size(); ++i)
+    if (g.quant[i] && !g.full[i].defined()) g.full[i] = dequantize(unit, i, *g.quant[i]);
   return unpadded(unit, g.full);
+}
+
+std::vector<Tensor> Zero3Parameters::gather_compressed(int64_t unit) {
+  return unpadded(unit, wait_gathered(unit).full);
+}
+
+Tensor Zero3Parameters::materialize(int64_t unit, size_t i) {
+  auto it = gathered_.find(unit);
+  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0 && i < it->second.quant.size() &&
+                   it->second.quant[i],
+               "materialize of parameter ", i, " of unit ", unit,
+               ", which is not a gathered 4-bit weight");
+  if (it->second.full[i].defined()) return unpadded(unit, it->second.full)[i];  // gather made it
+  const ShardLayout& l = layouts_[unit][i];
+  return dequantize(unit, i, *it->second.quant[i]).rows(0, l.rows).view(l.shape);
 }
 
 void Zero3Parameters::release(int64_t unit) {

@@ -74,6 +74,10 @@ class Zero3Parameters : public ParameterProvider {
 
   void prefetch(int64_t unit) override;
   std::vector<Tensor> gather(int64_t unit) override;
+  // 4-bit weights undefined, dequantized one at a time by materialize (their gathered bytes
+  // stay until release).
+  std::vector<Tensor> gather_compressed(int64_t unit) override;
+  Tensor materialize(int64_t unit, size_t i) override;
   void release(int64_t unit) override;
   std::vector<Tensor> grads(int64_t unit) override;
   void grads_done(int64_t unit) override;
@@ -96,14 +100,16 @@ class Zero3Parameters : public ParameterProvider {
   size_t largest_unit_bytes(size_t weight_bytes) const;
 
  private:
+  // 4-bit rows of a frozen weight: what this rank keeps instead of its fp32 rows.
+  struct QuantShard;
   struct Gathered {
-    std::vector<Tensor> full;  // [rows_padded, ...] per parameter
+    std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where 4-bit and
+                               // not dequantized (yet)
+    std::vector<std::shared_ptr<const QuantShard>> quant;  // the whole tensor's 4-bit data
     std::vector<Pending> ops;
     std::vector<ops::SideCopy> uploads;  // offloaded copies on their way to the GPU
-    std::vector<std::function<void()>> then;  // after the gathers: NF4 dequantization
     int users = 0;
   };
-  // 4-bit rows of a frozen weight: what this rank keeps instead of its fp32 rows.
   struct QuantShard {
     bool hqq = false;     // HQQ, else NF4
     Tensor codes;         // u8 [shard_rows * row_len / 2]
@@ -129,6 +135,8 @@ class Zero3Parameters : public ParameterProvider {
     std::vector<Pending> ops;
   };
   Gathered& post_gather(int64_t unit);
+  Gathered& wait_gathered(int64_t unit);  // the gathers and uploads done, one more user
+  Tensor dequantize(int64_t unit, size_t i, const QuantShard& q) const;  // [rows_padded, ...]
   void complete_reduction();
   std::vector<Tensor> unpadded(int64_t unit, const std::vector<Tensor>& full) const;
 

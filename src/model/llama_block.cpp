@@ -38,6 +38,27 @@ BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraCon
   return w;
 }
 
+Tensor& BlockWeights::at(int p) {
+  switch (p) {
+    case kInputNorm: return input_norm;
+    case kQProj: return q_proj;
+    case kKProj: return k_proj;
+    case kVProj: return v_proj;
+    case kOProj: return o_proj;
+    case kPostAttentionNorm: return post_attention_norm;
+    case kGateProj: return gate_proj;
+    case kUpProj: return up_proj;
+    case kDownProj: return down_proj;
+  }
+  fail("block parameter index ", p, " out of range");
+}
+
+Tensor BlockWeights::projection(int p) const {
+  const Tensor& weight = at(p);
+  if (weight.defined() || !provider) return weight;
+  return provider->materialize(unit, static_cast<size_t>(p));
+}
+
 namespace {
 
 // [T, heads * head_dim] <-> [T, heads, head_dim]
@@ -65,9 +86,9 @@ Tensor adapter_input(const Tensor& x, const BlockContext& ctx, int p) {
 // y = x W^T, plus t B^T where the projection has a LoRA adapter, t = s d(x) A^T (d: its
 // dropout, s = alpha / r). t is kept; the scale goes on it ([T, r]) rather than on the
 // [T, out] update, which saves a pass over the projection's output.
-Tensor project(const Tensor& x, const BlockWeights& w, int p, const Tensor& weight,
-               const BlockContext& ctx, BlockActivations& a) {
-  Tensor y = ops::linear(x, weight);
+Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
+               BlockActivations& a) {
+  Tensor y = ops::linear(x, w.projection(p));
   if (!w.lora_a[p].defined()) return y;
   a.lora_t[p] = ops::linear(adapter_input(x, ctx, p), w.lora_a[p]);
   ops::scale_inplace(a.lora_t[p], ctx.lora->scale());
@@ -77,9 +98,9 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const Tensor& weig
 
 // The backward of project: returns dx; dW (when not frozen), dA and dB accumulated.
 Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w,
-                        BlockWeights& g, int p, const Tensor& weight, Tensor& weight_grad,
-                        const BlockContext& ctx, const BlockActivations& a) {
-  Tensor dx = ops::linear_backward(dy, x, weight, weight_grad);
+                        BlockWeights& g, int p, const BlockContext& ctx,
+                        const BlockActivations& a) {
+  Tensor dx = ops::linear_backward(dy, x, w.projection(p), g.at(p));
   if (!w.lora_a[p].defined()) return dx;
   // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.
   Tensor dt = ops::linear_backward(dy, a.lora_t[p], w.lora_b[p], g.lora_b[p]);
@@ -98,20 +119,20 @@ Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContex
   const LlamaConfig& c = *ctx.config;
   const int64_t d = c.attention_head_dim();
   a.n1 = ops::rmsnorm(a.x, w.input_norm, eps_of(ctx), &a.rstd1);
-  a.q = split_heads(project(a.n1, w, kQProj, w.q_proj, ctx, a), c.num_attention_heads, d);
-  a.k = split_heads(project(a.n1, w, kKProj, w.k_proj, ctx, a), c.num_key_value_heads, d);
-  a.v = split_heads(project(a.n1, w, kVProj, w.v_proj, ctx, a), c.num_key_value_heads, d);
+  a.q = split_heads(project(a.n1, w, kQProj, ctx, a), c.num_attention_heads, d);
+  a.k = split_heads(project(a.n1, w, kKProj, ctx, a), c.num_key_value_heads, d);
+  a.v = split_heads(project(a.n1, w, kVProj, ctx, a), c.num_key_value_heads, d);
   a.q_rot = ops::rope(a.q, ctx.positions, theta_of(ctx));
   a.k_rot = ops::rope(a.k, ctx.positions, theta_of(ctx));
   a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch)
                          : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
-  a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, w.o_proj, ctx, a));
+  a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, ctx, a));
 
   a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
-  a.gate = project(a.n2, w, kGateProj, w.gate_proj, ctx, a);
-  a.up = project(a.n2, w, kUpProj, w.up_proj, ctx, a);
+  a.gate = project(a.n2, w, kGateProj, ctx, a);
+  a.up = project(a.n2, w, kUpProj, ctx, a);
   a.act = ops::swiglu(a.gate, a.up);
-  return ops::add(a.h, project(a.act, w, kDownProj, w.down_proj, ctx, a));
+  return ops::add(a.h, project(a.act, w, kDownProj, ctx, a));
 }
 
 // Drop what the policy does not keep. The projections before rotary (q, k) are never needed
@@ -162,29 +183,27 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
 Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWeights& w,
                       BlockWeights& g, const BlockContext& ctx) {
   // MLP: y = h + down(silu(gate) * up)
-  Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, w.down_proj, g.down_proj, ctx, a);
+  Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, ctx, a);
   ops::SwigluGrads d_mlp = ops::swiglu_backward(d_act, a.gate, a.up);
-  Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, w.gate_proj, g.gate_proj, ctx, a);
+  Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, ctx, a);
   ops::add_inplace(d_n2,
-                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, w.up_proj, g.up_proj, ctx, a));
+                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a));
   Tensor dh =
       ops::rmsnorm_backward(d_n2, a.h, w.post_attention_norm, a.rstd2, g.post_attention_norm);
   ops::add_inplace(dh, dy);
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
   Tensor d_attn =
-      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, w.o_proj, g.o_proj, ctx, a);
+      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
   ops::AttentionGrads d_qkv =
       ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)
                     : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch);
   Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, theta_of(ctx));
   Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, theta_of(ctx));
-  Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, w.q_proj, g.q_proj, ctx, a);
-  ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, w.k_proj, g.k_proj,
-                                          ctx, a));
-  ops::add_inplace(d_n1, project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, w.v_proj,
-                                          g.v_proj, ctx, a));
+  Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a);
+  ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a));
+  ops::add_inplace(d_n1, project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a));
   Tensor dx = ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm);
   ops::add_inplace(dx, dh);
   return dx;

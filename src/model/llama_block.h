@@ -11,6 +11,7 @@
 #include "model/checkpoint_policy.h"
 #include "model/llama_config.h"
 #include "model/lora.h"
+#include "model/parameter_provider.h"
 #include "ops/ops.h"
 
 namespace frugal {
@@ -21,6 +22,17 @@ struct BlockWeights {
       down_proj;
   // LoRA adapters by BlockParam index (undefined where a projection has none).
   std::array<Tensor, kBlockParamCount> lora_a, lora_b;
+  // Where projections left undefined (4-bit, ParameterProvider::gather_compressed) are made
+  // when used: `unit` of `provider`.
+  ParameterProvider* provider = nullptr;
+  int64_t unit = -1;
+
+  // The base tensor of BlockParam p.
+  Tensor& at(int p);
+  const Tensor& at(int p) const { return const_cast<BlockWeights*>(this)->at(p); }
+  // Projection p's weight, made from its 4-bit bytes if that is how it came: the caller holds
+  // it only while it multiplies (one bf16 matrix at a time).
+  Tensor projection(int p) const;
   // A unit's tensors: the 9 base ones, then the adapters `lora` places (lora.h).
   static BlockWeights from_unit(const std::vector<Tensor>& unit, const LoraConfig* lora = nullptr);
 };

@@ -79,6 +79,13 @@ Tensor LlamaModel::head_weight(const std::vector<Tensor>& head_unit, ParameterPr
   return config_.tie_word_embeddings ? params.gather(embed_unit())[0] : head_unit[kLmHead];
 }
 
+BlockWeights LlamaModel::block_weights(ParameterProvider& params, int64_t unit) const {
+  BlockWeights w = BlockWeights::from_unit(params.gather_compressed(unit), lora_);
+  w.provider = &params;
+  w.unit = unit;
+  return w;
+}
+
 Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                                   CheckpointPolicy policy, std::vector<BlockActivations>* saved) {
   const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
@@ -86,7 +93,7 @@ Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvide
   params.prefetch(block_unit(0));
   for (int64_t i = 0; i < layers; ++i) {
     params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config_));
-    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)), lora_);
+    BlockWeights w = block_weights(params, block_unit(i));
     x = block_forward(x, w, layer_context(ctx, i, saved != nullptr), saved ? &(*saved)[i] : nullptr);
     params.release(block_unit(i));
   }
@@ -149,7 +156,7 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
   for (int64_t i = layers - 1; i >= 0; --i) {
     if (i > 0) params.prefetch(block_unit(i - 1));
-    BlockWeights w = BlockWeights::from_unit(params.gather(block_unit(i)), lora_);
+    BlockWeights w = block_weights(params, block_unit(i));
     BlockWeights g = BlockWeights::from_unit(params.grads(block_unit(i)), lora_);
     const BlockContext layer_ctx = layer_context(ctx, i, true);
     block_recompute(saved[i], w, layer_ctx);

@@ -12,6 +12,7 @@
 namespace frugal {
 
 struct BlockActivations;
+struct BlockWeights;
 struct AttentionOperator;
 struct LoraConfig;
 struct BlockContext;
@@ -75,6 +76,8 @@ class LlamaModel {
   Tensor head_forward_backward(const Tensor& x, const Batch& batch, ParameterProvider& params,
                                float grad_scale, Tensor* loss_sum);
   Tensor head_weight(const std::vector<Tensor>& head_unit, ParameterProvider& params);
+  // A block's weights, 4-bit projections left to be made one at a time when used.
+  BlockWeights block_weights(ParameterProvider& params, int64_t unit) const;
 
   LlamaConfig config_;
   int64_t loss_chunk_rows_ = 1024;

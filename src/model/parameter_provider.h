@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace frugal {
@@ -27,6 +28,12 @@ class ParameterProvider {
   virtual void prefetch(int64_t /*unit*/) {}
   // The full weights of `unit`, in UnitSpec order, valid until release(unit).
   virtual std::vector<Tensor> gather(int64_t unit) = 0;
+  // Like gather, except that weights the provider keeps compressed (4-bit) come back
+  // undefined: materialize(unit, i) makes one when it is about to be used, and it is gone
+  // when the caller drops it. A QLoRA layer then holds one projection in bf16 at a time
+  // instead of seven. Providers that compress nothing give gather's weights.
+  virtual std::vector<Tensor> gather_compressed(int64_t unit) { return gather(unit); }
+  virtual Tensor materialize(int64_t unit, size_t i);
   virtual void release(int64_t unit) = 0;
 
   // Full-size gradient buffers of `unit` to accumulate (+=) into; valid until grads_done.
@@ -44,6 +51,10 @@ class ParameterProvider {
   // This rank's trainable slices, for the optimizer and the gradient norm.
   virtual std::vector<TrainableShard> trainable() = 0;
 };
+
+inline Tensor ParameterProvider::materialize(int64_t unit, size_t i) {
+  fail("parameter ", i, " of unit ", unit, " is not compressed: gather gives it whole");
+}
 
 // Deterministic initialisation that depends only on (seed, name, row), so that any
 // sharding of the rows produces the same model: norms are ones, every other weight is

@@ -256,6 +256,36 @@ void check_quantized_base(bool hqq) {
         fp32_bytes += size_t(rows * row_len) * 4;
     }
   CHECK(params_arena.stats().in_use_bytes == fp32_bytes + nf4_bytes);
+
+  // What training gathers (gather_compressed) holds no dequantized projection: each is made
+  // when used, one matrix at a time in the gathered memory, equal to what gather makes.
+  const int64_t unit = block_unit(1);
+  std::vector<Tensor> eager = sharded.gather(unit);
+  std::vector<std::vector<float>> expected;
+  for (const Tensor& w : eager) expected.emplace_back(w.data<float>(), w.data<float>() + w.numel());
+  eager.clear();
+  sharded.release(unit);
+  const size_t before = gathered_arena.stats().in_use_bytes;
+  std::vector<Tensor> lazy = sharded.gather_compressed(unit);
+  const size_t bytes_gathered = gathered_arena.stats().in_use_bytes;  // the 4-bit rows (ranks > 1)
+  CHECK(lazy[kInputNorm].defined());
+  for (int p : {kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj}) {
+    INFO("projection " << p);
+    CHECK_FALSE(lazy[p].defined());
+    {
+      const Tensor w = sharded.materialize(unit, size_t(p));
+      const ParamSpec spec = lora_units(config, lora)[size_t(unit)].params[size_t(p)];
+      CHECK(w.shape() == spec.shape);
+      const size_t padded_rows = size_t((spec.shape[0] + ranks - 1) / ranks * ranks);
+      CHECK(gathered_arena.stats().in_use_bytes - bytes_gathered ==
+            padded_rows * size_t(spec.shape[1]) * 4);
+      CHECK(std::equal(expected[size_t(p)].begin(), expected[size_t(p)].end(), w.data<float>()));
+    }
+    CHECK(gathered_arena.stats().in_use_bytes == bytes_gathered);
+  }
+  lazy.clear();
+  sharded.release(unit);
+  CHECK(gathered_arena.stats().in_use_bytes == before);
 }
 
 }  // namespace
