@@ -6,12 +6,13 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace frugal::cpu {
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                  const AdamWStep& s) {
+                  const AdamWStep& s, uint16_t* param_bf16) {
   FRUGAL_CHECK(s.step >= 1, "adamw step is 1-based, got ", s.step);
   // The scalars are computed in double, as Python does in torch's _single_tensor_adamw, then
   // enter the fp32 element math as floats.
@@ -36,6 +37,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
     const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
     p -= step_size * (m[i] / denom);  // param.addcdiv_(exp_avg, denom, -step_size)
     param[i] = p;
+    if (param_bf16) param_bf16[i] = float_to_bf16(p);
   }
 }
 

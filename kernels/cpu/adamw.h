@@ -20,8 +20,10 @@ struct AdamWStep {
 // evaluated as torch's single-tensor path does: scalars (1 - lr wd, lr / (1 - b1^t),
 // sqrt(1 - b2^t)) in double, then per element in fp32 m += (1-b1)(g - m) (lerp),
 // denom = sqrt(v) / sqrt(1 - b2^t) + eps, param -= step_size * (m / denom).
+// param_bf16 (optional): also writes each updated weight rounded to bf16 (nearest even), in
+// the same pass: the copy an offloaded GPU run uploads, without a second pass over param.
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                  const AdamWStep& s);
+                  const AdamWStep& s, uint16_t* param_bf16 = nullptr);
 
 // sum of x[i]^2 in fp64 (for the global gradient norm)
 double sum_squares(const float* x, int64_t n);

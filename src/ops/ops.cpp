@@ -436,14 +436,14 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   if (param_copy.defined()) expect_shape(param_copy, param.shape(), "parameter copy");
   FRUGAL_ON_GPU(param, adamw_update(param, grad, m, v, s, param_copy));
   expect_cpu_f32(param, "optimizer parameter");
-  cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                    param.numel(), s);
-  if (param_copy.defined()) {
-    // An offloaded master updated on the host: its bf16 copy, rounded on the host.
+  // An offloaded master updated on the host: its bf16 copy, rounded on the host in the same
+  // pass.
+  if (param_copy.defined())
     FRUGAL_CHECK(param_copy.device() == Device::cpu && param_copy.dtype() == DType::bf16,
                  "the copy of a host parameter must be a bf16 host tensor");
-    cpu::f32_to_bf16(param_copy.data<uint16_t>(), param.data<float>(), param.numel());
-  }
+  cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                    param.numel(), s,
+                    param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
 }
 
 }  // namespace frugal::ops

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
@@ -508,6 +509,21 @@ TEST_CASE("adamw: three steps against torch's formula in float64", "[kernels]") 
   }
   CHECK(rel_err(delta, delta_ref) < 1e-4);
   CHECK(rel_err(p, pd) < kForwardTol);
+
+  // The bf16 copy written in the same pass is the updated weight rounded to nearest even, and
+  // the fp32 results are those of the pass without it.
+  FVec p2 = p, m2 = m, v2 = v, p3 = p, m3 = m, v3 = v;
+  const FVec grad = random_floats(n, rng, -3, 3);
+  s.step = 4;
+  std::vector<uint16_t> copy(n, 0xFFFF);
+  adamw_update(p2.data(), grad.data(), m2.data(), v2.data(), n, s, copy.data());
+  adamw_update(p3.data(), grad.data(), m3.data(), v3.data(), n, s);
+  CHECK(p2 == p3);
+  CHECK(m2 == m3);
+  CHECK(v2 == v3);
+  size_t mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) mismatches += copy[i] != frugal::float_to_bf16(p3[i]);
+  CHECK(mismatches == 0);
 
   SECTION("sum_squares over several chunks") {
     const FVec x = random_floats(100003, rng);
