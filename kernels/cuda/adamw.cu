@@ -15,6 +15,7 @@
 // grid and same order on every run: bitwise reproducible.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/block_reduce.cuh"
@@ -174,35 +175,64 @@ AdamWScalars adamw_scalars(const AdamWStep& st) {
 
 bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
 
-// Pass 1 of sum_squares: partial[blockIdx.x] = this block's share, in fp64.
-template <bool kVec>
-__global__ void sum_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+// Whether a chunk's arrays allow the vector path (16-byte fp32 accesses, 8-byte bf16 copy
+// stores); bf16 chunks always go element by element.
+bool vector_path(const AdamWChunk& c) {
+  return all_aligned16(c.param, c.grad, c.m, c.v) && aligned8(c.param_bf16);
+}
+bool vector_path(const AdamWChunkBf16&) { return false; }
+
+// The chunks in launches of at most kAdamWChunksPerLaunch, each chunk's blocks found by the
+// kernel from the table's first blocks.
+template <class Chunk>
+void launch_adamw(void (*kernel)(ChunkBatch<Chunk>, AdamWScalars), const Chunk* chunks,
+                  int64_t n_chunks, const AdamWStep& step, cudaStream_t stream) {
+  const AdamWScalars s = adamw_scalars(step);
+  for (int64_t c0 = 0; c0 < n_chunks; c0 += kAdamWChunksPerLaunch) {
+    ChunkBatch<Chunk> batch{};
+    batch.n_chunks = static_cast<int>(std::min<int64_t>(kAdamWChunksPerLaunch, n_chunks - c0));
+    int64_t blocks = 0;
+    for (int k = 0; k < batch.n_chunks; ++k) {
+      const Chunk& c = chunks[c0 + k];
+      FRUGAL_CHECK(c.n >= 0, "adamw_update: chunk ", c0 + k, " has n = ", c.n);
+      FRUGAL_CHECK(c.n == 0 || (c.param && c.grad && c.m && c.v), "adamw_update: chunk ", c0 + k,
+                   " has a null pointer");
+      batch.chunk[k] = c;
+      batch.first_block[k] = blocks;
+      batch.vec[k] = vector_path(c);
+      blocks += (c.n + kBlockElems - 1) / kBlockElems;
+    }
+    batch.first_block[batch.n_chunks] = blocks;
+    if (blocks == 0) continue;
+    FRUGAL_CHECK(blocks <= INT32_MAX, "adamw_update: ", blocks, " blocks in one launch");
+    kernel<<<static_cast<unsigned>(blocks), kAdamWThreads, 0, stream>>>(batch, s);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+__device__ __forceinline__ double widen(float x) { return x; }
+__device__ __forceinline__ double widen(bf16 x) { return __bfloat162float(x); }
+
+// Pass 1 of sum_squares: partial[blockIdx.x] = this block's share, in fp64 (fp32 values four at
+// a time where aligned, bf16 ones, a bf16 run's gradients, one at a time).
+template <class T, bool kVec>
+__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
   __shared__ double scratch[kWarpSize];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   double acc = 0.0;
-  const int64_t n4 = kVec ? n / 4 : 0;
-  for (int64_t q = first; q < n4; q += stride) {
-    const float4 v = *reinterpret_cast<const float4*>(x + 4 * q);
-    acc += static_cast<double>(v.x) * v.x;
-    acc += static_cast<double>(v.y) * v.y;
-    acc += static_cast<double>(v.z) * v.z;
-    acc += static_cast<double>(v.w) * v.w;
+  int64_t n4 = 0;
+  if constexpr (kVec) {
+    n4 = n / 4;
+    for (int64_t q = first; q < n4; q += stride) {
+      const float4 v = *reinterpret_cast<const float4*>(x + 4 * q);
+      acc += static_cast<double>(v.x) * v.x;
+      acc += static_cast<double>(v.y) * v.y;
+      acc += static_cast<double>(v.z) * v.z;
+      acc += static_cast<double>(v.w) * v.w;
+    }
   }
-  for (int64_t i = 4 * n4 + first; i < n; i += stride) acc += static_cast<double>(x[i]) * x[i];
-  acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-
-// Pass 1 for bf16 values (a bf16 run's gradients): widened exactly, squared in fp64.
-__global__ void sum_squares_partial_bf16_kernel(double* partial, const bf16* x, int64_t n) {
-  __shared__ double scratch[kWarpSize];
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  double acc = 0.0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const double value = __bfloat162float(x[i]);
-    acc += value * value;
-  }
+  for (int64_t i = 4 * n4 + first; i < n; i += stride) acc += widen(x[i]) * widen(x[i]);
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -217,87 +247,46 @@ __global__ void sum_squares_final_kernel(double* out, const double* partial, int
   if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
 }
 
-}  // namespace
-
-void adamw_update(const AdamWChunk* chunks, int64_t n_chunks, const AdamWStep& step,
-                  cudaStream_t stream) {
-  const AdamWScalars s = adamw_scalars(step);
-  for (int64_t c0 = 0; c0 < n_chunks; c0 += kAdamWChunksPerLaunch) {
-    AdamWBatch batch{};
-    batch.n_chunks = static_cast<int>(std::min<int64_t>(kAdamWChunksPerLaunch, n_chunks - c0));
-    int64_t blocks = 0;
-    for (int k = 0; k < batch.n_chunks; ++k) {
-      const AdamWChunk& c = chunks[c0 + k];
-      FRUGAL_CHECK(c.n >= 0, "adamw_update: chunk ", c0 + k, " has n = ", c.n);
-      FRUGAL_CHECK(c.n == 0 || (c.param && c.grad && c.m && c.v), "adamw_update: chunk ", c0 + k,
-                   " has a null pointer");
-      batch.chunk[k] = c;
-      batch.first_block[k] = blocks;
-      batch.vec[k] = all_aligned16(c.param, c.grad, c.m, c.v) && aligned8(c.param_bf16);
-      blocks += (c.n + kBlockElems - 1) / kBlockElems;
-    }
-    batch.first_block[batch.n_chunks] = blocks;
-    if (blocks == 0) continue;
-    FRUGAL_CHECK(blocks <= INT32_MAX, "adamw_update: ", blocks, " blocks in one launch");
-    adamw_kernel<<<static_cast<unsigned>(blocks), kAdamWThreads, 0, stream>>>(batch, s);
-    CUDA_CHECK_LAUNCH();
-  }
-}
-
-void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double* scratch,
-                 cudaStream_t stream) {
+template <class T>
+void launch_sum_squares(double* out, const T* x, int64_t n, bool accumulate, double* scratch,
+                        cudaStream_t stream) {
   FRUGAL_CHECK(n >= 0, "sum_squares: n = ", n);
   FRUGAL_CHECK(scratch != nullptr && out != nullptr, "sum_squares: null out or scratch");
-  const bool vec = aligned16(x);
+  const bool vec = std::is_same_v<T, float> && aligned16(x);
   const int64_t items = vec ? (n + 3) / 4 : n;
   const int64_t blocks =
       std::clamp<int64_t>((items + kSumThreads - 1) / kSumThreads, 1, kSumSquaresScratch);
   if (vec)
-    sum_squares_partial_kernel<true>
+    sum_squares_partial_kernel<T, std::is_same_v<T, float>>
         <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
   else
-    sum_squares_partial_kernel<false>
+    sum_squares_partial_kernel<T, false>
         <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
   CUDA_CHECK_LAUNCH();
   sum_squares_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks, accumulate);
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void adamw_update(const AdamWChunk* chunks, int64_t n_chunks, const AdamWStep& step,
+                  cudaStream_t stream) {
+  launch_adamw(adamw_kernel, chunks, n_chunks, step, stream);
+}
+
+void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double* scratch,
+                 cudaStream_t stream) {
+  launch_sum_squares(out, x, n, accumulate, scratch, stream);
 }
 
 void adamw_update(const AdamWChunkBf16* chunks, int64_t n_chunks, const AdamWStep& step,
                   cudaStream_t stream) {
-  const AdamWScalars s = adamw_scalars(step);
-  for (int64_t c0 = 0; c0 < n_chunks; c0 += kAdamWChunksPerLaunch) {
-    AdamWBatchBf16 batch{};
-    batch.n_chunks = static_cast<int>(std::min<int64_t>(kAdamWChunksPerLaunch, n_chunks - c0));
-    int64_t blocks = 0;
-    for (int k = 0; k < batch.n_chunks; ++k) {
-      const AdamWChunkBf16& c = chunks[c0 + k];
-      FRUGAL_CHECK(c.n >= 0, "adamw_update: chunk ", c0 + k, " has n = ", c.n);
-      FRUGAL_CHECK(c.n == 0 || (c.param && c.grad && c.m && c.v), "adamw_update: chunk ", c0 + k,
-                   " has a null pointer");
-      batch.chunk[k] = c;
-      batch.first_block[k] = blocks;
-      blocks += (c.n + kBlockElems - 1) / kBlockElems;
-    }
-    batch.first_block[batch.n_chunks] = blocks;
-    if (blocks == 0) continue;
-    FRUGAL_CHECK(blocks <= INT32_MAX, "adamw_update: ", blocks, " blocks in one launch");
-    adamw_bf16_kernel<<<static_cast<unsigned>(blocks), kAdamWThreads, 0, stream>>>(batch, s);
-    CUDA_CHECK_LAUNCH();
-  }
+  launch_adamw(adamw_bf16_kernel, chunks, n_chunks, step, stream);
 }
 
 void sum_squares(double* out, const bf16* x, int64_t n, bool accumulate, double* scratch,
                  cudaStream_t stream) {
-  FRUGAL_CHECK(n >= 0, "sum_squares: n = ", n);
-  FRUGAL_CHECK(scratch != nullptr && out != nullptr, "sum_squares: null out or scratch");
-  const int64_t blocks =
-      std::clamp<int64_t>((n + kSumThreads - 1) / kSumThreads, 1, kSumSquaresScratch);
-  sum_squares_partial_bf16_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
-      scratch, x, n);
-  CUDA_CHECK_LAUNCH();
-  sum_squares_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks, accumulate);
-  CUDA_CHECK_LAUNCH();
+  launch_sum_squares(out, x, n, accumulate, scratch, stream);
 }
 
 }  // namespace frugal::cuda

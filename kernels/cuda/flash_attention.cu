@@ -33,21 +33,17 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_common.cuh"
 
 namespace frugal::cuda {
 
 namespace {
 
+using namespace flash;
 using bf16 = __nv_bfloat16;
 using ::frugal::cpu::AttentionShape;
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // ---- PTX wrappers -----------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16 bytes global -> shared, bypassing L1; with pred false the destination is zero-filled.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
@@ -84,18 +80,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x; exactly 0 for -inf.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Accumulator tiles n and n + 1 (16 rows x 16 columns) as the A operand of the next product.
@@ -137,6 +121,36 @@ __device__ __forceinline__ uint32_t b_trans(uint32_t tile, int kk, int dn, int l
 
 // Starts copying rows [row0, row0 + kRows) of one head (rows `stride` elements apart) into a
 // swizzled tile; rows at or past `len` are zero-filled.
+// The backward's two products that share one loop: c1 = A1 B1^T and c2 = A2 B2^T for this
+// warp's 16 rows of the tiles a1, a2 against the kN rows of the tiles b1, b2 (S and dP, or
+// their transposes).
+template <int D, int kN>
+__device__ __forceinline__ void paired_products(float (&c1)[kN / 8][4], float (&c2)[kN / 8][4],
+                                                uint32_t a1, uint32_t a2, uint32_t b1,
+                                                uint32_t b2, int warp, int lane) {
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n) {
+    c1[n][0] = c1[n][1] = c1[n][2] = c1[n][3] = 0.0f;
+    c2[n][0] = c2[n][1] = c2[n][2] = c2[n][3] = 0.0f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t x1[4], x2[4];
+    ldmatrix_x4(x1, a_operand<D>(a1, warp * 16, kk, lane));
+    ldmatrix_x4(x2, a_operand<D>(a2, warp * 16, kk, lane));
+#pragma unroll
+    for (int nn = 0; nn < kN / 16; ++nn) {
+      uint32_t y1[4], y2[4];
+      ldmatrix_x4(y1, b_rows<D>(b1, nn * 16, kk, lane));
+      mma(c1[2 * nn], x1, y1[0], y1[1]);
+      mma(c1[2 * nn + 1], x1, y1[2], y1[3]);
+      ldmatrix_x4(y2, b_rows<D>(b2, nn * 16, kk, lane));
+      mma(c2[2 * nn], x2, y2[0], y2[1]);
+      mma(c2[2 * nn + 1], x2, y2[2], y2[3]);
+    }
+  }
+}
+
 template <int D, int kRows, int kThreads>
 __device__ __forceinline__ void load_tile_async(uint32_t tile, const bf16* head, int64_t stride,
                                                 int row0, int len) {
@@ -151,18 +165,6 @@ __device__ __forceinline__ void load_tile_async(uint32_t tile, const bf16* head,
     const bf16* src = valid ? head + row * stride + c * 8 : head;
     cp_async_16(tile + tile_offset<D>(r, c), src, valid);
   }
-}
-
-struct FlashParams {
-  int q_len, kv_len, n_heads, n_kv_heads, group;
-  int causal_offset;  // clamped to [-q_len - 1, kv_len]: the same mask, and it fits an int
-  float scale, scale_log2;
-  int64_t q_stride, kv_stride;  // elements between consecutive rows of one head
-};
-
-// Keys that query row `row` sees: j <= row + offset, clipped to [0, kv_len].
-__device__ __forceinline__ int keys_seen(int row, const FlashParams& p) {
-  return min(max(row + p.causal_offset + 1, 0), p.kv_len);
 }
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -181,7 +183,7 @@ template <int D, int kStages>
 __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
     flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                          const bf16* __restrict__ q, const bf16* __restrict__ k,
-                         const bf16* __restrict__ v, const FlashParams p) {
+                         const bf16* __restrict__ v, const Params p) {
   constexpr int kBlockM = kFwdBlockM, kBlockN = kFwdBlockN, kTileBytes = kBlockN * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
   const int b = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, g = h / p.group;
@@ -194,15 +196,8 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
 
   const int kv_end = keys_seen(min(q0 + kBlockM, p.q_len) - 1, p);
   const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  if (n_tiles == 0) {  // no row of the block sees a key: out = 0, lse = -inf
-    for (int e = threadIdx.x; e < kBlockM * D / 8; e += kFwdThreads) {
-      const int r = e / (D / 8), c = e % (D / 8);
-      if (q0 + r < p.q_len)
-        *reinterpret_cast<uint4*>(out_head + (q0 + r) * p.q_stride + c * 8) =
-            make_uint4(0, 0, 0, 0);
-    }
-    for (int r = threadIdx.x; r < kBlockM; r += kFwdThreads)
-      if (q0 + r < p.q_len) lse_head[q0 + r] = -INFINITY;
+  if (n_tiles == 0) {  // no row of the block sees a key
+    write_unseen_rows<D, kBlockM, kFwdThreads>(out_head, lse_head, q0, p);
     return;
   }
 
@@ -379,7 +374,7 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
                                const bf16* __restrict__ q, const bf16* __restrict__ k,
                                const bf16* __restrict__ v, const bf16* __restrict__ dout,
                                const float* __restrict__ lse_log2, const float* __restrict__ delta,
-                               const FlashParams p) {
+                               const Params p) {
   constexpr int kBlockN = kDkdvBlockN, kQBytes = kBlockM * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
   const int b = blockIdx.x / p.n_kv_heads, g = blockIdx.x % p.n_kv_heads;
@@ -447,27 +442,7 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
 
     // S^T = K Q^T and dP^T = V dO^T: 16 keys (rows) x kBlockM queries per warp.
     float st[kBlockM / 8][4], dpt[kBlockM / 8][4];
-#pragma unroll
-    for (int n = 0; n < kBlockM / 8; ++n) {
-      st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
-      dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ka[4], va[4];
-      ldmatrix_x4(ka, a_operand<D>(sk, warp * 16, kk, lane));
-      ldmatrix_x4(va, a_operand<D>(sv, warp * 16, kk, lane));
-#pragma unroll
-      for (int nn = 0; nn < kBlockM / 16; ++nn) {
-        uint32_t bq[4], bdo[4];
-        ldmatrix_x4(bq, b_rows<D>(qt, nn * 16, kk, lane));
-        mma(st[2 * nn], ka, bq[0], bq[1]);
-        mma(st[2 * nn + 1], ka, bq[2], bq[3]);
-        ldmatrix_x4(bdo, b_rows<D>(dot, nn * 16, kk, lane));
-        mma(dpt[2 * nn], va, bdo[0], bdo[1]);
-        mma(dpt[2 * nn + 1], va, bdo[2], bdo[3]);
-      }
-    }
+    paired_products<D, kBlockM>(st, dpt, sk, sv, qt, dot, warp, lane);
     // P^T = exp2(S^T scale log2(e) - lse_log2) (0 where masked), dS^T = P^T (dP^T - delta).
     const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset;
 #pragma unroll
@@ -538,7 +513,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     flash_backward_dq_kernel(float* __restrict__ dq, const bf16* __restrict__ q,
                              const bf16* __restrict__ k, const bf16* __restrict__ v,
                              const bf16* __restrict__ dout, const float* __restrict__ lse_log2,
-                             const float* __restrict__ delta, const FlashParams p) {
+                             const float* __restrict__ delta, const Params p) {
   constexpr int kThreads = kWarps * 32, kBlockM = 16 * kWarps, kBlockN = kDqBlockN;
   constexpr int kTileBytes = kBlockN * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -591,27 +566,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     const uint32_t kt = sk + buf * kTileBytes, vt = sv + buf * kTileBytes;
 
     float s[kBlockN / 8][4], dp[kBlockN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kBlockN / 8; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4], doa[4];
-      ldmatrix_x4(qa, a_operand<D>(sq, warp * 16, kk, lane));
-      ldmatrix_x4(doa, a_operand<D>(sdo, warp * 16, kk, lane));
-#pragma unroll
-      for (int nn = 0; nn < kBlockN / 16; ++nn) {
-        uint32_t bk[4], bv[4];
-        ldmatrix_x4(bk, b_rows<D>(kt, nn * 16, kk, lane));
-        mma(s[2 * nn], qa, bk[0], bk[1]);
-        mma(s[2 * nn + 1], qa, bk[2], bk[3]);
-        ldmatrix_x4(bv, b_rows<D>(vt, nn * 16, kk, lane));
-        mma(dp[2 * nn], doa, bv[0], bv[1]);
-        mma(dp[2 * nn + 1], doa, bv[2], bv[3]);
-      }
-    }
+    paired_products<D, kBlockN>(s, dp, sq, sdo, kt, vt, warp, lane);
     const int k0 = t * kBlockN;
     const bool need_mask = k0 + kBlockN > unmasked_end;
 #pragma unroll
@@ -658,33 +613,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
 // ---- launchers -------------------------------------------------------------------------------
 
-FlashParams make_params(const AttentionShape& s) {
-  FlashParams p{};
-  p.q_len = static_cast<int>(s.q_len);
-  p.kv_len = static_cast<int>(s.kv_len);
-  p.n_heads = static_cast<int>(s.n_heads);
-  p.n_kv_heads = static_cast<int>(s.n_kv_heads);
-  p.group = p.n_heads / p.n_kv_heads;
-  p.causal_offset = static_cast<int>(std::clamp<int64_t>(s.causal_offset, -s.q_len - 1, s.kv_len));
-  p.scale = s.scale;
-  p.scale_log2 = s.scale * kLog2e;
-  p.q_stride = s.n_heads * s.head_dim;
-  p.kv_stride = s.n_kv_heads * s.head_dim;
-  return p;
-}
-
-// Blocks along a grid's second dimension are limited to 65535.
-unsigned grid_blocks(int64_t len, int rows_per_block, const char* what) {
-  const int64_t n = (len + rows_per_block - 1) / rows_per_block;
-  if (n > 65535) fail("cuda flash attention: ", what, " of ", len, " rows is too long");
-  return static_cast<unsigned>(n);
-}
-
-template <class Kernel>
-void allow_shared_memory(Kernel kernel, int bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
 // sm_80 and sm_90 (163 and 227 KiB per block) take the large tiles; sm_86/89/120 (99 KiB) not.
 bool large_smem_device() {
   int device = 0, optin = 0;
@@ -697,7 +625,7 @@ bool large_smem_device() {
 template <int D, int kStages>
 void forward_launch(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                     const AttentionShape& s, cudaStream_t stream) {
-  const FlashParams p = make_params(s);
+  const Params p = make_params(s);
   constexpr int smem = forward_smem_bytes<D, kStages>();
   allow_shared_memory(flash_forward_kernel<D, kStages>, smem);
   const dim3 grid(static_cast<unsigned>(s.batch * s.n_heads),
@@ -718,7 +646,7 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
 template <int D, int kDkdvBlockM, int kDqWarps, int kStages>
 void backward_kernels(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
                       const bf16* k, const bf16* v, const float* lse_log2, const float* delta,
-                      const AttentionShape& s, const FlashParams& p, cudaStream_t stream) {
+                      const AttentionShape& s, const Params& p, cudaStream_t stream) {
   constexpr int dkdv_smem = dkdv_smem_bytes<D, kDkdvBlockM, kStages>();
   allow_shared_memory(flash_backward_dkdv_kernel<D, kDkdvBlockM, kStages>, dkdv_smem);
   const dim3 dkdv_grid(static_cast<unsigned>(s.batch * s.n_kv_heads),
@@ -740,7 +668,7 @@ template <int D>
 void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
                   const bf16* v, const bf16* out, const float* lse, const AttentionShape& s,
                   float* scratch, cudaStream_t stream, FlashBackwardTiles tiles) {
-  const FlashParams p = make_params(s);
+  const Params p = make_params(s);
   const int64_t rows = s.batch * s.q_len * s.n_heads;
   float* lse_log2 = scratch;
   float* delta = scratch + rows;
@@ -751,10 +679,6 @@ void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16*
     backward_kernels<D, 64, 8, 3>(dq, dk, dv, dout, q, k, v, lse_log2, delta, s, p, stream);
   else
     backward_kernels<D, 32, 4, 2>(dq, dk, dv, dout, q, k, v, lse_log2, delta, s, p, stream);
-}
-
-bool aligned(const void* p, uintptr_t bytes) {
-  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
 }  // namespace

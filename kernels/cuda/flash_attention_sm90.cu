@@ -60,6 +60,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_common.cuh"
 #include "kernels/cuda/flash_attention_sm90.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -72,10 +73,10 @@ namespace frugal::cuda {
 
 namespace {
 
+using namespace flash;
 using bf16 = __nv_bfloat16;
 using ::frugal::cpu::AttentionShape;
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = 3 * kWarpgroupThreads;  // producer + 2 consumers
 constexpr int kRowsPerConsumer = 64;             // the M of every wgmma
@@ -86,13 +87,6 @@ constexpr int kSwizzlePeriodBytes = 8 * kSwizzleBytes;
 // Bytes of a tile of `rows` rows of D bf16.
 constexpr int tile_bytes(int rows, int d) { return rows * d * 2; }
 
-struct Sm90Params {
-  int q_len, kv_len, n_heads, n_kv_heads, group;
-  int causal_offset;  // clamped to [-q_len - 1, kv_len]: the same mask, and it fits an int
-  float scale, scale_log2;
-  int64_t q_stride, kv_stride;  // elements between consecutive rows of one head
-};
-
 #if FRUGAL_SM90_DEVICE_CODE
 
 constexpr int kConsumerThreads = 2 * kWarpgroupThreads;
@@ -101,16 +95,7 @@ constexpr int column_block_bytes(int rows) { return rows * kSwizzleBytes; }
 // Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 = 64,512 of the 65,536.
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 
-// Keys that query row `row` sees: j <= row + offset, clipped to [0, kv_len].
-__device__ __forceinline__ int keys_seen(int row, const Sm90Params& p) {
-  return min(max(row + p.causal_offset + 1, 0), p.kv_len);
-}
-
 // ---- PTX wrappers -----------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
@@ -145,6 +130,35 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// The dynamic shared memory from its first 1024-byte boundary (one swizzle period): TMA's
+// 128-byte swizzle and wgmma's descriptors both act on address bits.
+__device__ __forceinline__ uint32_t swizzle_aligned(const unsigned char* smem_raw) {
+  return (smem_address(smem_raw) + kSwizzlePeriodBytes - 1) &
+         ~static_cast<uint32_t>(kSwizzlePeriodBytes - 1);
+}
+
+// A block's mbarriers, 8 bytes each from `once`: one for the tiles it loads once, then per
+// pipeline stage a "full" one (the stage's tiles have landed) and an "empty" one (every
+// consumer thread is done with them).
+template <int kStages>
+struct StageBarriers {
+  uint32_t once;
+  __device__ uint32_t full(int stage) const { return once + 8 * (1 + stage); }
+  __device__ uint32_t empty(int stage) const { return once + 8 * (1 + kStages + stage); }
+  // Thread 0 initialises them (`full_arrivals` arrivals complete a stage), then the block syncs.
+  __device__ void init(uint32_t full_arrivals) const {
+    if (threadIdx.x == 0) {
+      mbarrier_init(once, 1);
+      for (int stage = 0; stage < kStages; ++stage) {
+        mbarrier_init(full(stage), full_arrivals);
+        mbarrier_init(empty(stage), kConsumerThreads);
+      }
+      mbarrier_init_fence();
+    }
+    __syncthreads();
+  }
+};
+
 // TMA: the box at coordinates (column, head, row, batch) of `map` into shared memory at dst,
 // completing `bar`'s transaction count by the box's bytes (out-of-range elements are zeros).
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
@@ -164,6 +178,23 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const CUtensorMap* m
   for (int block = 0; block < D / kSwizzleColumns; ++block)
     tma_load_tile(dst + block * column_block_bytes(kRows), map, bar, block * kSwizzleColumns, head,
                   row, batch);
+}
+
+// The producer thread's loop of the forward and dQ kernels: key tile t of kv head g goes into
+// stage t % kStages once the consumers have freed it, K at k_tile(stage), V at v_tile(stage).
+template <int D, int kBlockN, int kStages, class KTile, class VTile>
+__device__ __forceinline__ void load_kv_tiles(const StageBarriers<kStages>& bars, KTile k_tile,
+                                              VTile v_tile,
+                                              uint32_t stage_bytes, const CUtensorMap* k_map,
+                                              const CUtensorMap* v_map, int g, int b,
+                                              int n_tiles) {
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % kStages;
+    mbarrier_wait(bars.empty(stage), ((t / kStages) & 1) ^ 1);
+    mbarrier_arrive_expect_bytes(bars.full(stage), stage_bytes);
+    tma_load_rows<D, kBlockN>(k_tile(stage), k_map, bars.full(stage), g, t * kBlockN, b);
+    tma_load_rows<D, kBlockN>(v_tile(stage), v_map, bars.full(stage), g, t * kBlockN, b);
+  }
 }
 
 template <int kRegisters>
@@ -326,18 +357,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     wgmma_m64n128_rs(d, a, b, true);
 }
 
-// 2^x; exactly 0 for -inf.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Accumulator columns [16 kk, 16 kk + 16) (values 8 kk .. 8 kk + 7) as register A operands.
 template <int N>
 __device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[N / 16][4],
@@ -375,13 +394,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     flash_sm90_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                               const __grid_constant__ CUtensorMap q_map,
                               const __grid_constant__ CUtensorMap k_map,
-                              const __grid_constant__ CUtensorMap v_map, const Sm90Params p) {
+                              const __grid_constant__ CUtensorMap v_map, const Params p) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = ForwardSmem<D, kStages>;
   constexpr int kBlockM = kFwdBlockM, kBlockN = kFwdBlockN;
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (smem_address(smem_raw) + kSwizzlePeriodBytes - 1) &
-                        ~static_cast<uint32_t>(kSwizzlePeriodBytes - 1);
+  const uint32_t base = swizzle_aligned(smem_raw);
   const int b = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, g = h / p.group;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;  // the longest rows are launched first
   bf16* out_head = out + static_cast<int64_t>(b) * p.q_len * p.q_stride + h * D;
@@ -389,45 +407,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int kv_end = keys_seen(min(q0 + kBlockM, p.q_len) - 1, p);
   const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  if (n_tiles == 0) {  // no row of the block sees a key: out = 0, lse = -inf
-    for (int e = threadIdx.x; e < kBlockM * D / 8; e += kThreads) {
-      const int r = e / (D / 8), c = e % (D / 8);
-      if (q0 + r < p.q_len)
-        *reinterpret_cast<uint4*>(out_head + (q0 + r) * p.q_stride + c * 8) =
-            make_uint4(0, 0, 0, 0);
-    }
-    for (int r = threadIdx.x; r < kBlockM; r += kThreads)
-      if (q0 + r < p.q_len) lse_head[q0 + r] = -INFINITY;
+  if (n_tiles == 0) {  // no row of the block sees a key
+    write_unseen_rows<D, kBlockM, kThreads>(out_head, lse_head, q0, p);
     return;
   }
 
   const uint32_t sq = base + Smem::kQ, q_full = base + Smem::kBarriers;
+  const StageBarriers<kStages> bars{q_full};
   auto k_tile = [&](int stage) { return base + Smem::kKv + stage * Smem::kStageBytes; };
   auto v_tile = [&](int stage) { return k_tile(stage) + Smem::kTileBytes; };
-  auto full = [&](int stage) { return q_full + 8 * (1 + stage); };
-  auto empty = [&](int stage) { return q_full + 8 * (1 + kStages + stage); };
-  if (threadIdx.x == 0) {
-    mbarrier_init(q_full, 1);
-    for (int stage = 0; stage < kStages; ++stage) {
-      mbarrier_init(full(stage), 1);
-      mbarrier_init(empty(stage), kConsumerThreads);
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
+  bars.init(1);
 
   if (threadIdx.x < kWarpgroupThreads) {  // producer
     registers_decrease<kProducerRegisters>();
     if (threadIdx.x == 0) {
       mbarrier_arrive_expect_bytes(q_full, tile_bytes(kBlockM, D));
       tma_load_rows<D, kBlockM>(sq, &q_map, q_full, h, q0, b);
-      for (int t = 0; t < n_tiles; ++t) {
-        const int stage = t % kStages;
-        mbarrier_wait(empty(stage), ((t / kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_bytes(full(stage), Smem::kStageBytes);
-        tma_load_rows<D, kBlockN>(k_tile(stage), &k_map, full(stage), g, t * kBlockN, b);
-        tma_load_rows<D, kBlockN>(v_tile(stage), &v_map, full(stage), g, t * kBlockN, b);
-      }
+      load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map, g, b,
+                                n_tiles);
     }
     return;
   }
@@ -447,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Issues S = Q K_t^T (64 rows x 128 keys per consumer) into s, once tile t has landed.
   auto issue_scores = [&](float(&s)[kBlockN / 2], int t) {
     const int stage = t % kStages;
-    mbarrier_wait(full(stage), (t / kStages) & 1);
+    mbarrier_wait(bars.full(stage), (t / kStages) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -522,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     pin_registers(o);
     pin_registers(pa);
-    mbarrier_arrive(empty(t % kStages));  // K_t (read by S_t) and V_t are done with
+    mbarrier_arrive(bars.empty(t % kStages));  // K_t (read by S_t) and V_t are done with
     if (next) {
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
@@ -582,13 +579,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     const __grid_constant__ CUtensorMap v_map,
                                     const __grid_constant__ CUtensorMap dout_map,
                                     const float* __restrict__ lse_log2,
-                                    const float* __restrict__ delta, const Sm90Params p) {
+                                    const float* __restrict__ delta, const Params p) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = DkdvSmem<D, kStages>;
   constexpr int kBlockM = kDkdvBlockM, kBlockN = kDkdvBlockN;
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (smem_address(smem_raw) + kSwizzlePeriodBytes - 1) &
-                        ~static_cast<uint32_t>(kSwizzlePeriodBytes - 1);
+  const uint32_t base = swizzle_aligned(smem_raw);
   unsigned char* smem = smem_raw + (base - smem_address(smem_raw));
   const int b = blockIdx.x / p.n_kv_heads, g = blockIdx.x % p.n_kv_heads;
   const int j0 = blockIdx.y * kBlockN;  // the first key tiles see the most rows: launched first
@@ -599,25 +595,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n_steps == 0) return;  // adds nothing
 
   const uint32_t sk = base + Smem::kK, sv = base + Smem::kV, kv_full = base + Smem::kBarriers;
+  const StageBarriers<kStages> bars{kv_full};
   auto q_tile = [&](int stage) { return base + Smem::kQdo + stage * Smem::kStageBytes; };
   auto dout_tile = [&](int stage) { return q_tile(stage) + Smem::kTileBytes; };
   auto row_lse = [&](int stage) {
     return reinterpret_cast<float*>(smem + Smem::kRowValues + stage * Smem::kRowValueBytes);
   };
   auto row_delta = [&](int stage) { return row_lse(stage) + kBlockM; };
-  auto full = [&](int stage) { return kv_full + 8 * (1 + stage); };
-  auto empty = [&](int stage) { return kv_full + 8 * (1 + kStages + stage); };
   auto step_head = [&](int step) { return g * p.group + step / n_q_tiles; };
   auto step_row0 = [&](int step) { return i_start + (step % n_q_tiles) * kBlockM; };
-  if (threadIdx.x == 0) {
-    mbarrier_init(kv_full, 1);
-    for (int stage = 0; stage < kStages; ++stage) {
-      mbarrier_init(full(stage), 32);  // the producer warp's lanes (lane 0 with the bytes)
-      mbarrier_init(empty(stage), kConsumerThreads);
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
+  // A stage is full when the producer warp's 32 lanes arrive (lane 0 with the bytes).
+  bars.init(32);
 
   if (threadIdx.x < kWarpgroupThreads) {  // producer: its first warp
     registers_decrease<kProducerRegisters>();
@@ -630,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       for (int step = 0; step < n_steps; ++step) {
         const int stage = step % kStages, h = step_head(step), i0 = step_row0(step);
-        mbarrier_wait(empty(stage), ((step / kStages) & 1) ^ 1);
+        mbarrier_wait(bars.empty(stage), ((step / kStages) & 1) ^ 1);
         // Rows past q_len get lse_log2 = +inf and Delta = 0: P = 0, dS = 0, they add nothing.
         const int64_t row_head = (static_cast<int64_t>(b) * p.n_heads + h) * p.q_len;
         for (int r = lane; r < kBlockM; r += 32) {
@@ -639,11 +627,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           row_delta(stage)[r] = valid ? delta[row_head + i0 + r] : 0.0f;
         }
         if (lane == 0) {
-          mbarrier_arrive_expect_bytes(full(stage), Smem::kStageBytes);
-          tma_load_rows<D, kBlockM>(q_tile(stage), &q_map, full(stage), h, i0, b);
-          tma_load_rows<D, kBlockM>(dout_tile(stage), &dout_map, full(stage), h, i0, b);
+          mbarrier_arrive_expect_bytes(bars.full(stage), Smem::kStageBytes);
+          tma_load_rows<D, kBlockM>(q_tile(stage), &q_map, bars.full(stage), h, i0, b);
+          tma_load_rows<D, kBlockM>(dout_tile(stage), &dout_map, bars.full(stage), h, i0, b);
         } else {
-          mbarrier_arrive(full(stage));
+          mbarrier_arrive(bars.full(stage));
         }
       }
     }
@@ -662,7 +650,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbarrier_wait(kv_full, 0);
   for (int step = 0; step < n_steps; ++step) {
     const int stage = step % kStages, i0 = step_row0(step);
-    mbarrier_wait(full(stage), (step / kStages) & 1);
+    mbarrier_wait(bars.full(stage), (step / kStages) & 1);
 
     // S^T = K Q^T and dP^T = V dO^T: 64 keys (rows) x 64 queries per consumer, as two groups
     // so that P^T is computed while the tensor cores still work on dP^T, and dS^T while they
@@ -725,7 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     pin_registers(dv_acc);
     pin_registers(pa);  // the registers of A operands are read until the wgmma completes
     pin_registers(dsa);
-    mbarrier_arrive(empty(stage));
+    mbarrier_arrive(bars.empty(stage));
   }
 
   const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
@@ -776,13 +764,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const __grid_constant__ CUtensorMap v_map,
                                   const __grid_constant__ CUtensorMap dout_map,
                                   const float* __restrict__ lse_log2,
-                                  const float* __restrict__ delta, const Sm90Params p) {
+                                  const float* __restrict__ delta, const Params p) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = DqSmem<D, kStages>;
   constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN;
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (smem_address(smem_raw) + kSwizzlePeriodBytes - 1) &
-                        ~static_cast<uint32_t>(kSwizzlePeriodBytes - 1);
+  const uint32_t base = swizzle_aligned(smem_raw);
   const int b = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, g = h / p.group;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
   const int kv_end = keys_seen(min(q0 + kBlockM, p.q_len) - 1, p);
@@ -790,19 +777,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n_tiles == 0) return;  // adds nothing
 
   const uint32_t sq = base + Smem::kQ, sdo = base + Smem::kDout, qdo_full = base + Smem::kBarriers;
+  const StageBarriers<kStages> bars{qdo_full};
   auto k_tile = [&](int stage) { return base + Smem::kKv + stage * Smem::kStageBytes; };
   auto v_tile = [&](int stage) { return k_tile(stage) + Smem::kTileBytes; };
-  auto full = [&](int stage) { return qdo_full + 8 * (1 + stage); };
-  auto empty = [&](int stage) { return qdo_full + 8 * (1 + kStages + stage); };
-  if (threadIdx.x == 0) {
-    mbarrier_init(qdo_full, 1);
-    for (int stage = 0; stage < kStages; ++stage) {
-      mbarrier_init(full(stage), 1);
-      mbarrier_init(empty(stage), kConsumerThreads);
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
+  bars.init(1);
 
   if (threadIdx.x < kWarpgroupThreads) {  // producer
     registers_decrease<kProducerRegisters>();
@@ -810,13 +788,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_arrive_expect_bytes(qdo_full, 2 * tile_bytes(kBlockM, D));
       tma_load_rows<D, kBlockM>(sq, &q_map, qdo_full, h, q0, b);
       tma_load_rows<D, kBlockM>(sdo, &dout_map, qdo_full, h, q0, b);
-      for (int t = 0; t < n_tiles; ++t) {
-        const int stage = t % kStages;
-        mbarrier_wait(empty(stage), ((t / kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_bytes(full(stage), Smem::kStageBytes);
-        tma_load_rows<D, kBlockN>(k_tile(stage), &k_map, full(stage), g, t * kBlockN, b);
-        tma_load_rows<D, kBlockN>(v_tile(stage), &v_map, full(stage), g, t * kBlockN, b);
-      }
+      load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map, g, b,
+                                n_tiles);
     }
     return;
   }
@@ -839,7 +812,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbarrier_wait(qdo_full, 0);
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % kStages;
-    mbarrier_wait(full(stage), (t / kStages) & 1);
+    mbarrier_wait(bars.full(stage), (t / kStages) & 1);
 
     // S = Q K^T and dP = dO V^T: 64 rows x 64 keys per consumer, as two groups so that P is
     // computed while the tensor cores still work on dP.
@@ -888,7 +861,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     pin_registers(dq_acc);
     pin_registers(dsa);  // the registers of A operands are read until the wgmma completes
-    mbarrier_arrive(empty(stage));
+    mbarrier_arrive(bars.empty(stage));
   }
 
   const int64_t q_head = static_cast<int64_t>(b) * p.q_len * p.q_stride + h * D;
@@ -910,21 +883,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- launchers -------------------------------------------------------------------------------
-
-Sm90Params make_params(const AttentionShape& s) {
-  Sm90Params p{};
-  p.q_len = static_cast<int>(s.q_len);
-  p.kv_len = static_cast<int>(s.kv_len);
-  p.n_heads = static_cast<int>(s.n_heads);
-  p.n_kv_heads = static_cast<int>(s.n_kv_heads);
-  p.group = p.n_heads / p.n_kv_heads;
-  p.causal_offset = static_cast<int>(std::clamp<int64_t>(s.causal_offset, -s.q_len - 1, s.kv_len));
-  p.scale = s.scale;
-  p.scale_log2 = s.scale * kLog2e;
-  p.q_stride = s.n_heads * s.head_dim;
-  p.kv_stride = s.n_kv_heads * s.head_dim;
-  return p;
-}
 
 // cuTensorMapEncodeTiled is a driver function; asking the runtime for it keeps the build free of
 // -lcuda. Looked up once: the pointer stays valid for the life of the process.
@@ -963,18 +921,6 @@ CUtensorMap tensor_map(const bf16* data, int64_t batch, int64_t len, int64_t hea
   return map;
 }
 
-// Blocks along a grid's second dimension are limited to 65535.
-unsigned grid_blocks(int64_t len, int rows_per_block, const char* what) {
-  const int64_t n = (len + rows_per_block - 1) / rows_per_block;
-  if (n > 65535) fail("cuda flash attention sm90: ", what, " of ", len, " rows is too long");
-  return static_cast<unsigned>(n);
-}
-
-template <class Kernel>
-void allow_shared_memory(Kernel kernel, int bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
 // Stages: as many as the 227 KiB of shared memory per block take with room to spare.
 template <int D>
 constexpr int kForwardStages = D == 128 ? 3 : 4;
@@ -1003,7 +949,7 @@ template <int D>
 void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
                   const bf16* v, const float* lse_log2, const float* delta, const AttentionShape& s,
                   cudaStream_t stream) {
-  const Sm90Params p = make_params(s);
+  const Params p = make_params(s);
   {
     constexpr int kStages = kDkdvStages<D>;
     constexpr int smem = DkdvSmem<D, kStages>::kLaunchBytes;
@@ -1036,10 +982,6 @@ void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16*
   }
 }
 
-[[maybe_unused]] bool aligned(const void* p, uintptr_t bytes) {
-  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
 }  // namespace
 
 bool flash_attention_sm90_requested() {
@@ -1051,13 +993,10 @@ bool flash_attention_sm90_supports(const AttentionShape& s,
                                    std::initializer_list<const void*> bf16_tensors,
                                    std::initializer_list<const void*> fp32_tensors) {
 #if defined(FRUGAL_HAVE_SM90A_KERNELS)
-  if (s.head_dim != 64 && s.head_dim != 128) return false;
-  // Row indices are int in the kernels, TMA coordinates int32.
+  // The FlashAttention-2 kernels' conditions (head dim 64 or 128, alignment), and row indices
+  // that fit the kernels' int and TMA's int32 coordinates.
+  if (!flash_attention_supports(s, bf16_tensors, fp32_tensors)) return false;
   if (s.q_len > INT32_MAX / 2 || s.kv_len > INT32_MAX / 2) return false;
-  for (const void* p : bf16_tensors)
-    if (!aligned(p, 16)) return false;
-  for (const void* p : fp32_tensors)
-    if (!aligned(p, 8)) return false;
   int device = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));

@@ -1,0 +1,95 @@
+// What the tensor-core attention kernels share, whatever instructions they multiply with
+// (mma.sync in flash_attention.cu, wgmma in flash_attention_sm90.cu): the per-launch
+// parameters and the causal mask they encode, a few PTX wrappers, the empty-block epilogue
+// and the host-side launch helpers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace frugal::cuda::flash {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+  int q_len, kv_len, n_heads, n_kv_heads, group;
+  int causal_offset;  // clamped to [-q_len - 1, kv_len]: the same mask, and it fits an int
+  float scale, scale_log2;
+  int64_t q_stride, kv_stride;  // elements between consecutive rows of one head
+};
+
+inline Params make_params(const ::frugal::cpu::AttentionShape& s) {
+  Params p{};
+  p.q_len = static_cast<int>(s.q_len);
+  p.kv_len = static_cast<int>(s.kv_len);
+  p.n_heads = static_cast<int>(s.n_heads);
+  p.n_kv_heads = static_cast<int>(s.n_kv_heads);
+  p.group = p.n_heads / p.n_kv_heads;
+  p.causal_offset = static_cast<int>(std::clamp<int64_t>(s.causal_offset, -s.q_len - 1, s.kv_len));
+  p.scale = s.scale;
+  p.scale_log2 = s.scale * kLog2e;
+  p.q_stride = s.n_heads * s.head_dim;
+  p.kv_stride = s.n_kv_heads * s.head_dim;
+  return p;
+}
+
+// Keys that query row `row` sees: j <= row + offset, clipped to [0, kv_len].
+__device__ __forceinline__ int keys_seen(int row, const Params& p) {
+  return min(max(row + p.causal_offset + 1, 0), p.kv_len);
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 2^x; exactly 0 for -inf.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// A forward block of kBlockM query rows of which none sees a key (all masked): out = 0 and
+// lse = -inf for its rows, written by the block's kThreads threads.
+template <int D, int kBlockM, int kThreads>
+__device__ __forceinline__ void write_unseen_rows(__nv_bfloat16* out_head, float* lse_head,
+                                                  int q0, const Params& p) {
+  for (int e = threadIdx.x; e < kBlockM * D / 8; e += kThreads) {
+    const int r = e / (D / 8), c = e % (D / 8);
+    if (q0 + r < p.q_len)
+      *reinterpret_cast<uint4*>(out_head + (q0 + r) * p.q_stride + c * 8) = make_uint4(0, 0, 0, 0);
+  }
+  for (int r = threadIdx.x; r < kBlockM; r += kThreads)
+    if (q0 + r < p.q_len) lse_head[q0 + r] = -INFINITY;
+}
+
+// ---- host side --------------------------------------------------------------------------------
+
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, int bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+// Blocks along a grid's second dimension are limited to 65535.
+inline unsigned grid_blocks(int64_t len, int rows_per_block, const char* what) {
+  const int64_t n = (len + rows_per_block - 1) / rows_per_block;
+  if (n > 65535) fail("cuda flash attention: ", what, " of ", len, " rows is too long");
+  return static_cast<unsigned>(n);
+}
+
+inline bool aligned(const void* p, uintptr_t bytes) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+}  // namespace frugal::cuda::flash
