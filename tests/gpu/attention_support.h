@@ -8,6 +8,8 @@
 // value (out is stored in bf16) plus 1e-6.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "gpu_support.h"
 #include "kernels/cpu/attention.h"
 
 namespace frugal::test {
@@ -37,7 +40,7 @@ struct Bf16Data {
   std::vector<float> f;
   std::vector<uint16_t> h;
 };
-inline Bf16Data random_bf16(size_t n, std::mt19937& rng, float amplitude) {
+inline Bf16Data random_bf16(size_t n, std::mt19937& rng, float amplitude = 1.0f) {
   std::uniform_real_distribution<float> dist(-amplitude, amplitude);
   Bf16Data d;
   d.f.resize(n);
@@ -53,6 +56,102 @@ inline std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+// The floats of bf16 bits.
+inline std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = from_bf16(h[i]);
+  return f;
+}
+
+// A case of the attention tests, and its shape (scale 1 / sqrt(head_dim)).
+struct AttentionCase {
+  int64_t batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset;
+};
+inline frugal::cpu::AttentionShape shape_of(const AttentionCase& c) {
+  frugal::cpu::AttentionShape s;
+  s.batch = c.batch;
+  s.q_len = c.q_len;
+  s.kv_len = c.kv_len;
+  s.n_heads = c.n_heads;
+  s.n_kv_heads = c.n_kv_heads;
+  s.head_dim = c.head_dim;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  s.causal_offset = c.causal_offset;
+  return s;
+}
+
+// Random bf16 inputs of an attention and the CPU kernels' results on them (fp32 on the same
+// values): q and k of amplitude 2 (a softmax peaked enough that a wrong mask or max shows), v
+// and dout of amplitude 1, random initial gradients the backward accumulates onto (as a ring
+// needs), the forward's out and lse, and the backward from out rounded to bf16 (out_in: what
+// the kernels' backward gets too) and lse.
+struct AttentionProblem {
+  frugal::cpu::AttentionShape s;
+  size_t q_size = 0, kv_size = 0, lse_size = 0;
+  Bf16Data q, k, v, dout, out_in;
+  std::vector<float> dq0, dk0, dv0, out_ref, lse_ref, dq_ref, dk_ref, dv_ref;
+};
+inline AttentionProblem attention_problem(const frugal::cpu::AttentionShape& s, unsigned seed) {
+  AttentionProblem t;
+  t.s = s;
+  t.q_size = static_cast<size_t>(s.batch * s.q_len * s.n_heads * s.head_dim);
+  t.kv_size = static_cast<size_t>(s.batch * s.kv_len * s.n_kv_heads * s.head_dim);
+  t.lse_size = static_cast<size_t>(s.batch * s.n_heads * s.q_len);
+  std::mt19937 rng(seed);
+  t.q = random_bf16(t.q_size, rng, 2.0f);
+  t.k = random_bf16(t.kv_size, rng, 2.0f);
+  t.v = random_bf16(t.kv_size, rng);
+  t.dout = random_bf16(t.q_size, rng);
+  t.dq0 = random_floats(t.q_size, rng);
+  t.dk0 = random_floats(t.kv_size, rng);
+  t.dv0 = random_floats(t.kv_size, rng);
+  t.out_ref.resize(t.q_size);
+  t.lse_ref.resize(t.lse_size);
+  frugal::cpu::attention_forward(t.out_ref.data(), t.lse_ref.data(), t.q.f.data(), t.k.f.data(),
+                                 t.v.f.data(), s);
+  t.out_in.h.resize(t.q_size);
+  t.out_in.f.resize(t.q_size);
+  for (size_t i = 0; i < t.q_size; ++i) {
+    t.out_in.h[i] = to_bf16(t.out_ref[i]);
+    t.out_in.f[i] = from_bf16(t.out_in.h[i]);
+  }
+  t.dq_ref = t.dq0;
+  t.dk_ref = t.dk0;
+  t.dv_ref = t.dv0;
+  frugal::cpu::attention_backward(t.dq_ref.data(), t.dk_ref.data(), t.dv_ref.data(),
+                                  t.dout.f.data(), t.q.f.data(), t.k.f.data(), t.v.f.data(),
+                                  t.out_in.f.data(), t.lse_ref.data(), s);
+  return t;
+}
+
+// The problem's bf16 inputs on the GPU.
+struct DeviceAttentionInputs {
+  explicit DeviceAttentionInputs(const AttentionProblem& t)
+      : q(t.q_size), k(t.kv_size), v(t.kv_size), dout(t.q_size), out_in(t.q_size) {
+    q.upload(t.q.h);
+    k.upload(t.k.h);
+    v.upload(t.v.h);
+    dout.upload(t.dout.h);
+    out_in.upload(t.out_in.h);
+  }
+  DeviceBuffer<__nv_bfloat16> q, k, v, dout, out_in;
+};
+
+// LSE entries off by more than tol (1 + |want|); where want is -inf (a row that sees no key),
+// got must be -inf too.
+inline int64_t count_bad_lse(const std::vector<float>& got, const std::vector<float>& want,
+                             float tol) {
+  REQUIRE(got.size() == want.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i]))
+      bad += !(std::isinf(got[i]) && got[i] < 0);
+    else
+      bad += !(std::abs(got[i] - want[i]) <= tol * (1.0f + std::abs(want[i])));
+  }
+  return bad;
 }
 
 // Sums of |terms| (float64) of every output element: the scale of its rounding error.

@@ -57,7 +57,7 @@ class DeviceBuffer {
     REQUIRE(host.size() == n_);
     CUDA_CHECK(cudaMemcpy(get(), host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice));
   }
-  template <class H>
+  template <class H = T>
   std::vector<H> download() {
     static_assert(sizeof(H) == sizeof(T));
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -66,6 +66,7 @@ class DeviceBuffer {
     return host;
   }
   std::vector<uint16_t> download_bits() { return download<uint16_t>(); }
+  void zero() { CUDA_CHECK(cudaMemset(get(), 0, sizeof(T) * n_)); }
 
  private:
   T* base_ = nullptr;

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "attention_support.h"
 #include "catch_compat.h"
+#include "gpu_support.h"
 #include "core/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -25,93 +27,15 @@
 namespace {
 
 using Bf16 = __nv_bfloat16;
-
-bool have_gpu() {
-  int count = 0;
-  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  static bool reported = false;
-  if (!ok && !reported) {
-    std::printf("no GPU: skipping\n");
-    reported = true;
-  }
-  if (!ok) cudaGetLastError();  // clear the sticky error of a failed query
-  return ok;
-}
-
-// bf16 bits, rounded to nearest even (inputs are finite).
-uint16_t to_bf16(float x) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &x, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float x = 0;
-  std::memcpy(&x, &bits, 4);
-  return x;
-}
-
-// Random values in [-amplitude, amplitude], rounded to bf16: `f` holds the float values and
-// `h` the bf16 bits of the same numbers.
-struct Bf16Data {
-  std::vector<float> f;
-  std::vector<uint16_t> h;
-};
-Bf16Data random_bf16(size_t n, std::mt19937& rng, float amplitude = 1.0f) {
-  std::uniform_real_distribution<float> dist(-amplitude, amplitude);
-  Bf16Data d;
-  d.f.resize(n);
-  d.h.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    d.h[i] = to_bf16(dist(rng));
-    d.f[i] = from_bf16(d.h[i]);
-  }
-  return d;
-}
-std::vector<float> random_floats(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-// A device allocation freed on scope exit.
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t n) : n_(n) {
-    CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
-  }
-  ~DeviceArray() { cudaFree(p_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const { return p_; }
-  template <class U>
-  void upload(const std::vector<U>& v) {
-    static_assert(sizeof(U) == sizeof(T));
-    REQUIRE(v.size() == n_);
-    CUDA_CHECK(cudaMemcpy(p_, v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  template <class U = T>
-  std::vector<U> download() const {
-    static_assert(sizeof(U) == sizeof(T));
-    std::vector<U> v(n_);
-    CUDA_CHECK(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  void zero() { CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T))); }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
-
-std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
-  std::vector<float> f(h.size());
-  for (size_t i = 0; i < h.size(); ++i) f[i] = from_bf16(h[i]);
-  return f;
-}
+using frugal::test::AttentionCase;
+using frugal::test::Bf16Data;
+using frugal::test::bitwise_equal;
+using frugal::test::DeviceBuffer;
+using frugal::test::from_bf16;
+using frugal::test::have_gpu;
+using frugal::test::minus;
+using frugal::test::random_bf16;
+using frugal::test::random_floats;
 
 // ||got - want|| / ||want|| (0 when both are zero).
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
@@ -124,16 +48,6 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
   return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
-template <class T>
-bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
-  std::vector<float> d(a.size());
-  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
-  return d;
-}
 
 }  // namespace
 
@@ -154,9 +68,9 @@ TEST_CASE("cuda linear GEMMs match the CPU on awkward sizes", "[gpu][gemm]") {
     const std::vector<float> dw0 = random_floats(static_cast<size_t>(N * K), rng);
     const float* x_rows = x.f.data() + K;
 
-    DeviceArray<Bf16> x_d(x.h.size()), w_d(w.h.size()), dy_d(dy.h.size());
-    DeviceArray<Bf16> y_d(static_cast<size_t>(M * N)), dx_d(static_cast<size_t>(M * K));
-    DeviceArray<float> dw_d(dw0.size());
+    DeviceBuffer<Bf16> x_d(x.h.size()), w_d(w.h.size()), dy_d(dy.h.size());
+    DeviceBuffer<Bf16> y_d(static_cast<size_t>(M * N)), dx_d(static_cast<size_t>(M * K));
+    DeviceBuffer<float> dw_d(dw0.size());
     x_d.upload(x.h);
     w_d.upload(w.h);
     dy_d.upload(dy.h);
@@ -202,111 +116,61 @@ TEST_CASE("cuda linear GEMMs match the CPU on awkward sizes", "[gpu][gemm]") {
 
 namespace {
 
-struct AttentionCase {
-  int64_t batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset;
-};
-
 void check_attention(const AttentionCase& c) {
-  frugal::cpu::AttentionShape s;
-  s.batch = c.batch;
-  s.q_len = c.q_len;
-  s.kv_len = c.kv_len;
-  s.n_heads = c.n_heads;
-  s.n_kv_heads = c.n_kv_heads;
-  s.head_dim = c.head_dim;
-  s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  s.causal_offset = c.causal_offset;
+  const frugal::test::AttentionProblem t = frugal::test::attention_problem(
+      frugal::test::shape_of(c),
+      static_cast<unsigned>(c.q_len * 131 + c.head_dim * 7 + c.n_kv_heads));
+  const frugal::cpu::AttentionShape& s = t.s;
   CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset);
+  const size_t q_size = t.q_size, kv_size = t.kv_size, lse_size = t.lse_size;
 
-  const size_t q_size = static_cast<size_t>(s.batch * s.q_len * s.n_heads * s.head_dim);
-  const size_t kv_size = static_cast<size_t>(s.batch * s.kv_len * s.n_kv_heads * s.head_dim);
-  const size_t lse_size = static_cast<size_t>(s.batch * s.n_heads * s.q_len);
-  std::mt19937 rng(static_cast<unsigned>(c.q_len * 131 + c.head_dim * 7 + c.n_kv_heads));
-  // Amplitude 2 makes the softmax peaked enough that a wrong mask or max shows.
-  const Bf16Data q = random_bf16(q_size, rng, 2.0f);
-  const Bf16Data k = random_bf16(kv_size, rng, 2.0f);
-  const Bf16Data v = random_bf16(kv_size, rng);
-  const Bf16Data dout = random_bf16(q_size, rng);
-  const std::vector<float> dq0 = random_floats(q_size, rng);
-  const std::vector<float> dk0 = random_floats(kv_size, rng);
-  const std::vector<float> dv0 = random_floats(kv_size, rng);
-
-  // CPU reference in fp32 on the same bf16 values.
-  std::vector<float> out_ref(q_size), lse_ref(lse_size);
-  frugal::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.f.data(), k.f.data(), v.f.data(),
-                                 s);
-
-  DeviceArray<Bf16> q_d(q_size), k_d(kv_size), v_d(kv_size), out_d(q_size), dout_d(q_size);
-  DeviceArray<float> lse_d(lse_size), dq_d(q_size), dk_d(kv_size), dv_d(kv_size),
+  frugal::test::DeviceAttentionInputs in(t);
+  DeviceBuffer<Bf16> out_d(q_size);
+  DeviceBuffer<float> lse_d(lse_size), dq_d(q_size), dk_d(kv_size), dv_d(kv_size),
       scratch_d(static_cast<size_t>(frugal::cuda::attention_backward_scratch_floats(s)));
-  q_d.upload(q.h);
-  k_d.upload(k.h);
-  v_d.upload(v.h);
-  dout_d.upload(dout.h);
   const cudaStream_t stream = nullptr;
-  frugal::cuda::attention_forward(out_d.get(), lse_d.get(), q_d.get(), k_d.get(), v_d.get(), s,
+  frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
                                   stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const auto out = out_d.download<uint16_t>();
   const auto lse = lse_d.download();
-  CHECK(rel_error(from_bf16(out), out_ref) < 1e-2);
-  int lse_bad = 0;
-  for (size_t i = 0; i < lse_size; ++i) {
-    if (std::isinf(lse_ref[i])) {
-      lse_bad += !(std::isinf(lse[i]) && lse[i] < 0);
-    } else {
-      lse_bad += !(std::abs(lse[i] - lse_ref[i]) <= 1e-3f * (1.0f + std::abs(lse_ref[i])));
-    }
-  }
-  CHECK(lse_bad == 0);
+  CHECK(rel_error(from_bf16(out), t.out_ref) < 1e-2);
+  CHECK(frugal::test::count_bad_lse(lse, t.lse_ref, 1e-3f) == 0);
   // Rows that see no key: out exactly 0.
   for (size_t i = 0; i < q_size; ++i) {
-    if (out_ref[i] == 0.0f && from_bf16(out[i]) != 0.0f) {
+    if (t.out_ref[i] == 0.0f && from_bf16(out[i]) != 0.0f) {
       FAIL_CHECK("out[" << i << "] = " << from_bf16(out[i]) << " for a row that sees nothing");
       break;
     }
   }
 
   // Backward: both sides get the same out (the reference's, rounded to bf16) and lse.
-  Bf16Data out_in;
-  out_in.h.resize(q_size);
-  out_in.f.resize(q_size);
-  for (size_t i = 0; i < q_size; ++i) {
-    out_in.h[i] = to_bf16(out_ref[i]);
-    out_in.f[i] = from_bf16(out_in.h[i]);
-  }
-  std::vector<float> dq_ref = dq0, dk_ref = dk0, dv_ref = dv0;
-  frugal::cpu::attention_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.f.data(),
-                                  q.f.data(), k.f.data(), v.f.data(), out_in.f.data(),
-                                  lse_ref.data(), s);
-  DeviceArray<Bf16> out_in_d(q_size);
-  out_in_d.upload(out_in.h);
-  lse_d.upload(lse_ref);
-  dq_d.upload(dq0);
-  dk_d.upload(dk0);
-  dv_d.upload(dv0);
-  frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), dout_d.get(), q_d.get(),
-                                   k_d.get(), v_d.get(), out_in_d.get(), lse_d.get(), s,
+  lse_d.upload(t.lse_ref);
+  dq_d.upload(t.dq0);
+  dk_d.upload(t.dk0);
+  dv_d.upload(t.dv0);
+  frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(),
+                                   in.k.get(), in.v.get(), in.out_in.get(), lse_d.get(), s,
                                    scratch_d.get(), stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const auto dq = dq_d.download(), dk = dk_d.download(), dv = dv_d.download();
   // Compare what was added to the random initial values (accumulation, as a ring needs).
-  CHECK(rel_error(minus(dq, dq0), minus(dq_ref, dq0)) < 5e-3);
-  CHECK(rel_error(minus(dk, dk0), minus(dk_ref, dk0)) < 5e-3);
-  CHECK(rel_error(minus(dv, dv0), minus(dv_ref, dv0)) < 5e-3);
+  CHECK(rel_error(minus(dq, t.dq0), minus(t.dq_ref, t.dq0)) < 5e-3);
+  CHECK(rel_error(minus(dk, t.dk0), minus(t.dk_ref, t.dk0)) < 5e-3);
+  CHECK(rel_error(minus(dv, t.dv0), minus(t.dv_ref, t.dv0)) < 5e-3);
 
   // Determinism: the same launches again give bitwise the same results.
-  frugal::cuda::attention_forward(out_d.get(), lse_d.get(), q_d.get(), k_d.get(), v_d.get(), s,
+  frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
                                   stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CHECK(bitwise_equal(out_d.download<uint16_t>(), out));
   CHECK(bitwise_equal(lse_d.download(), lse));
-  lse_d.upload(lse_ref);
-  dq_d.upload(dq0);
-  dk_d.upload(dk0);
-  dv_d.upload(dv0);
-  frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), dout_d.get(), q_d.get(),
-                                   k_d.get(), v_d.get(), out_in_d.get(), lse_d.get(), s,
+  lse_d.upload(t.lse_ref);
+  dq_d.upload(t.dq0);
+  dk_d.upload(t.dk0);
+  dv_d.upload(t.dv0);
+  frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(),
+                                   in.k.get(), in.v.get(), in.out_in.get(), lse_d.get(), s,
                                    scratch_d.get(), stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CHECK(bitwise_equal(dq_d.download(), dq));
@@ -350,15 +214,15 @@ void check_cross_entropy(bool bf16_logits) {
   const double loss_ref = frugal::cpu::cross_entropy(dlogits_ref.data(), logits.f.data(),
                                                      targets.data(), rows, vocab, grad_scale);
 
-  DeviceArray<Logits> logits_d(logits.f.size());
+  DeviceBuffer<Logits> logits_d(logits.f.size());
   if constexpr (sizeof(Logits) == 2) {
     logits_d.upload(logits.h);
   } else {
     logits_d.upload(logits.f);
   }
-  DeviceArray<int32_t> targets_d(targets.size()), error_d(2);
-  DeviceArray<float> row_loss_d(static_cast<size_t>(rows)), loss_sum_d(1);
-  DeviceArray<Bf16> dlogits_d(logits.f.size());
+  DeviceBuffer<int32_t> targets_d(targets.size()), error_d(2);
+  DeviceBuffer<float> row_loss_d(static_cast<size_t>(rows)), loss_sum_d(1);
+  DeviceBuffer<Bf16> dlogits_d(logits.f.size());
   targets_d.upload(targets);
   error_d.zero();
   loss_sum_d.zero();

@@ -25,3 +25,13 @@ max_rel() {
   paste <(losses "$1") <(losses "$2") \
     | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > m) m = r } END { printf "%.3g\n", m }'
 }
+
+# First lines of a GPU script (gpu_*.sh): $gpus, the GPUs this machine has; without one the
+# script passes, saying so. $corpus: the fortunes text, or its copy beside the repository
+# (.scratch/fortunes) on a GPU machine that lacks the package.
+require_gpu() {
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ "${gpus:-0}" -eq 0 ]; then echo "no GPU: skipping"; exit 0; fi
+  corpus=/usr/share/games/fortunes/fortunes
+  [ -e "$corpus" ] || corpus=$1/.scratch/fortunes/fortunes
+}

@@ -6,12 +6,9 @@
 # Skips itself (exit 0, with a message) on a machine without a GPU.
 # usage: gpu_train.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if [ "${gpus:-0}" -eq 0 ]; then echo "no GPU: skipping"; exit 0; fi
+require_gpu "$2"
 export OMP_NUM_THREADS=2
 gpu=("$frugal_binary" train --parallel.device=cuda)
-corpus=/usr/share/games/fortunes/fortunes
-[ -e "$corpus" ] || corpus=$2/.scratch/fortunes/fortunes
 
 "$frugal_binary" prepare "$corpus" --out "$work/data" --vocab-size 400 >/dev/null
 common=(--data.dir="$work/data" --model.hidden_size=256 --model.intermediate_size=688
