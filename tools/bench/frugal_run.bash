@@ -1,0 +1,45 @@
+# Sourced by the GPU training benches (train_vs_torch, qlora_vs_peft): what running frugal
+# under mpirun and reading its metrics take. Needs $ranks and a `fail` function; defines
+#   work      a scratch directory, removed at exit
+#   cores     this machine's cores; OMP_NUM_THREADS is exported as cores / ranks
+#   mpi_env   mpirun -x options: LD_LIBRARY_PATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES when
+#             set, and every NCCL_* variable of the caller (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE,
+#             and NCCL_NVLS_ENABLE=0, which the multi-GPU machines need kept)
+#   nccl_json those NCCL_* variables as JSON members, for the result line
+# and the functions below.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
+cores=$(nproc)  # before OMP_NUM_THREADS is set: nproc obeys it
+export OMP_NUM_THREADS=$((cores / ranks > 0 ? cores / ranks : 1))
+mpi_env=(-x LD_LIBRARY_PATH -x OMP_NUM_THREADS)
+[ -n "${CUDA_VISIBLE_DEVICES+set}" ] && mpi_env+=(-x CUDA_VISIBLE_DEVICES)
+nccl_json=""
+for v in $(compgen -e | grep '^NCCL_' || true); do
+  mpi_env+=(-x "$v")
+  value=${!v//\\/\\\\}
+  nccl_json+="${nccl_json:+, }\"$v\": \"${value//\"/\\\"}\""
+done
+
+# frugal prepare CORPUS into $work/data (a 512-token vocabulary).
+prepare_data() {
+  "$1" prepare "$2" --out "$work/data" --vocab-size 512 >"$work/prepare.log" 2>&1 \
+    || { tail -n 20 "$work/prepare.log" >&2; fail "frugal prepare failed"; }
+}
+
+# Tokens/s of the last N steps of a metrics.jsonl (all ranks): their harmonic mean, i.e. the
+# tokens over the time.
+tokens_per_s() {
+  grep '"loss"' "$1" | tail -n "$2" | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 \
+    | awk '{ s += 1 / $1; n++ } END { printf "%.1f", n / s }'
+}
+
+# The largest value of KEY in a metrics.jsonl, null where the binary does not write it.
+max_of() {
+  { grep -o "\"$2\":[0-9.e+]*" "$1" || true; } | cut -d: -f2 \
+    | awk 'BEGIN { m = "" } { if (m == "" || $1 + 0 > m + 0) m = $1 } END { print (m == "" ? "null" : sprintf("%.0f", m)) }'
+}
+
+calc() { awk "BEGIN { printf \"$1\", $2 }"; }
+gib() { if [ "$1" = null ]; then echo null; else calc %.2f "$1 / 1073741824"; fi; }
