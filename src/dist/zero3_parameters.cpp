@@ -261,7 +261,7 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
     g.full = source;
     for (size_t i = 0; i < source.size(); ++i)
       if (quant_[unit][i])
-        g.quant[i] = std::make_shared<const QuantShard>(uploaded(*quant_[unit][i]));
+        g.quant[i] = uploaded(*quant_[unit][i]);
     return g;
   }
   // One all-gather per parameter, posted together as one group: each lands a contiguous
@@ -283,7 +283,7 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
       } else {
         gather_rows(mine.absmax_codes, whole.absmax_codes);
       }
-      g.quant[i] = std::make_shared<const QuantShard>(whole);
+      g.quant[i] = whole;
       g.full.push_back(Tensor());
       continue;
     }
@@ -346,9 +346,10 @@ Tensor Zero3Parameters::materialize(int64_t unit, size_t i) {
                    it->second.quant[i],
                "materialize of parameter ", i, " of unit ", unit,
                ", which is not a gathered 4-bit weight");
-  if (it->second.full[i].defined()) return unpadded(unit, it->second.full)[i];  // gather made it
   const ShardLayout& l = layouts_[unit][i];
-  return dequantize(unit, i, *it->second.quant[i]).rows(0, l.rows).view(l.shape);
+  const Tensor full = it->second.full[i].defined() ? it->second.full[i]  // gather made it
+                                                   : dequantize(unit, i, *it->second.quant[i]);
+  return full.rows(0, l.rows).view(l.shape);
 }
 
 void Zero3Parameters::release(int64_t unit) {

@@ -89,7 +89,7 @@ class Zero3Parameters : public ParameterProvider {
   const std::vector<UnitSpec>& units() const { return units_; }
   const ShardLayout& layout(int64_t unit, size_t i) const { return layouts_[unit][i]; }
   Tensor& shard(int64_t unit, size_t i) { return shards_[unit][i]; }
-  // After the fp32 shards changed other than through the optimizer (a checkpoint or weights
+  // After the master shards changed other than through the optimizer (a checkpoint or weights
   // loaded into them): the bf16 copies are made again. Nothing to do on the CPU.
   void refresh_copies();
   // Bytes of this rank's shards (padding included), and of the largest unit while it is whole:
@@ -101,15 +101,6 @@ class Zero3Parameters : public ParameterProvider {
 
  private:
   // 4-bit rows of a frozen weight: what this rank keeps instead of its fp32 rows.
-  struct QuantShard;
-  struct Gathered {
-    std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where 4-bit and
-                               // not dequantized (yet)
-    std::vector<std::shared_ptr<const QuantShard>> quant;  // the whole tensor's 4-bit data
-    std::vector<Pending> ops;
-    std::vector<ops::SideCopy> uploads;  // offloaded copies on their way to the GPU
-    int users = 0;
-  };
   struct QuantShard {
     bool hqq = false;     // HQQ, else NF4
     Tensor codes;         // u8 [shard_rows * row_len / 2]
@@ -118,6 +109,14 @@ class Zero3Parameters : public ParameterProvider {
                           // HQQ: f32 [shard_rows * row_len / 64]
     Tensor zeros;         // HQQ: f32 [shard_rows * row_len / 64]
     float offset = 0;     // NF4: the mean absmax
+  };
+  struct Gathered {
+    std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where 4-bit and
+                               // not dequantized (yet)
+    std::vector<std::optional<QuantShard>> quant;  // the whole tensor's 4-bit data
+    std::vector<Pending> ops;
+    std::vector<ops::SideCopy> uploads;  // offloaded copies on their way to the GPU
+    int users = 0;
   };
   QuantShard quantize_nf4(const ShardLayout& l, const Tensor& rows);
   QuantShard quantize_hqq(const ShardLayout& l, const Tensor& rows);
