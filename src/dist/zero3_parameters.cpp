@@ -241,12 +241,12 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
       stale_[unit][i] = false;
     }
   }
-  // 4-bit rows: their bytes are gathered (on one rank: taken as they are); the whole weight
-  // in the compute dtype is made from them only when it is asked for (gather: at once;
-  // gather_compressed: one weight at a time, by materialize).
+  // 4-bit rows: their bytes are gathered (on one rank: taken as they are), after going up
+  // beside the compute stream when offloaded to pinned host memory (offload = params; the
+  // gathers follow the uploads on the same stream). The whole weight in the compute dtype is
+  // made from them only when asked for (gather: at once; gather_compressed: one weight at a
+  // time, by materialize).
   g.quant.resize(layouts_[unit].size());
-  // 4-bit rows offloaded to pinned host memory (offload = params) go up first, beside the
-  // compute stream like the bf16 copies; the gathers follow them on the same stream.
   auto on_gathering_device = [&](const Tensor& part) {
     if (!part.defined() || part.device() == arenas_.gathered->device()) return part;
     Tensor up = Tensor::empty(part.shape(), part.dtype(), *arenas_.gathered);
@@ -260,8 +260,7 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   if (alone()) {
     g.full = source;
     for (size_t i = 0; i < source.size(); ++i)
-      if (quant_[unit][i])
-        g.quant[i] = uploaded(*quant_[unit][i]);
+      if (quant_[unit][i]) g.quant[i] = uploaded(*quant_[unit][i]);
     return g;
   }
   // One all-gather per parameter, posted together as one group: each lands a contiguous
