@@ -1,9 +1,9 @@
 // Causal attention with grouped-query heads on the GPU: the launchers, which send head dims 64
-// and 128 to the tensor-core kernels (flash_attention.cu; on compute capability 9.0 with
-// FRUGAL_ATTENTION_SM90=1, the Hopper ones in flash_attention_sm90.cu), and the simple kernels
-// that take the other head dims (16 and 32, tiny test models) and unaligned pointers: a fused
-// forward (online softmax, K/V tiles in shared memory) and a two-kernel backward (dK/dV per key
-// tile, dQ per query tile).
+// and 128 to the tensor-core kernels (on compute capability 9.0 the Hopper ones of
+// flash_attention_sm90.cu unless FRUGAL_ATTENTION_SM90=0, else flash_attention.cu's), and the
+// simple kernels that take the other head dims (16 and 32, tiny test models) and unaligned
+// pointers: a fused forward (online softmax, K/V tiles in shared memory) and a two-kernel backward
+// (dK/dV per key tile, dQ per query tile).
 //
 // The simple kernels, correct rather than fast (about 7 TFLOP/s):
 //  - A query row (forward, dQ) or key row (dK/dV) is owned by `kThreadsPerRow` consecutive
@@ -364,7 +364,7 @@ void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                        cudaStream_t stream) {
   check_shape(s);
   if (s.batch == 0 || s.q_len == 0) return;
-  if (flash_attention_sm90_requested() && flash_attention_sm90_supports(s, {out, q, k, v}, {}))
+  if (flash_attention_sm90_enabled() && flash_attention_sm90_supports(s, {out, q, k, v}, {}))
     return flash_attention_sm90_forward(out, lse, q, k, v, s, stream);
   if (flash_attention_supports(s, {out, q, k, v}, {}))
     return flash_attention_forward(out, lse, q, k, v, s, stream);
@@ -386,7 +386,7 @@ void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* do
                         float* scratch, cudaStream_t stream) {
   check_shape(s);
   if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return;
-  if (flash_attention_sm90_requested() &&
+  if (flash_attention_sm90_enabled() &&
       flash_attention_sm90_supports(s, {dout, q, k, v, out}, {dq, dk, dv}))
     return flash_attention_sm90_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
   if (flash_attention_supports(s, {dout, q, k, v, out}, {dq, dk, dv}))

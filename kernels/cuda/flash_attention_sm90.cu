@@ -984,9 +984,9 @@ void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16*
 
 }  // namespace
 
-bool flash_attention_sm90_requested() {
+bool flash_attention_sm90_enabled() {
   const char* value = std::getenv("FRUGAL_ATTENTION_SM90");
-  return value != nullptr && std::strcmp(value, "1") == 0;
+  return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
 bool flash_attention_sm90_supports(const AttentionShape& s,

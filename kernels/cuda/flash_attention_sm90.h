@@ -1,7 +1,7 @@
 // Causal GQA attention on Hopper's tensor cores (sm_90a), FlashAttention-3 style, head dims 64
 // and 128: wgmma, TMA tile loads, one producer and two consumer warpgroups per block.
-// Same contract as flash_attention.h; attention.h's launchers take it only when asked to
-// (FRUGAL_ATTENTION_SM90=1) on a compute capability 9.0 device.
+// Same contract as flash_attention.h; attention.h's launchers take it on a compute capability
+// 9.0 device unless FRUGAL_ATTENTION_SM90=0 sends them to the FlashAttention-2 kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,9 +14,10 @@
 
 namespace frugal::cuda {
 
-// Whether the environment asks for these kernels: FRUGAL_ATTENTION_SM90=1 (off by default
-// until they have been measured against flash_attention.h's on an H200).
-bool flash_attention_sm90_requested();
+// Whether the environment lets attention.h's launchers use these kernels: yes unless
+// FRUGAL_ATTENTION_SM90=0 (measured 1.7x the FlashAttention-2 kernels forward + backward on an
+// H200, doc/benchmarks.md; the switch is there to compare them and to rule a kernel out).
+bool flash_attention_sm90_enabled();
 
 // Whether they take this call: the build has the sm_90a kernels, the current device has
 // compute capability 9.0, head dim 64 or 128, bf16 tensors 16-byte aligned (TMA needs it),

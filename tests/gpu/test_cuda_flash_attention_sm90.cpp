@@ -2,7 +2,8 @@
 // kernel on awkward shapes: sequences that are not tile multiples, GQA 4:1 and 8:1, q_len !=
 // kv_len with positive and negative causal offsets, batch > 1, enough key tiles to go round the
 // shared-memory stages several times; against the FlashAttention-2 kernels on the same data;
-// bitwise reproducibility; and the FRUGAL_ATTENTION_SM90 switch of attention.h's launchers.
+// bitwise reproducibility; and the FRUGAL_ATTENTION_SM90 switch of attention.h's launchers
+// (sm90 by default, FlashAttention-2 with =0).
 // Skipped (and says so) without a GPU of compute capability 9.0 or a build with sm_90a.
 #include <cuda_runtime.h>
 
@@ -145,7 +146,7 @@ TEST_CASE("cuda sm90 flash attention matches the CPU on awkward shapes", "[gpu][
   for (const AttentionCase& c : cases) check_case(c);
 }
 
-TEST_CASE("FRUGAL_ATTENTION_SM90=1 sends attention.h's launchers to the sm90 kernels",
+TEST_CASE("attention.h's launchers take the sm90 kernels unless FRUGAL_ATTENTION_SM90=0",
           "[gpu][attention]") {
   SKIP_WITHOUT_GPU();
   if (!have_sm90()) return;
@@ -153,20 +154,37 @@ TEST_CASE("FRUGAL_ATTENTION_SM90=1 sends attention.h's launchers to the sm90 ker
       frugal::test::attention_problem(shape_of({1, 190, 190, 4, 1, 128, 0}), 7);
   const frugal::cpu::AttentionShape& s = t.s;
   frugal::test::DeviceAttentionInputs in(t);
-  DeviceBuffer<Bf16> out_d(t.q_size), out_sm90_d(t.q_size);
-  DeviceBuffer<float> lse_d(t.lse_size), lse_sm90_d(t.lse_size);
+  DeviceBuffer<Bf16> out_d(t.q_size), out_sm90_d(t.q_size), out_fa2_d(t.q_size);
+  DeviceBuffer<float> lse_d(t.lse_size), lse_sm90_d(t.lse_size), lse_fa2_d(t.lse_size);
   frugal::cuda::flash_attention_sm90_forward(out_sm90_d.get(), lse_sm90_d.get(), in.q.get(),
                                              in.k.get(), in.v.get(), s, nullptr);
+  frugal::cuda::flash_attention_forward(out_fa2_d.get(), lse_fa2_d.get(), in.q.get(), in.k.get(),
+                                        in.v.get(), s, nullptr);
+  // What attention_forward computes under FRUGAL_ATTENTION_SM90 = value (nullptr: unset).
+  auto launcher_with = [&](const char* value) {
+    if (value)
+      setenv("FRUGAL_ATTENTION_SM90", value, 1);
+    else
+      unsetenv("FRUGAL_ATTENTION_SM90");
+    frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
+                                    nullptr);
+  };
+  auto same_as = [&](DeviceBuffer<Bf16>& out, DeviceBuffer<float>& lse) {
+    return bitwise_equal(out_d.download_bits(), out.download_bits()) &&
+           bitwise_equal(lse_d.download<float>(), lse.download<float>());
+  };
+  // The two kernels sum in different orders, so some bit differs: what tells them apart here.
+  REQUIRE_FALSE(bitwise_equal(lse_sm90_d.download<float>(), lse_fa2_d.download<float>()));
   const char* before = std::getenv("FRUGAL_ATTENTION_SM90");
   const std::string saved = before ? before : "";
-  setenv("FRUGAL_ATTENTION_SM90", "1", 1);
-  CHECK(frugal::cuda::flash_attention_sm90_requested());
-  frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
-                                  nullptr);
-  CHECK(bitwise_equal(out_d.download_bits(), out_sm90_d.download_bits()));
-  CHECK(bitwise_equal(lse_d.download<float>(), lse_sm90_d.download<float>()));
-  setenv("FRUGAL_ATTENTION_SM90", "0", 1);
-  CHECK_FALSE(frugal::cuda::flash_attention_sm90_requested());
+  launcher_with(nullptr);
+  CHECK(frugal::cuda::flash_attention_sm90_enabled());
+  CHECK(same_as(out_sm90_d, lse_sm90_d));
+  launcher_with("1");
+  CHECK(same_as(out_sm90_d, lse_sm90_d));
+  launcher_with("0");
+  CHECK_FALSE(frugal::cuda::flash_attention_sm90_enabled());
+  CHECK(same_as(out_fa2_d, lse_fa2_d));
   if (before)
     setenv("FRUGAL_ATTENTION_SM90", saved.c_str(), 1);
   else

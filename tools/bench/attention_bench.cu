@@ -6,9 +6,9 @@
 //                        [--iters N] [--dump FILE] [--backward-tiles large|small]
 //                        [--kernel auto|fa2|sm90]
 // (--backward-tiles forces the FlashAttention-2 backward's tiling, e.g. the one for 99 KiB of
-// shared memory. --kernel: auto is attention.h's choice (FRUGAL_ATTENTION_SM90=1 lets it take
-// the Hopper kernels), fa2 the FlashAttention-2 kernels (flash_attention.h), sm90 the Hopper
-// ones (flash_attention_sm90.h, compute capability 9.0 only).)
+// shared memory. --kernel: auto is attention.h's choice (the Hopper kernels on compute
+// capability 9.0 unless FRUGAL_ATTENTION_SM90=0), fa2 the FlashAttention-2 kernels
+// (flash_attention.h), sm90 the Hopper ones (flash_attention_sm90.h, compute capability 9.0 only).)
 // Layouts are frugal's: q, out [B, S, H, D]; k, v [B, S, KVH, D]; lse [B, H, S] (bf16, fp32).
 // FLOPs counted as FlashAttention does: forward 4 B H S^2 D / 2 (causal), backward 2.5x that.
 #include <cuda_bf16.h>
