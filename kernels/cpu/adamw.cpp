@@ -11,6 +11,35 @@
 
 namespace frugal::cpu {
 
+namespace {
+
+// The per-element update, the constants already folded (see adamw_update). Every argument by
+// value and no branch in the loop, so that it vectorizes; kCopy: also write the bf16 copy.
+struct AdamWConstants {
+  float decay, one_minus_b1, one_minus_b2, beta2, step_size, bias_correction2_sqrt, eps, grad_scale;
+};
+
+template <bool kCopy>
+void update_elements(float* __restrict__ param, const float* __restrict__ grad,
+                     float* __restrict__ m, float* __restrict__ v, int64_t n, AdamWConstants c,
+                     uint16_t* __restrict__ param_bf16) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 15))
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i] * c.grad_scale;
+    float p = param[i] * c.decay;                              // param.mul_(1 - lr * wd)
+    const float mi = m[i] + c.one_minus_b1 * (g - m[i]);       // exp_avg.lerp_(grad, 1 - b1)
+    const float vi = v[i] * c.beta2 + c.one_minus_b2 * g * g;  // exp_avg_sq.mul_(b2).addcmul_
+    const float denom = std::sqrt(vi) / c.bias_correction2_sqrt + c.eps;
+    p -= c.step_size * (mi / denom);  // param.addcdiv_(exp_avg, denom, -step_size)
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p;
+    if constexpr (kCopy) param_bf16[i] = float_to_bf16(p);
+  }
+}
+
+}  // namespace
+
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWStep& s, uint16_t* param_bf16) {
   FRUGAL_CHECK(s.step >= 1, "adamw step is 1-based, got ", s.step);
@@ -19,38 +48,41 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const double lr = s.lr, b1 = s.beta1, b2 = s.beta2;
   const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(s.step));
   const double bias_correction2 = 1.0 - std::pow(b2, static_cast<double>(s.step));
-  const float decay = static_cast<float>(1.0 - lr * static_cast<double>(s.weight_decay));
-  const float one_minus_b1 = static_cast<float>(1.0 - b1);
-  const float one_minus_b2 = static_cast<float>(1.0 - b2);
-  const float beta2 = s.beta2;
-  const float step_size = static_cast<float>(lr / bias_correction1);
-  const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  const float eps = s.eps;
-  const float grad_scale = s.grad_scale;
-
-#pragma omp parallel for schedule(static) if (n >= (1 << 15))
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_scale;
-    float p = param[i] * decay;                  // param.mul_(1 - lr * wd)
-    m[i] += one_minus_b1 * (g - m[i]);           // exp_avg.lerp_(grad, 1 - beta1)
-    v[i] = v[i] * beta2 + one_minus_b2 * g * g;  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
-    const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
-    p -= step_size * (m[i] / denom);  // param.addcdiv_(exp_avg, denom, -step_size)
-    param[i] = p;
-    if (param_bf16) param_bf16[i] = float_to_bf16(p);
-  }
+  AdamWConstants c;
+  c.decay = static_cast<float>(1.0 - lr * static_cast<double>(s.weight_decay));
+  c.one_minus_b1 = static_cast<float>(1.0 - b1);
+  c.one_minus_b2 = static_cast<float>(1.0 - b2);
+  c.beta2 = s.beta2;
+  c.step_size = static_cast<float>(lr / bias_correction1);
+  c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  c.eps = s.eps;
+  c.grad_scale = s.grad_scale;
+  // The host AdamW of offload = optimizer streams every trainable weight's 30 bytes of state
+  // through here once a step: the vectorized loop, with or without the bf16 copy.
+  if (param_bf16)
+    update_elements<true>(param, grad, m, v, n, c, param_bf16);
+  else
+    update_elements<false>(param, grad, m, v, n, c, nullptr);
 }
 
 double sum_squares(const float* x, int64_t n) {
-  // Fixed-size chunks summed in chunk order: the same result for any thread count.
+  // Fixed-size chunks summed in chunk order, each in kLanes interleaved partial sums added in
+  // lane order: the same result for any thread count, and a loop the compiler vectorizes
+  // (one running sum would be a chain it may not reorder).
   constexpr int64_t kChunk = 1 << 14;
+  constexpr int kLanes = 8;
   const int64_t n_chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(n_chunks), 0.0);
 #pragma omp parallel for schedule(static) if (n_chunks > 1)
   for (int64_t c = 0; c < n_chunks; ++c) {
-    const int64_t end = std::min(n, (c + 1) * kChunk);
+    const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
+    double lanes[kLanes] = {};
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(x[i + l]) * x[i + l];
+    for (; i < end; ++i) lanes[0] += static_cast<double>(x[i]) * x[i];
     double acc = 0.0;
-    for (int64_t i = c * kChunk; i < end; ++i) acc += static_cast<double>(x[i]) * x[i];
+    for (double lane : lanes) acc += lane;
     partial[c] = acc;
   }
   double total = 0.0;

@@ -159,17 +159,6 @@ DType dtype_from_name(const std::string& name) {
   fail("unknown dtype '", name, "'; expected one of ", expected);
 }
 
-uint16_t float_to_bf16(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  // NaN: keep the sign and the top of the payload, and set the quiet bit so that truncating
-  // a payload that lives only in the low 16 bits cannot turn the NaN into an infinity.
-  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x0040);
-  const uint32_t sign = (bits >> 16) & 0x8000;
-  // Overflow past the largest finite bf16 rounds to inf (code 0x7F80), as IEEE does.
-  const uint32_t magnitude = std::isinf(x) ? 0x7F80 : round_magnitude(bits, kBF16);
-  return static_cast<uint16_t>(sign | (magnitude > 0x7F80 ? 0x7F80 : magnitude));
-}
-
 float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
 
 uint16_t float_to_f16(float x) {
