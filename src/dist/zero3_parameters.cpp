@@ -167,6 +167,7 @@ Zero3Parameters::QuantShard Zero3Parameters::quantize_hqq(const ShardLayout& l, 
 }
 
 void Zero3Parameters::refresh_copies() {
+  updates_.wait_all();
   if (!arenas_.copies) return;
   copies_.resize(shards_.size());
   staging_.resize(shards_.size());
@@ -220,10 +221,33 @@ void Zero3Parameters::weights_updated() {
       if (units_[u].params[i].trainable) stale_[u][i] = true;
 }
 
+void Zero3Parameters::apply_update(size_t n_slices, std::function<void(size_t)> update_slice) {
+  updates_.wait_all();
+  if (!host_state()) return ParameterProvider::apply_update(n_slices, std::move(update_slice));
+  // The slices of each unit, numbered as trainable() numbers them.
+  std::vector<std::vector<size_t>> unit_slices(units_.size());
+  size_t k = 0;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (const ParamSpec& p : units_[u].params)
+      if (p.trainable) unit_slices[u].push_back(k++);
+  FRUGAL_CHECK(k == n_slices, "apply_update of ", n_slices, " slices; this rank has ", k);
+  // The copies go up when next gathered, which waits for the unit's update first.
+  weights_updated();
+  // The host's AdamW (OpenMP inside update_slice) on its own thread, in the order the next
+  // forward gathers the units; the GPU's work (copies up, gathers) stays on this thread.
+  updates_.start(units_.size(), [unit_slices = std::move(unit_slices),
+                                 update = std::move(update_slice)](size_t u) {
+    for (size_t slice : unit_slices[u]) update(slice);
+  });
+}
+
+void Zero3Parameters::wait_for_updates() { updates_.wait_all(); }
+
 Zero3Parameters::~Zero3Parameters() = default;
 
 Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   FRUGAL_CHECK(unit >= 0 && unit < int64_t(units_.size()), "unit ", unit);
+  updates_.wait(unit);  // the copies it uploads must be the updated ones
   auto it = gathered_.find(unit);
   if (it != gathered_.end()) return it->second;
   Gathered& g = gathered_[unit];
@@ -397,6 +421,7 @@ void Zero3Parameters::complete_download() {
 
 void Zero3Parameters::grads_done(int64_t unit) {
   if (direct_grads()) return;
+  updates_.wait(unit);  // its gradient shards are about to be written
   auto it = full_grads_.find(unit);
   FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
   if (alone() && !host_state()) {
@@ -481,6 +506,8 @@ void Zero3Parameters::finish_backward() {
 }
 
 void Zero3Parameters::zero_grads() {
+  // (No wait for apply_update's thread: with it, this only marks the shards; the gradients
+  // land in them after the forward has waited for every unit's update.)
   if (host_state()) {
     // The first gradients of each unit overwrite its shards instead of adding to them (no
     // pass over host memory to clear them); finish_backward clears those that got none.
@@ -493,6 +520,7 @@ void Zero3Parameters::zero_grads() {
 }
 
 std::vector<TrainableShard> Zero3Parameters::trainable() {
+  updates_.wait_all();
   std::vector<TrainableShard> out;
   for (size_t u = 0; u < units_.size(); ++u)
     for (size_t i = 0; i < units_[u].params.size(); ++i)

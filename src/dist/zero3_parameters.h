@@ -15,6 +15,7 @@
 #include "model/llama_config.h"
 #include "model/parameter_provider.h"
 #include "ops/ops.h"
+#include "optim/background_updates.h"
 
 namespace frugal {
 
@@ -84,11 +85,18 @@ class Zero3Parameters : public ParameterProvider {
   void finish_backward() override;
   void zero_grads() override;
   void weights_updated() override;
+  // With the optimizer on the host (offload), in the background unit by unit (see
+  // ParameterProvider); otherwise at once.
+  void apply_update(size_t n_slices, std::function<void(size_t)> update_slice) override;
+  void wait_for_updates() override;
   std::vector<TrainableShard> trainable() override;
 
   const std::vector<UnitSpec>& units() const { return units_; }
   const ShardLayout& layout(int64_t unit, size_t i) const { return layouts_[unit][i]; }
-  Tensor& shard(int64_t unit, size_t i) { return shards_[unit][i]; }
+  Tensor& shard(int64_t unit, size_t i) {
+    updates_.wait_all();
+    return shards_[unit][i];
+  }
   // After the master shards changed other than through the optimizer (a checkpoint or weights
   // loaded into them): the bf16 copies are made again. Nothing to do on the CPU.
   void refresh_copies();
@@ -169,6 +177,9 @@ class Zero3Parameters : public ParameterProvider {
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;
   std::optional<Reduction> in_flight_;
+  // apply_update's host optimizer, unit by unit (host_state()); declared last, so destroyed
+  // (its thread joined) before the tensors it updates.
+  BackgroundUpdates updates_;
 };
 
 }  // namespace frugal

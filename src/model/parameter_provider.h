@@ -3,6 +3,7 @@
 // just before it needs it, releases it right after, and hands back the unit's gradients.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,18 @@ class ParameterProvider {
   virtual void zero_grads() = 0;
   // The optimizer has changed the trainable shards (copies of them must be made again).
   virtual void weights_updated() {}
+  // The optimizer's update: update_slice(k) for every trainable slice k < n_slices
+  // (trainable()'s order), then weights_updated(). ZeRO-3 with the optimizer on the host
+  // (offload) runs them on a thread of their own, unit by unit in forward order, and makes each
+  // unit's gather wait for that unit's updates: the next forward runs on the GPU while the
+  // host updates the units after it. update_slice must touch only slice k's tensors.
+  virtual void apply_update(size_t n_slices, std::function<void(size_t)> update_slice) {
+    for (size_t k = 0; k < n_slices; ++k) update_slice(k);
+    weights_updated();
+  }
+  // Returns once every update of apply_update is done (and rethrows its error): before
+  // anything but a gather reads the weights or the optimizer state (checkpoints).
+  virtual void wait_for_updates() {}
   // This rank's trainable slices, for the optimizer and the gradient norm.
   virtual std::vector<TrainableShard> trainable() = 0;
 };

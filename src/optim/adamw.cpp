@@ -19,7 +19,7 @@ AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Aren
   }
 }
 
-AdamW::StepReport AdamW::step(double lr, int64_t step, const GlobalSum& global_sum) {
+AdamW::StepReport AdamW::begin_step(double lr, int64_t step, const GlobalSum& global_sum) {
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
   const double local = ops::sum_squares(grads);
@@ -27,19 +27,30 @@ AdamW::StepReport AdamW::step(double lr, int64_t step, const GlobalSum& global_s
   report.grad_norm = std::sqrt(global_sum(local));
   if (config_.grad_clip > 0 && report.grad_norm > config_.grad_clip)
     report.clip_scale = config_.grad_clip / (report.grad_norm + 1e-6);
+  lr_ = lr;
+  step_ = step;
+  clip_scale_ = report.clip_scale;
+  return report;
+}
 
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    TrainableShard& s = shards_[i];
-    ops::AdamWStep hyper;
-    hyper.lr = static_cast<float>(lr);
-    hyper.beta1 = static_cast<float>(config_.beta1);
-    hyper.beta2 = static_cast<float>(config_.beta2);
-    hyper.eps = static_cast<float>(config_.eps);
-    hyper.weight_decay = decays(s.name) ? static_cast<float>(config_.weight_decay) : 0.0f;
-    hyper.step = step;
-    hyper.grad_scale = static_cast<float>(report.clip_scale);
-    ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper, s.param_copy);
-  }
+void AdamW::update(size_t i) {
+  FRUGAL_CHECK(i < shards_.size(), "AdamW shard ", i, " of ", shards_.size());
+  FRUGAL_CHECK(step_ >= 1, "AdamW::update before begin_step");
+  TrainableShard& s = shards_[i];
+  ops::AdamWStep hyper;
+  hyper.lr = static_cast<float>(lr_);
+  hyper.beta1 = static_cast<float>(config_.beta1);
+  hyper.beta2 = static_cast<float>(config_.beta2);
+  hyper.eps = static_cast<float>(config_.eps);
+  hyper.weight_decay = decays(s.name) ? static_cast<float>(config_.weight_decay) : 0.0f;
+  hyper.step = step_;
+  hyper.grad_scale = static_cast<float>(clip_scale_);
+  ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper, s.param_copy);
+}
+
+AdamW::StepReport AdamW::step(double lr, int64_t step, const GlobalSum& global_sum) {
+  const StepReport report = begin_step(lr, step, global_sum);
+  for (size_t i = 0; i < shards_.size(); ++i) update(i);
   return report;
 }
 

@@ -31,8 +31,15 @@ class AdamW {
     double grad_norm = 0;   // before clipping
     double clip_scale = 1;  // factor applied to the gradients
   };
-  // One update with learning rate `lr`; `step` is 1-based.
+  // One update with learning rate `lr`; `step` is 1-based: begin_step, then update of every
+  // shard.
   StepReport step(double lr, int64_t step, const GlobalSum& global_sum);
+  // The two halves of step, for callers that spread the updates out (ZeRO-3 with a host
+  // optimizer updates unit by unit while the next forward runs). begin_step: the global norm
+  // and the clipping factor (a collective), kept with lr and step for update(i), which updates
+  // shard i alone (touching only its tensors, so that it may run on another thread).
+  StepReport begin_step(double lr, int64_t step, const GlobalSum& global_sum);
+  void update(size_t i);
 
   // State for checkpoints: moments by the shard's name.
   const std::vector<TrainableShard>& shards() const { return shards_; }
@@ -43,6 +50,9 @@ class AdamW {
   std::vector<TrainableShard> shards_;
   AdamWConfig config_;
   std::vector<Tensor> m_, v_;
+  // What begin_step decided for this step's updates.
+  double lr_ = 0, clip_scale_ = 1;
+  int64_t step_ = 0;
 };
 
 // Whether weight decay applies to a parameter: matrices yes, norm weights no.

@@ -1,7 +1,10 @@
-// zero grads -> forward/backward per micro-batch -> global norm, clip -> AdamW.
+// zero grads -> forward/backward per micro-batch -> global norm, clip -> AdamW (applied by the
+// parameter provider: at once, or unit by unit beside the next forward).
 #include "train/train_step.h"
 
 #include <algorithm>
+
+#include "monitor/metrics.h"
 
 namespace frugal {
 
@@ -17,6 +20,7 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optim
   // reduce-scatter) gives the gradient of the global mean loss.
   const float grad_scale = 1.0f / float(std::max<int64_t>(1, result.tokens));
 
+  const double start = now_seconds();
   params.zero_grads();
   double loss_sum = 0;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
@@ -24,9 +28,12 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optim
     loss_sum += model.forward_backward(micro_batches[m], params, grad_scale, policy);
   }
   model.set_noise(0);
+  const double backward_end = now_seconds();
+  result.forward_backward_seconds = backward_end - start;
   result.loss = global_sum(loss_sum) / double(std::max<int64_t>(1, result.tokens));
-  result.grad_norm = optimizer.step(lr, step, global_sum).grad_norm;
-  params.weights_updated();
+  result.grad_norm = optimizer.begin_step(lr, step, global_sum).grad_norm;
+  params.apply_update(optimizer.shards().size(), [&optimizer](size_t i) { optimizer.update(i); });
+  result.optimizer_seconds = now_seconds() - backward_end;
   return result;
 }
 

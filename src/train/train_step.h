@@ -15,6 +15,13 @@ struct StepResult {
   double loss = 0;       // mean over the global batch's counted tokens
   int64_t tokens = 0;    // counted tokens, all ranks
   double grad_norm = 0;  // before clipping
+  // Wall time of the forward and backward passes of every micro-batch (up to the last loss
+  // read back, so a GPU's work included) and of the optimizer (global norm, clipping, AdamW).
+  // With the optimizer on the host (offload), the AdamW updates run during the next step's
+  // forward (ParameterProvider::apply_update): optimizer_seconds is then the norm's, and the
+  // wait for updates not yet done shows in the next forward_backward_seconds.
+  double forward_backward_seconds = 0;
+  double optimizer_seconds = 0;
 };
 
 // `comm` sums across data-parallel ranks; nullptr means this rank alone.

@@ -203,6 +203,7 @@ double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& v
 
 void save_checkpoint(const CheckpointDir& dir, int64_t step, Zero3Parameters& params, AdamW& opt,
                      const BatchSampler& sampler, const TrainConfig& c, Comm& world) {
+  params.wait_for_updates();  // a host optimizer may still be updating (offload)
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < opt.shards().size(); ++i) {
     const TrainableShard& s = opt.shards()[i];
@@ -524,14 +525,16 @@ TrainSummary run_training(const TrainConfig& config) {
 
     const double step_seconds = now_seconds() - step_start;
     window_tokens += tokens_per_step;
-    nlohmann::json record = {
-        {"step", step},
-        {"loss", result.loss},
-        {"lr", lr},
-        {"grad_norm", result.grad_norm},
-        {"tokens_per_s", double(tokens_per_step) / step_seconds},
-        {"peak_memory_bytes", memory.peak_bytes()},
-        {"memory", memory.report()}};
+    nlohmann::json record = {{"step", step},
+                             {"loss", result.loss},
+                             {"lr", lr},
+                             {"grad_norm", result.grad_norm},
+                             {"tokens_per_s", double(tokens_per_step) / step_seconds},
+                             {"seconds",
+                              {{"forward_backward", result.forward_backward_seconds},
+                               {"optimizer", result.optimizer_seconds}}},
+                             {"peak_memory_bytes", memory.peak_bytes()},
+                             {"memory", memory.report()}};
     if (record["memory"].contains("device_peak_bytes"))  // a GPU run
       record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
     // Host memory as the operating system saw it: every rank's peak resident set, summed (the

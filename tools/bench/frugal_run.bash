@@ -2,9 +2,10 @@
 # under mpirun and reading its metrics take. Needs $ranks and a `fail` function; defines
 #   work      a scratch directory, removed at exit
 #   cores     this machine's cores; OMP_NUM_THREADS is exported as cores / ranks
-#   mpi_env   mpirun -x options: LD_LIBRARY_PATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES when
-#             set, and every NCCL_* variable of the caller (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE,
-#             and NCCL_NVLS_ENABLE=0, which the multi-GPU machines need kept)
+#   mpi_env   mpirun -x options: LD_LIBRARY_PATH, OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES and
+#             FRUGAL_ATTENTION_SM90 when set, and every NCCL_* variable of the caller
+#             (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE, and NCCL_NVLS_ENABLE=0, which the multi-GPU
+#             machines need kept)
 #   nccl_json those NCCL_* variables as JSON members, for the result line
 # and the functions below.
 work=$(mktemp -d)
@@ -15,6 +16,7 @@ cores=$(nproc)  # before OMP_NUM_THREADS is set: nproc obeys it
 export OMP_NUM_THREADS=$((cores / ranks > 0 ? cores / ranks : 1))
 mpi_env=(-x LD_LIBRARY_PATH -x OMP_NUM_THREADS)
 [ -n "${CUDA_VISIBLE_DEVICES+set}" ] && mpi_env+=(-x CUDA_VISIBLE_DEVICES)
+[ -n "${FRUGAL_ATTENTION_SM90+set}" ] && mpi_env+=(-x FRUGAL_ATTENTION_SM90)
 nccl_json=""
 for v in $(compgen -e | grep '^NCCL_' || true); do
   mpi_env+=(-x "$v")
@@ -33,6 +35,13 @@ prepare_data() {
 tokens_per_s() {
   grep '"loss"' "$1" | tail -n "$2" | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 \
     | awk '{ s += 1 / $1; n++ } END { printf "%.1f", n / s }'
+}
+
+# Rank 0's mean seconds of KEY (forward_backward or optimizer, from the "seconds" member) over
+# the last N steps of a metrics.jsonl, null where the binary does not write them.
+mean_seconds() {
+  { grep '"loss"' "$1" | tail -n "$2" | grep -o "\"$3\":[0-9.e+-]*" || true; } | cut -d: -f2 \
+    | awk '{ s += $1; n++ } END { print (n ? sprintf("%.4f", s / n) : "null") }'
 }
 
 # The largest value of KEY in a metrics.jsonl, null where the binary does not write it.
