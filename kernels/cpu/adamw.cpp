@@ -13,18 +13,18 @@ namespace frugal::cpu {
 
 namespace {
 
-// The per-element update, the constants already folded (see adamw_update). Every argument by
-// value and no branch in the loop, so that it vectorizes; kCopy: also write the bf16 copy.
+// The per-element update, the constants already folded (see adamw_update), on elements
+// [begin, end): no branch in the loop, so that it vectorizes; kCopy: also write the bf16 copy.
 struct AdamWConstants {
   float decay, one_minus_b1, one_minus_b2, beta2, step_size, bias_correction2_sqrt, eps, grad_scale;
 };
 
 template <bool kCopy>
-void update_elements(float* __restrict__ param, const float* __restrict__ grad,
-                     float* __restrict__ m, float* __restrict__ v, int64_t n, AdamWConstants c,
-                     uint16_t* __restrict__ param_bf16) {
-#pragma omp parallel for schedule(static) if (n >= (1 << 15))
-  for (int64_t i = 0; i < n; ++i) {
+inline __attribute__((always_inline)) void update_range(
+    float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ m,
+    float* __restrict__ v, uint16_t* __restrict__ param_bf16, int64_t begin, int64_t end,
+    const AdamWConstants& c) {
+  for (int64_t i = begin; i < end; ++i) {
     const float g = grad[i] * c.grad_scale;
     float p = param[i] * c.decay;                              // param.mul_(1 - lr * wd)
     const float mi = m[i] + c.one_minus_b1 * (g - m[i]);       // exp_avg.lerp_(grad, 1 - b1)
@@ -36,6 +36,28 @@ void update_elements(float* __restrict__ param, const float* __restrict__ grad,
     param[i] = p;
     if constexpr (kCopy) param_bf16[i] = float_to_bf16(p);
   }
+}
+
+// The host AdamW of offload = optimizer is bound by this arithmetic (on a 32-core Xeon, 8, 16
+// and 32 threads gave 7.0k, 11.3k and 14.8k tokens/s for a 1.1B model): on x86-64 with GCC
+// the loops are also compiled for AVX2 and AVX-512, the best one chosen when the program loads
+// (target_clones). Without floating-point contraction (ISO C++ mode: no FMA) every version
+// computes the same bits.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define FRUGAL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FRUGAL_VECTOR_CLONES
+#endif
+
+FRUGAL_VECTOR_CLONES void update_plain(float* param, const float* grad, float* m, float* v,
+                                       int64_t begin, int64_t end, const AdamWConstants& c) {
+  update_range<false>(param, grad, m, v, nullptr, begin, end, c);
+}
+
+FRUGAL_VECTOR_CLONES void update_with_copy(float* param, const float* grad, float* m, float* v,
+                                           uint16_t* param_bf16, int64_t begin, int64_t end,
+                                           const AdamWConstants& c) {
+  update_range<true>(param, grad, m, v, param_bf16, begin, end, c);
 }
 
 }  // namespace
@@ -57,12 +79,17 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   c.eps = s.eps;
   c.grad_scale = s.grad_scale;
-  // The host AdamW of offload = optimizer streams every trainable weight's 30 bytes of state
-  // through here once a step: the vectorized loop, with or without the bf16 copy.
-  if (param_bf16)
-    update_elements<true>(param, grad, m, v, n, c, param_bf16);
-  else
-    update_elements<false>(param, grad, m, v, n, c, nullptr);
+  // Blocks of elements over the threads, each block one call of the vectorized loop.
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t n_blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n_blocks > 1)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+    if (param_bf16)
+      update_with_copy(param, grad, m, v, param_bf16, begin, end, c);
+    else
+      update_plain(param, grad, m, v, begin, end, c);
+  }
 }
 
 double sum_squares(const float* x, int64_t n) {
