@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -524,6 +525,39 @@ TEST_CASE("adamw: three steps against torch's formula in float64", "[kernels]") 
   size_t mismatches = 0;
   for (int64_t i = 0; i < n; ++i) mismatches += copy[i] != frugal::float_to_bf16(p3[i]);
   CHECK(mismatches == 0);
+
+  SECTION("the vectorized loop computes the bits of the formula in fp32") {
+    // Long enough for several blocks over the threads and the widest vectors the CPU has
+    // (the loop is compiled for AVX2 and AVX-512 too): each element as the header writes it,
+    // one fp32 operation at a time (ISO C++: no contraction into FMAs, here or there).
+    const int64_t big = 100003;
+    FVec pb = random_floats(big, rng), mb = random_floats(big, rng, 0, 1), vb(big),
+         gb = random_floats(big, rng, -3, 3);
+    for (float& e : vb) e = std::abs(random_floats(1, rng)[0]);
+    FVec pr = pb, mr = mb, vr = vb;
+    std::vector<uint16_t> copy_b(big);
+    s.step = 5;
+    adamw_update(pb.data(), gb.data(), mb.data(), vb.data(), big, s, copy_b.data());
+    const double lr = s.lr, b1 = s.beta1, b2 = s.beta2;
+    const float decay = static_cast<float>(1.0 - lr * double(s.weight_decay));
+    const float step_size = static_cast<float>(lr / (1.0 - std::pow(b1, 5.0)));
+    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, 5.0)));
+    const float omb1 = static_cast<float>(1.0 - b1), omb2 = static_cast<float>(1.0 - b2);
+    size_t differ = 0;
+    for (int64_t i = 0; i < big; ++i) {
+      const float g = gb[i] * s.grad_scale;
+      float p_i = pr[i] * decay;
+      const float m_i = mr[i] + omb1 * (g - mr[i]);
+      const float v_i = vr[i] * s.beta2 + omb2 * g * g;
+      const float denom = std::sqrt(v_i) / bc2_sqrt + s.eps;
+      p_i -= step_size * (m_i / denom);
+      differ += std::bit_cast<uint32_t>(p_i) != std::bit_cast<uint32_t>(pb[i]) ||
+                std::bit_cast<uint32_t>(m_i) != std::bit_cast<uint32_t>(mb[i]) ||
+                std::bit_cast<uint32_t>(v_i) != std::bit_cast<uint32_t>(vb[i]) ||
+                frugal::float_to_bf16(p_i) != copy_b[i];
+    }
+    CHECK(differ == 0);
+  }
 
   SECTION("sum_squares over several chunks") {
     const FVec x = random_floats(100003, rng);
