@@ -501,9 +501,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   pin_registers(s);
   softmax(s, 0, correction);  // O is still 0: nothing to rescale
   accumulators_to_a<kBlockN>(pa, s);
-  for (int t = 0; t < n_tiles; ++t) {
-    const bool next = t + 1 < n_tiles;
-    if (next) issue_scores(s, t + 1);
+  // O += P_t V_t (issued, not waited for).
+  auto issue_pv = [&](int t) {
     wgmma_fence();
     pin_registers(o);
     pin_registers(pa);
@@ -511,27 +510,34 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kBlockN / 16; ++kk)
       wgmma_rs<D>(o, pa[kk], mn_major<kBlockN>(v_tile(t % kStages), kk));
     wgmma_commit();
-    if (next) {
-      wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
-      pin_registers(s);
-      softmax(s, t + 1, correction);
-    }
+  };
+  // Every tile but the last: two products in flight, then the softmax of the later one. The
+  // last tile is peeled off rather than guarded by a branch, so that the groups in flight are
+  // the same on every path (ptxas otherwise serializes every wgmma, warning C7514).
+  for (int t = 0; t + 1 < n_tiles; ++t) {
+    issue_scores(s, t + 1);
+    issue_pv(t);
+    wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
+    pin_registers(s);
+    softmax(s, t + 1, correction);
     wgmma_wait<0>();
     pin_registers(o);
     pin_registers(pa);
     mbarrier_arrive(bars.empty(t % kStages));  // K_t (read by S_t) and V_t are done with
-    if (next) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
+    for (int j = 0; j < D / 8; ++j) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          o[4 * j + 2 * r] *= correction[r];
-          o[4 * j + 2 * r + 1] *= correction[r];
-        }
+      for (int r = 0; r < 2; ++r) {
+        o[4 * j + 2 * r] *= correction[r];
+        o[4 * j + 2 * r + 1] *= correction[r];
       }
-      accumulators_to_a<kBlockN>(pa, s);
     }
+    accumulators_to_a<kBlockN>(pa, s);
   }
+  issue_pv(n_tiles - 1);
+  wgmma_wait<0>();
+  pin_registers(o);
+  mbarrier_arrive(bars.empty((n_tiles - 1) % kStages));
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
