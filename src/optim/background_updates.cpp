@@ -21,8 +21,10 @@ void BackgroundUpdates::start(size_t n_units, std::function<void(size_t unit)> u
       }
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        units_done_ = error ? n_units : u + 1;  // an error releases every waiter
-        error_ = error;
+        if (error)
+          error_ = error;  // releases the waiters of this unit and later ones
+        else
+          units_done_ = u + 1;
       }
       unit_done_.notify_all();
       if (error) return;
@@ -34,8 +36,9 @@ void BackgroundUpdates::wait(size_t unit) {
   if (!thread_.joinable()) return;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    unit_done_.wait(lock, [&] { return units_done_ > unit || units_done_ == n_units_; });
-    if (!error_) return;
+    unit_done_.wait(
+        lock, [&] { return units_done_ > unit || units_done_ == n_units_ || error_ != nullptr; });
+    if (units_done_ > unit || !error_) return;  // its update is done (or unit is past the run)
   }
   wait_all();  // joins and rethrows
 }

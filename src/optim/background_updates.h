@@ -22,10 +22,11 @@ class BackgroundUpdates {
 
   // Runs update(0), update(1), ... update(n_units - 1) in that order on a new thread, after
   // waiting for the previous run (and rethrowing its error). An exception from update stops
-  // the run: every later wait rethrows it once.
+  // the run; the first wait that needs a unit from there on rethrows it, once.
   void start(size_t n_units, std::function<void(size_t unit)> update);
-  // Returns once update(unit) has returned (at once when no run is going on, or when unit is
-  // past the run's units); rethrows the run's error.
+  // Returns once update(unit) has returned (at once when no run is going on; for a unit past
+  // the run's units, once the run is over); rethrows the run's error when update(unit) did
+  // not complete.
   void wait(size_t unit);
   // Returns once the run is over (joins the thread); rethrows its error.
   void wait_all();
@@ -34,7 +35,8 @@ class BackgroundUpdates {
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable unit_done_;
-  size_t units_done_ = 0, n_units_ = 0;  // guarded by mutex_ while the thread runs
+  // Guarded by mutex_ while the thread runs: units completed, units of the run, its error.
+  size_t units_done_ = 0, n_units_ = 0;
   std::exception_ptr error_;
 };
 
