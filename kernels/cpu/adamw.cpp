@@ -41,8 +41,8 @@ inline __attribute__((always_inline)) void update_range(
 // The host AdamW of offload = optimizer is bound by this arithmetic (on a 32-core Xeon, 8, 16
 // and 32 threads gave 7.0k, 11.3k and 14.8k tokens/s for a 1.1B model): on x86-64 with GCC
 // the loops are also compiled for AVX2 and AVX-512, the best one chosen when the program loads
-// (target_clones). Without floating-point contraction (ISO C++ mode: no FMA) every version
-// computes the same bits.
+// (target_clones). Built with -ffp-contract=off (CMakeLists.txt: AVX-512 implies FMA, which GCC
+// would otherwise use), every version computes the same bits.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define FRUGAL_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else

@@ -529,7 +529,7 @@ TEST_CASE("adamw: three steps against torch's formula in float64", "[kernels]") 
   SECTION("the vectorized loop computes the bits of the formula in fp32") {
     // Long enough for several blocks over the threads and the widest vectors the CPU has
     // (the loop is compiled for AVX2 and AVX-512 too): each element as the header writes it,
-    // one fp32 operation at a time (ISO C++: no contraction into FMAs, here or there).
+    // one fp32 operation at a time (-ffp-contract=off: no fused multiply-adds, here or there).
     const int64_t big = 100003;
     FVec pb = random_floats(big, rng), mb = random_floats(big, rng, 0, 1), vb(big),
          gb = random_floats(big, rng, -3, 3);
