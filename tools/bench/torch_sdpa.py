@@ -4,10 +4,11 @@
 For every JSON line of --frugal (bench_attention's output) this times SDPA (bf16, is_causal,
 enable_gqa when kv heads < heads) on the same shape and layout ([B, S, H, D] tensors seen as
 [B, H, S, D]) and prints one JSON line with both figures and the ratios frugal / SDPA.
-With --check DUMP (bench_attention --dump) it runs SDPA on frugal's inputs and prints the max
-relative error, max |frugal - sdpa| / max |sdpa|, of frugal's out, dq, dk and dv.
+With --check DUMP (bench_attention --dump; repeatable) it runs SDPA on frugal's inputs and
+prints, one line per dump, the max relative error, max |frugal - sdpa| / max |sdpa|, of
+frugal's out, dq, dk and dv.
 
-usage: torch_sdpa.py --frugal FRUGAL.jsonl [--check DUMP] [--iters N]
+usage: torch_sdpa.py --frugal FRUGAL.jsonl [--check DUMP]... [--iters N]
 """
 import argparse
 import json
@@ -99,7 +100,7 @@ def check(path):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--frugal", required=True)
-    parser.add_argument("--check")
+    parser.add_argument("--check", action="append", default=[])
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}))
@@ -120,8 +121,8 @@ def main():
                 "sdpa_fwdbwd_tflops": round(sdpa_fwdbwd, 1),
                 "fwdbwd_ratio": round(fr["fwdbwd_tflops"] / sdpa_fwdbwd, 3),
             }), flush=True)
-    if args.check:
-        print(json.dumps(check(args.check)), flush=True)
+    for dump in args.check:
+        print(json.dumps(check(dump)), flush=True)
 
 
 if __name__ == "__main__":
