@@ -63,8 +63,10 @@ std::vector<int> lora_targets_from_names(const std::string& list) {
 std::string lora_target_names(const std::vector<int>& targets) {
   std::string names;
   for (const Target& t : kTargets)
-    if (std::find(targets.begin(), targets.end(), t.param) != targets.end())
-      names += (names.empty() ? "" : ",") + std::string(t.name);
+    if (std::find(targets.begin(), targets.end(), t.param) != targets.end()) {
+      if (!names.empty()) names += ',';
+      names += t.name;
+    }
   return names;
 }
 
