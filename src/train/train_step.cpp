@@ -31,6 +31,9 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optim
   const double backward_end = now_seconds();
   result.forward_backward_seconds = backward_end - start;
   result.loss = global_sum(loss_sum) / double(std::max<int64_t>(1, result.tokens));
+  // The previous step's updates are done by now (the forward gathered every unit); waiting
+  // makes it certain before the optimizer's step state changes.
+  params.wait_for_updates();
   result.grad_norm = optimizer.begin_step(lr, step, global_sum).grad_norm;
   params.apply_update(optimizer.shards().size(), [&optimizer](size_t i) { optimizer.update(i); });
   result.optimizer_seconds = now_seconds() - backward_end;
