@@ -184,10 +184,9 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const CUtensorMap* m
 // stage t % kStages once the consumers have freed it, K at k_tile(stage), V at v_tile(stage).
 template <int D, int kBlockN, int kStages, class KTile, class VTile>
 __device__ __forceinline__ void load_kv_tiles(const StageBarriers<kStages>& bars, KTile k_tile,
-                                              VTile v_tile,
-                                              uint32_t stage_bytes, const CUtensorMap* k_map,
-                                              const CUtensorMap* v_map, int g, int b,
-                                              int n_tiles) {
+                                              VTile v_tile, uint32_t stage_bytes,
+                                              const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                              int g, int b, int n_tiles) {
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % kStages;
     mbarrier_wait(bars.empty(stage), ((t / kStages) & 1) ^ 1);
@@ -370,6 +369,28 @@ __device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[N / 16][4],
   }
 }
 
+// The two kinds of product every kernel here issues, each closed as one commit group (the
+// caller fences before them and waits after).
+// acc = A B^T over the head dim: rows [a_row0, a_row0 + 64) of the K-major tile a (kRowsA rows)
+// against all kN rows of the K-major tile b.
+template <int D, int kRowsA, int kN>
+__device__ __forceinline__ void issue_product_ss(float (&acc)[kN / 2], uint32_t a, int a_row0,
+                                                 uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<kN>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kN>(b, 0, kk), kk > 0);
+  wgmma_commit();
+}
+// acc += A B: A in registers (kK / 16 fragments of 16 contraction columns), B the MN-major tile
+// b of kK rows and D columns.
+template <int D, int kK>
+__device__ __forceinline__ void issue_product_rs(float (&acc)[D / 2],
+                                                 const uint32_t (&a)[kK / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(acc, a[kk], mn_major<kK>(b, kk));
+  wgmma_commit();
+}
+
 #endif  // FRUGAL_SM90_DEVICE_CODE
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -446,11 +467,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = t % kStages;
     mbarrier_wait(bars.full(stage), (t / kStages) & 1);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<kBlockN>(s, k_major<kBlockM>(sq, consumer * kRowsPerConsumer, kk),
-                        k_major<kBlockN>(k_tile(stage), 0, kk), kk > 0);
-    wgmma_commit();
+    issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
   };
   // Online softmax of tile t, rows in fp32 (a row's 128 scores are spread over the 4 lanes of a
   // quad): masks s, updates the row max and sum, turns s into P (relative to the new max) and
@@ -506,10 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     pin_registers(o);
     pin_registers(pa);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_rs<D>(o, pa[kk], mn_major<kBlockN>(v_tile(t % kStages), kk));
-    wgmma_commit();
+    issue_product_rs<D, kBlockN>(o, pa, v_tile(t % kStages));
   };
   // Every tile but the last: two products in flight, then the softmax of the later one. The
   // last tile is peeled off rather than guarded by a branch, so that the groups in flight are
@@ -663,16 +677,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // work on dV.
     float st[kBlockM / 2], dpt[kBlockM / 2];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<kBlockM>(st, k_major<kBlockN>(sk, consumer * kRowsPerConsumer, kk),
-                        k_major<kBlockM>(q_tile(stage), 0, kk), kk > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<kBlockM>(dpt, k_major<kBlockN>(sv, consumer * kRowsPerConsumer, kk),
-                        k_major<kBlockM>(dout_tile(stage), 0, kk), kk > 0);
-    wgmma_commit();
+    issue_product_ss<D, kBlockN, kBlockM>(st, sk, consumer * kRowsPerConsumer, q_tile(stage));
+    issue_product_ss<D, kBlockN, kBlockM>(dpt, sv, consumer * kRowsPerConsumer, dout_tile(stage));
     wgmma_wait<1>();  // S^T has completed
     pin_registers(st);
 
@@ -693,10 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     pin_registers(dv_acc);
     pin_registers(pa);
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      wgmma_rs<D>(dv_acc, pa[kk], mn_major<kBlockM>(dout_tile(stage), kk));
-    wgmma_commit();
+    issue_product_rs<D, kBlockM>(dv_acc, pa, dout_tile(stage));
     wgmma_wait<1>();  // dP^T has completed; dV may still be running
     pin_registers(dpt);
 
@@ -710,10 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     pin_registers(dk_acc);
     pin_registers(dsa);
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      wgmma_rs<D>(dk_acc, dsa[kk], mn_major<kBlockM>(q_tile(stage), kk));
-    wgmma_commit();
+    issue_product_rs<D, kBlockM>(dk_acc, dsa, q_tile(stage));
     wgmma_wait<0>();
     pin_registers(dk_acc);
     pin_registers(dv_acc);
@@ -824,16 +824,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // computed while the tensor cores still work on dP.
     float s[kBlockN / 2], dp[kBlockN / 2];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<kBlockN>(s, k_major<kBlockM>(sq, consumer * kRowsPerConsumer, kk),
-                        k_major<kBlockN>(k_tile(stage), 0, kk), kk > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma_ss<kBlockN>(dp, k_major<kBlockM>(sdo, consumer * kRowsPerConsumer, kk),
-                        k_major<kBlockN>(v_tile(stage), 0, kk), kk > 0);
-    wgmma_commit();
+    issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
+    issue_product_ss<D, kBlockM, kBlockN>(dp, sdo, consumer * kRowsPerConsumer, v_tile(stage));
     wgmma_wait<1>();  // S has completed
     pin_registers(s);
 
@@ -860,10 +852,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     pin_registers(dq_acc);
     pin_registers(dsa);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_rs<D>(dq_acc, dsa[kk], mn_major<kBlockN>(k_tile(stage), kk));
-    wgmma_commit();
+    issue_product_rs<D, kBlockN>(dq_acc, dsa, k_tile(stage));
     wgmma_wait<0>();
     pin_registers(dq_acc);
     pin_registers(dsa);  // the registers of A operands are read until the wgmma completes
