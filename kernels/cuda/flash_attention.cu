@@ -308,20 +308,8 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = r == 0 ? row_a : row_b;
-    if (row >= p.q_len) continue;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      *reinterpret_cast<__nv_bfloat162*>(out_head + row * p.q_stride + n * 8 + (lane % 4) * 2) =
-          __floats2bfloat162_rn(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (lane % 4 == 0) lse_head[row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
-  }
+  write_output_rows<D>(out_head, lse_head, row_a, lane, row_sum, row_max, p,
+                       [&](int j, int r, int e) { return o[j][2 * r + e]; });
 }
 
 // ---- backward --------------------------------------------------------------------------------

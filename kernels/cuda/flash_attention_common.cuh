@@ -74,6 +74,32 @@ __device__ __forceinline__ void write_unseen_rows(__nv_bfloat16* out_head, float
     if (q0 + r < p.q_len) lse_head[q0 + r] = -INFINITY;
 }
 
+// The forward's epilogue for one lane's two rows (row_a and row_a + 8; their values spread over
+// the quad of lanes that share lane / 4): each row's sum completed across the quad, out = O / sum
+// in bf16 and lse = max * scale + log(sum), or 0 and -inf for a row that saw no key.
+// o_at(j, r, e): the accumulator of row r's column 8 j + 2 (lane % 4) + e (the mma.sync and
+// wgmma layouts store it differently).
+template <int D, class OAt>
+__device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float* lse_head,
+                                                  int row_a, int lane, const float (&row_sum)[2],
+                                                  const float (&row_max)[2], const Params& p,
+                                                  OAt o_at) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = row_a + 8 * r;
+    if (row >= p.q_len) continue;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(out_head + row * p.q_stride + j * 8 + (lane % 4) * 2) =
+          __floats2bfloat162_rn(o_at(j, r, 0) * inv, o_at(j, r, 1) * inv);
+    if (lane % 4 == 0) lse_head[row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+  }
+}
+
 // ---- host side --------------------------------------------------------------------------------
 
 template <class Kernel>
