@@ -13,17 +13,13 @@ namespace frugal::cpu {
 
 namespace {
 
-// The per-element update, the constants already folded (see adamw_update), on elements
-// [begin, end): no branch in the loop, so that it vectorizes; kCopy: also write the bf16 copy.
-struct AdamWConstants {
-  float decay, one_minus_b1, one_minus_b2, beta2, step_size, bias_correction2_sqrt, eps, grad_scale;
-};
-
+// The per-element update (the scalars folded by adamw_scalars) on elements [begin, end): no
+// branch in the loop, so that it vectorizes; kCopy: also write the bf16 copy.
 template <bool kCopy>
 inline __attribute__((always_inline)) void update_range(
     float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ m,
     float* __restrict__ v, uint16_t* __restrict__ param_bf16, int64_t begin, int64_t end,
-    const AdamWConstants& c) {
+    const AdamWScalars& c) {
   for (int64_t i = begin; i < end; ++i) {
     const float g = grad[i] * c.grad_scale;
     float p = param[i] * c.decay;                              // param.mul_(1 - lr * wd)
@@ -50,27 +46,26 @@ inline __attribute__((always_inline)) void update_range(
 #endif
 
 FRUGAL_VECTOR_CLONES void update_plain(float* param, const float* grad, float* m, float* v,
-                                       int64_t begin, int64_t end, const AdamWConstants& c) {
+                                       int64_t begin, int64_t end, const AdamWScalars& c) {
   update_range<false>(param, grad, m, v, nullptr, begin, end, c);
 }
 
 FRUGAL_VECTOR_CLONES void update_with_copy(float* param, const float* grad, float* m, float* v,
                                            uint16_t* param_bf16, int64_t begin, int64_t end,
-                                           const AdamWConstants& c) {
+                                           const AdamWScalars& c) {
   update_range<true>(param, grad, m, v, param_bf16, begin, end, c);
 }
 
 }  // namespace
 
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                  const AdamWStep& s, uint16_t* param_bf16) {
+AdamWScalars adamw_scalars(const AdamWStep& s) {
   FRUGAL_CHECK(s.step >= 1, "adamw step is 1-based, got ", s.step);
   // The scalars are computed in double, as Python does in torch's _single_tensor_adamw, then
   // enter the fp32 element math as floats.
   const double lr = s.lr, b1 = s.beta1, b2 = s.beta2;
   const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(s.step));
   const double bias_correction2 = 1.0 - std::pow(b2, static_cast<double>(s.step));
-  AdamWConstants c;
+  AdamWScalars c;
   c.decay = static_cast<float>(1.0 - lr * static_cast<double>(s.weight_decay));
   c.one_minus_b1 = static_cast<float>(1.0 - b1);
   c.one_minus_b2 = static_cast<float>(1.0 - b2);
@@ -79,6 +74,12 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   c.eps = s.eps;
   c.grad_scale = s.grad_scale;
+  return c;
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                  const AdamWStep& s, uint16_t* param_bf16) {
+  const AdamWScalars c = adamw_scalars(s);
   // Blocks of elements over the threads, each block one call of the vectorized loop.
   constexpr int64_t kBlock = 1 << 14;
   const int64_t n_blocks = (n + kBlock - 1) / kBlock;

@@ -15,6 +15,20 @@ struct AdamWStep {
   float grad_scale = 1;  // the gradient is multiplied by this first (clipping, averaging)
 };
 
+// What every element's update needs, folded on the host in double from AdamWStep, then used
+// as floats (by this file's loop and by the CUDA kernel, which therefore round alike).
+struct AdamWScalars {
+  float decay;         // 1 - lr * wd
+  float one_minus_b1;  // 1 - beta1
+  float one_minus_b2;  // 1 - beta2
+  float beta2;
+  float step_size;  // lr / (1 - beta1^t)
+  float bias_correction2_sqrt;
+  float eps;
+  float grad_scale;
+};
+AdamWScalars adamw_scalars(const AdamWStep& s);  // checks that s.step >= 1
+
 // param -= lr * wd * param;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 // param -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // evaluated as torch's single-tensor path does: scalars (1 - lr wd, lr / (1 - b1^t),

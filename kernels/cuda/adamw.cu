@@ -59,17 +59,9 @@ __device__ __forceinline__ int chunk_of_block(const Batch& batch, int64_t block)
   return lo;
 }
 
-// Per-step scalars, computed on the host as frugal::cpu::adamw_update computes them.
-struct AdamWScalars {
-  float decay;         // 1 - lr * wd
-  float one_minus_b1;  // 1 - beta1
-  float one_minus_b2;  // 1 - beta2
-  float beta2;
-  float step_size;  // lr / (1 - beta1^t)
-  float bias_correction2_sqrt;
-  float eps;
-  float grad_scale;
-};
+// Per-step scalars, folded on the host by the CPU kernel's own function.
+using cpu::adamw_scalars;
+using cpu::AdamWScalars;
 
 static_assert(sizeof(AdamWBatch) + sizeof(AdamWScalars) <= 4096,
               "adamw_kernel's arguments must fit the classic 4 KiB kernel argument limit");
@@ -154,23 +146,6 @@ __global__ void adamw_bf16_kernel(const AdamWBatchBf16 batch, const AdamWScalars
     c.m[i] = __float2bfloat16_rn(m);
     c.v[i] = __float2bfloat16_rn(v);
   }
-}
-
-AdamWScalars adamw_scalars(const AdamWStep& st) {
-  FRUGAL_CHECK(st.step >= 1, "adamw step is 1-based, got ", st.step);
-  const double lr = st.lr, b1 = st.beta1, b2 = st.beta2;
-  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(st.step));
-  const double bias_correction2 = 1.0 - std::pow(b2, static_cast<double>(st.step));
-  AdamWScalars s;
-  s.decay = static_cast<float>(1.0 - lr * static_cast<double>(st.weight_decay));
-  s.one_minus_b1 = static_cast<float>(1.0 - b1);
-  s.one_minus_b2 = static_cast<float>(1.0 - b2);
-  s.beta2 = st.beta2;
-  s.step_size = static_cast<float>(lr / bias_correction1);
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  s.eps = st.eps;
-  s.grad_scale = st.grad_scale;
-  return s;
 }
 
 bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
