@@ -222,7 +222,6 @@ void Zero3Parameters::weights_updated() {
 }
 
 void Zero3Parameters::apply_update(size_t n_slices, std::function<void(size_t)> update_slice) {
-  updates_.wait_all();
   if (!host_state()) return ParameterProvider::apply_update(n_slices, std::move(update_slice));
   // The slices of each unit, numbered as trainable() numbers them.
   std::vector<std::vector<size_t>> unit_slices(units_.size());

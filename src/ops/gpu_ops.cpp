@@ -367,12 +367,8 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
     expect(grad, DType::bf16, "optimizer gradient of a bf16 parameter");
     expect(m, DType::bf16, "AdamW first moment of a bf16 parameter");
     expect(v, DType::bf16, "AdamW second moment of a bf16 parameter");
-    cuda::AdamWChunkBf16 chunk;
-    chunk.param = bf(param);
-    chunk.grad = bf(grad);
-    chunk.m = bf(m);
-    chunk.v = bf(v);
-    chunk.n = param.numel();
+    const cuda::AdamWChunkBf16 chunk{
+        .param = bf(param), .grad = bf(grad), .m = bf(m), .v = bf(v), .n = param.numel()};
     cuda::adamw_update(&chunk, 1, s, stream());
     return;
   }
@@ -380,16 +376,13 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   expect(grad, DType::f32, "optimizer gradient");
   expect(m, DType::f32, "AdamW first moment");
   expect(v, DType::f32, "AdamW second moment");
-  cuda::AdamWChunk chunk;
-  chunk.param = f32(param);
-  chunk.grad = f32(grad);
-  chunk.m = f32(m);
-  chunk.v = f32(v);
-  chunk.n = param.numel();
-  if (param_copy.defined()) {
-    expect(param_copy, DType::bf16, "bf16 parameter copy");
-    chunk.param_bf16 = bf(param_copy);
-  }
+  if (param_copy.defined()) expect(param_copy, DType::bf16, "bf16 parameter copy");
+  const cuda::AdamWChunk chunk{.param = f32(param),
+                               .grad = f32(grad),
+                               .m = f32(m),
+                               .v = f32(v),
+                               .param_bf16 = param_copy.defined() ? bf(param_copy) : nullptr,
+                               .n = param.numel()};
   cuda::adamw_update(&chunk, 1, s, stream());
 }
 

@@ -144,15 +144,19 @@ void check_attention(const AttentionCase& c) {
     }
   }
 
-  // Backward: both sides get the same out (the reference's, rounded to bf16) and lse.
-  lse_d.upload(t.lse_ref);
-  dq_d.upload(t.dq0);
-  dk_d.upload(t.dk0);
-  dv_d.upload(t.dv0);
-  frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(),
-                                   in.k.get(), in.v.get(), in.out_in.get(), lse_d.get(), s,
-                                   scratch_d.get(), stream);
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  // Backward: both sides get the same out (the reference's, rounded to bf16) and lse; the
+  // gradients start from the same random values.
+  auto backward = [&] {
+    lse_d.upload(t.lse_ref);
+    dq_d.upload(t.dq0);
+    dk_d.upload(t.dk0);
+    dv_d.upload(t.dv0);
+    frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(),
+                                     in.k.get(), in.v.get(), in.out_in.get(), lse_d.get(), s,
+                                     scratch_d.get(), stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  };
+  backward();
   const auto dq = dq_d.download(), dk = dk_d.download(), dv = dv_d.download();
   // Compare what was added to the random initial values (accumulation, as a ring needs).
   CHECK(rel_error(minus(dq, t.dq0), minus(t.dq_ref, t.dq0)) < 5e-3);
@@ -165,14 +169,7 @@ void check_attention(const AttentionCase& c) {
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CHECK(bitwise_equal(out_d.download<uint16_t>(), out));
   CHECK(bitwise_equal(lse_d.download(), lse));
-  lse_d.upload(t.lse_ref);
-  dq_d.upload(t.dq0);
-  dk_d.upload(t.dk0);
-  dv_d.upload(t.dv0);
-  frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(),
-                                   in.k.get(), in.v.get(), in.out_in.get(), lse_d.get(), s,
-                                   scratch_d.get(), stream);
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  backward();
   CHECK(bitwise_equal(dq_d.download(), dq));
   CHECK(bitwise_equal(dk_d.download(), dk));
   CHECK(bitwise_equal(dv_d.download(), dv));
