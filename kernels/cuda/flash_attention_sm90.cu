@@ -969,7 +969,11 @@ void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16*
 
 bool flash_attention_sm90_enabled() {
   const char* value = std::getenv("FRUGAL_ATTENTION_SM90");
-  return value == nullptr || std::strcmp(value, "0") != 0;
+  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  fail("FRUGAL_ATTENTION_SM90 is '", value,
+       "': 1 (the default) lets Hopper GPUs use the sm90 attention kernels, 0 keeps the "
+       "FlashAttention-2 ones");
 }
 
 bool flash_attention_sm90_supports(const AttentionShape& s,

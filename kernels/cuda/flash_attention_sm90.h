@@ -16,7 +16,8 @@ namespace frugal::cuda {
 
 // Whether the environment lets attention.h's launchers use these kernels: yes unless
 // FRUGAL_ATTENTION_SM90=0 (measured 1.7x the FlashAttention-2 kernels forward + backward on an
-// H200, doc/benchmarks.md; the switch is there to compare them and to rule a kernel out).
+// H200, doc/benchmarks.md; the switch is there to compare them and to rule a kernel out). Any
+// value but 0 and 1 is an error that names it.
 bool flash_attention_sm90_enabled();
 
 // Whether they take this call: the build has the sm_90a kernels, the current device has

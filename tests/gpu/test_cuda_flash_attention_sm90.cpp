@@ -190,3 +190,23 @@ TEST_CASE("attention.h's launchers take the sm90 kernels unless FRUGAL_ATTENTION
   else
     unsetenv("FRUGAL_ATTENTION_SM90");
 }
+
+TEST_CASE("FRUGAL_ATTENTION_SM90 takes 0 or 1 and names any other value", "[attention]") {
+  // No GPU needed: the switch is read on the host.
+  const char* before = std::getenv("FRUGAL_ATTENTION_SM90");
+  const std::string saved = before ? before : "";
+  setenv("FRUGAL_ATTENTION_SM90", "yes", 1);
+  std::string message;
+  try {
+    frugal::cuda::flash_attention_sm90_enabled();
+  } catch (const frugal::Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("FRUGAL_ATTENTION_SM90 is 'yes'") != std::string::npos);
+  setenv("FRUGAL_ATTENTION_SM90", "1", 1);
+  CHECK(frugal::cuda::flash_attention_sm90_enabled());
+  if (before)
+    setenv("FRUGAL_ATTENTION_SM90", saved.c_str(), 1);
+  else
+    unsetenv("FRUGAL_ATTENTION_SM90");
+}
