@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "catch_compat.h"
-#include "dist/ring_attention.h"
+#include "parallel/ring_attention.h"
 
 namespace frugal::test {
 

@@ -1,5 +1,5 @@
 // The simplest ParameterProvider: every weight whole on this rank, with a gradient of the same
-// size. One-rank training and inference use it; ZeRO-3 (dist/) shards the same units.
+// size. One-rank training and inference use it; ZeRO-3 (parallel/) shards the same units.
 #pragma once
 
 #include <cstdint>

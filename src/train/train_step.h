@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/llama_model.h"
 #include "optim/adamw.h"
 

@@ -12,9 +12,9 @@
 
 #include "catch_compat.h"
 #include "core/device.h"
-#include "dist/comm.h"
-#include "dist/mesh.h"
-#include "dist/nccl_comm.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+#include "parallel/nccl_comm.h"
 #include "ops/ops.h"
 #include "kernels/cuda/cuda_check.h"
 

@@ -12,9 +12,9 @@
 #include "catch_compat.h"
 #include "gpu_support.h"
 #include "core/device.h"
-#include "dist/mesh.h"
-#include "dist/nccl_comm.h"
-#include "dist/ring_attention.h"
+#include "parallel/mesh.h"
+#include "parallel/nccl_comm.h"
+#include "parallel/ring_attention.h"
 #include "ops/ops.h"
 #include "ring_support.h"
 

@@ -11,9 +11,9 @@
 
 #include "catch_compat.h"
 #include "core/device.h"
-#include "dist/comm.h"
-#include "dist/mesh.h"
-#include "dist/nccl_comm.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+#include "parallel/nccl_comm.h"
 
 using namespace frugal;
 

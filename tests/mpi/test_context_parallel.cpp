@@ -6,9 +6,9 @@
 #include <random>
 
 #include "catch_compat.h"
-#include "dist/mesh.h"
-#include "dist/ring_attention.h"
-#include "dist/zero3_parameters.h"
+#include "parallel/mesh.h"
+#include "parallel/ring_attention.h"
+#include "parallel/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model_support.h"

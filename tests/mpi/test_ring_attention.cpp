@@ -10,8 +10,8 @@
 #include <random>
 
 #include "catch_compat.h"
-#include "dist/comm.h"
-#include "dist/ring_attention.h"
+#include "parallel/comm.h"
+#include "parallel/ring_attention.h"
 #include "ops/ops.h"
 #include "ring_support.h"
 

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "catch_compat.h"
-#include "dist/comm.h"
-#include "dist/zero3_parameters.h"
+#include "parallel/comm.h"
+#include "parallel/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model/lora.h"

@@ -11,9 +11,9 @@
 #include <mpi.h>
 
 #include "core/device.h"
-#include "dist/mesh.h"
-#include "dist/nccl_comm.h"
-#include "dist/ring_attention.h"
+#include "parallel/mesh.h"
+#include "parallel/nccl_comm.h"
+#include "parallel/ring_attention.h"
 #include "ops/ops.h"
 
 using namespace frugal;

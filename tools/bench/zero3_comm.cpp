@@ -14,10 +14,10 @@
 #include <mpi.h>
 
 #include "core/device.h"
-#include "dist/comm.h"
-#include "dist/mesh.h"
-#include "dist/nccl_comm.h"
-#include "dist/zero3_parameters.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+#include "parallel/nccl_comm.h"
+#include "parallel/zero3_parameters.h"
 #include "model/llama_config.h"
 
 using namespace frugal;

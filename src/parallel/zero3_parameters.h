@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/llama_config.h"
 #include "model/parameter_provider.h"
 #include "ops/ops.h"

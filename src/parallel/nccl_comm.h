@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "dist/comm.h"
-#include "dist/mesh.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
 
 namespace frugal {
 

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 namespace frugal {
 

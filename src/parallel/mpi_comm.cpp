@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/log.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 namespace frugal {
 

@@ -15,7 +15,7 @@
 // so every rank does 2c^2 of score work at every step (the diagonal step counting the masked
 // halves of its two diagonal blocks), and no rank waits for a slower neighbour. A contiguous
 // split (rank k holds tokens [kS/P, (k+1)S/P)) would give rank P-1 P times the work of rank 0.
-#include "dist/ring_attention.h"
+#include "parallel/ring_attention.h"
 
 #include <algorithm>
 #include <cmath>

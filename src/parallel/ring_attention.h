@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/comm.h"
+#include "parallel/comm.h"
 #include "model/llama_block.h"
 #include "model/llama_model.h"
 #include "ops/ops.h"

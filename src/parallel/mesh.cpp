@@ -1,5 +1,5 @@
 // Building the dp x cp mesh from the MPI world.
-#include "dist/mesh.h"
+#include "parallel/mesh.h"
 
 #include <cstdlib>
 

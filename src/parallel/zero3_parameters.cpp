@@ -1,5 +1,5 @@
 // ZeRO-3 sharded parameters: gathers with prefetch, reduce-scatter of gradients.
-#include "dist/zero3_parameters.h"
+#include "parallel/zero3_parameters.h"
 
 #include <algorithm>
 #include <chrono>

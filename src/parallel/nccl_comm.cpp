@@ -1,6 +1,6 @@
 // Comm over NCCL: collectives and point-to-point on device tensors, queued on the
 // communication stream, with events to the compute stream and bounded host waits.
-#include "dist/nccl_comm.h"
+#include "parallel/nccl_comm.h"
 
 #ifdef FRUGAL_HAVE_CUDA
 
