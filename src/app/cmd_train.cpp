@@ -1,4 +1,5 @@
 // `frugal train`: parse the configuration, run the loop.
+#include <cstdlib>
 #include <iostream>
 
 #include "app/commands.h"
@@ -14,7 +15,8 @@ int cmd_train(const std::vector<std::string>& args) {
     std::cout << train_options_help();
     return 0;
   }
-  run_training(options.config);
+  // Environment switches are read here, once, into the run's options.
+  run_training(options.config, parse_fault_injection(std::getenv("FRUGAL_INJECT_FAULT")));
   return 0;
 }
 

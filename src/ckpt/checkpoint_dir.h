@@ -24,6 +24,8 @@ class CheckpointDir {
  public:
   explicit CheckpointDir(std::string root) : root_(std::move(root)) {}
 
+  const std::string& root() const { return root_; }
+
   std::string step_dir(int64_t step) const;
   std::string rank_file(int64_t step, int rank) const;
 

@@ -95,6 +95,17 @@ void BatchSampler::restore(const SamplerState& state) {
   state_ = state;
 }
 
+nlohmann::json BatchSampler::state_values() const {
+  return {{"epoch", state_.epoch}, {"position", state_.position}};
+}
+
+void BatchSampler::load_state_values(const nlohmann::json& values) {
+  SamplerState state;
+  state.epoch = values.at("epoch").get<uint64_t>();
+  state.position = values.at("position").get<uint64_t>();
+  restore(state);
+}
+
 // --- EvalIterator -----------------------------------------------------------------------
 
 EvalIterator::EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batch_size, int rank,

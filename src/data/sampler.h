@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/stateful.h"
 #include "core/tensor.h"
 #include "data/token_file.h"
 
@@ -58,7 +59,7 @@ struct SamplerConfig {
 // restore(state()) resumes bit-identically, in this process or another.
 //
 // The sampler views the tokens; they (e.g. the TokenFile) must outlive it.
-class BatchSampler {
+class BatchSampler : public Stateful {
  public:
   // Throws Error when the stream holds fewer than seq_len + 1 tokens (not one window), or
   // for a bad config, naming the values. (A global batch larger than an epoch is allowed.)
@@ -68,6 +69,9 @@ class BatchSampler {
 
   SamplerState state() const { return state_; }
   void restore(const SamplerState& state);
+  // The state in checkpoints: {"epoch": ..., "position": ...}.
+  nlohmann::json state_values() const override;
+  void load_state_values(const nlohmann::json& values) override;
 
   const SamplerConfig& config() const { return config_; }
   int64_t windows_per_epoch() const { return num_windows_; }

@@ -41,7 +41,8 @@ std::vector<TrainableShard> LocalParameters::trainable() {
     for (size_t i = 0; i < specs_[u].params.size(); ++i)
       if (specs_[u].params[i].trainable)
         shards.push_back({specs_[u].params[i].name, units_[u][i],
-                          grads_[u].empty() ? Tensor() : grads_[u][i], Tensor()});
+                          grads_[u].empty() ? Tensor() : grads_[u][i], Tensor(),
+                          whole_rows(specs_[u].params[i].shape, false)});
   return shards;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/stateful.h"
 #include "core/tensor.h"
 
 namespace frugal {
@@ -19,6 +20,8 @@ struct TrainableShard {
   Tensor param;
   Tensor grad;
   Tensor param_copy;  // on a GPU: the bf16 copy the forward gathers, refreshed by the optimizer
+  RowShard rows;      // which rows of the full parameter `param` holds (state of the same
+                      // layout, such as AdamW's moments, is checkpointed by it)
 };
 
 class ParameterProvider {

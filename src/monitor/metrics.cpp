@@ -5,10 +5,26 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 
 namespace frugal {
+
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_object() && record.value("step", int64_t(0)) <= step) kept += line + "\n";
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << kept;
+  std::filesystem::rename(tmp, path);
+}
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   file_ = std::fopen(path.c_str(), append ? "a" : "w");

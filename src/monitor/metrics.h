@@ -2,6 +2,7 @@
 // a crashed run keeps what it measured; and the progress line a person reads.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,6 +24,11 @@ class MetricsWriter {
   std::string path_;
   std::FILE* file_ = nullptr;
 };
+
+// A resumed run rewrites metrics.jsonl without the records after `step` (a crash after the
+// checkpoint left some), so every step appears once. Lines that are not JSON (a record cut by
+// the crash) go too; a missing file is left missing.
+void truncate_metrics(const std::string& path, int64_t step);
 
 // "1h02m", "3m07s", "12s"
 std::string format_duration(double seconds);

@@ -19,7 +19,7 @@ AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Aren
   }
 }
 
-AdamW::StepReport AdamW::begin_step(double lr, int64_t step, const GlobalSum& global_sum) {
+StepReport AdamW::begin_step(double lr, int64_t step, const GlobalSum& global_sum) {
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
   const double local = ops::sum_squares(grads);
@@ -48,10 +48,13 @@ void AdamW::update(size_t i) {
   ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper, s.param_copy);
 }
 
-AdamW::StepReport AdamW::step(double lr, int64_t step, const GlobalSum& global_sum) {
-  const StepReport report = begin_step(lr, step, global_sum);
-  for (size_t i = 0; i < shards_.size(); ++i) update(i);
-  return report;
+std::vector<StateTensor> AdamW::state_tensors() {
+  std::vector<StateTensor> state;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    state.push_back({"optim/exp_avg/" + shards_[i].name, m_[i], shards_[i].rows});
+    state.push_back({"optim/exp_avg_sq/" + shards_[i].name, v_[i], shards_[i].rows});
+  }
+  return state;
 }
 
 }  // namespace frugal

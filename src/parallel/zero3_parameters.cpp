@@ -525,8 +525,8 @@ std::vector<TrainableShard> Zero3Parameters::trainable() {
     for (size_t i = 0; i < units_[u].params.size(); ++i)
       if (units_[u].params[i].trainable)
         out.push_back({layouts_[u][i].name, shards_[u][i],
-                     grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
-                     copy_for_optimizer(u, i)});
+                       grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
+                       copy_for_optimizer(u, i), layouts_[u][i].rows_of(comm_.rank())});
   return out;
 }
 

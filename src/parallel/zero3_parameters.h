@@ -31,6 +31,7 @@ struct ShardLayout {
   // The real (unpadded) rows of the full parameter that `rank` holds: [first, last).
   int64_t first_row(int rank) const { return std::min(rows, rank * shard_rows); }
   int64_t last_row(int rank) const { return std::min(rows, (rank + 1) * shard_rows); }
+  RowShard rows_of(int rank) const { return {shape, first_row(rank), last_row(rank)}; }
 };
 ShardLayout shard_layout(const ParamSpec& spec, int ranks);
 
@@ -92,6 +93,7 @@ class Zero3Parameters : public ParameterProvider {
   std::vector<TrainableShard> trainable() override;
 
   const std::vector<UnitSpec>& units() const { return units_; }
+  Comm& comm() const { return comm_; }
   const ShardLayout& layout(int64_t unit, size_t i) const { return layouts_[unit][i]; }
   Tensor& shard(int64_t unit, size_t i) {
     updates_.wait_all();

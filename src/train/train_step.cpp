@@ -1,5 +1,5 @@
-// zero grads -> forward/backward per micro-batch -> global norm, clip -> AdamW (applied by the
-// parameter provider: at once, or unit by unit beside the next forward).
+// zero grads -> forward/backward per micro-batch -> global norm, clip -> the optimizer (applied by
+// the parameter provider: at once, or unit by unit beside the next forward).
 #include "train/train_step.h"
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 
 namespace frugal {
 
-StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optimizer,
+StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
                       CheckpointPolicy policy) {
   auto global_sum = [comm](double local) { return comm ? comm->all_reduce_sum(local) : local; };
@@ -35,7 +35,7 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optim
   // makes it certain before the optimizer's step state changes.
   params.wait_for_updates();
   result.grad_norm = optimizer.begin_step(lr, step, global_sum).grad_norm;
-  params.apply_update(optimizer.shards().size(), [&optimizer](size_t i) { optimizer.update(i); });
+  params.apply_update(optimizer.slices(), [&optimizer](size_t k) { optimizer.update(k); });
   result.optimizer_seconds = now_seconds() - backward_end;
   return result;
 }

@@ -5,9 +5,9 @@
 
 #include <vector>
 
-#include "parallel/comm.h"
 #include "model/llama_model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
+#include "parallel/comm.h"
 
 namespace frugal {
 
@@ -25,7 +25,7 @@ struct StepResult {
 };
 
 // `comm` sums across data-parallel ranks; nullptr means this rank alone.
-StepResult train_step(LlamaModel& model, ParameterProvider& params, AdamW& optimizer,
+StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
                       CheckpointPolicy policy);
 

@@ -1,9 +1,10 @@
-// The training loop: data, model, optimizer, schedule, evaluation, metrics, checkpoints and
-// resume, for one configuration.
+// The training loop of one configuration: resume, steps, evaluation, metrics, checkpoints, and
+// a sample at the end (the run's parts are assembled by training_run.h).
 #pragma once
 
 #include <cstdint>
 
+#include "train/fault_injection.h"
 #include "train/train_config.h"
 
 namespace frugal {
@@ -15,6 +16,7 @@ struct TrainSummary {
   double tokens_per_s = 0;  // training tokens per second, all ranks together
 };
 
-TrainSummary run_training(const TrainConfig& config);
+// `fault`: the testing aid of FRUGAL_INJECT_FAULT (none by default).
+TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault = {});
 
 }  // namespace frugal

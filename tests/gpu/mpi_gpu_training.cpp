@@ -22,6 +22,7 @@
 #include "model_support.h"
 #include "ops/ops.h"
 #include "quant/nf4.h"
+#include "optim/adamw.h"
 #include "train/train_step.h"
 
 using namespace frugal;

@@ -12,6 +12,7 @@
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model_support.h"
+#include "optim/adamw.h"
 #include "train/train_step.h"
 
 using namespace frugal;

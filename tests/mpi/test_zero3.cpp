@@ -15,6 +15,7 @@
 #include "quant/hqq.h"
 #include "quant/nf4.h"
 #include "model_support.h"
+#include "optim/adamw.h"
 #include "train/train_step.h"
 
 using namespace frugal;

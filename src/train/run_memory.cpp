@@ -1,0 +1,90 @@
+// The run's arenas and their report.
+#include "train/run_memory.h"
+
+#include <cstdio>
+
+#include "core/log.h"
+#include "ops/ops.h"
+
+namespace frugal {
+
+RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
+  const std::string offload = p.offload;
+  const std::string host = use_gpu ? " (pinned host, offloaded)" : " (host, offloaded)";
+  // On a GPU both offload modes move the fp32 master too (the host optimizer updates it).
+  const std::string params_name = offload == "params" || (use_gpu && offload != "none")
+                                      ? "parameter shards" + host
+                                      : "parameter shards";
+  const std::string grads_name = offload != "none" ? "gradient shards" + host : "gradient shards";
+  const std::string optimizer_name =
+      offload != "none" ? "optimizer state" + host : "optimizer state";
+  if (!use_gpu) {
+    params = std::make_unique<Arena>(params_name, Device::cpu);
+    grads = std::make_unique<Arena>(grads_name, Device::cpu);
+    optimizer = std::make_unique<Arena>(optimizer_name, Device::cpu);
+    gathered = std::make_unique<Arena>("gathered units", Device::cpu);
+    return;
+  }
+#ifdef FRUGAL_HAVE_CUDA
+  gpu = std::make_unique<DeviceContext>(local_rank, p.gpu_mem_limit_bytes());
+  Arena& device = gpu->device_memory();
+  Arena& pinned = gpu->pinned_memory();
+  // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory,
+  // where AdamW runs on the host; with `params` the bf16 copies too (uploaded when used).
+  const bool host_state = offload != "none";
+  params = std::make_unique<SubArena>(params_name, host_state ? pinned : device);
+  grads = std::make_unique<SubArena>(grads_name, host_state ? pinned : device);
+  optimizer = std::make_unique<SubArena>(optimizer_name, host_state ? pinned : device);
+  gathered = std::make_unique<SubArena>("gathered units", device);
+  copies = std::make_unique<SubArena>(
+      offload == "params" ? "bf16 weight copies (pinned host, offloaded)" : "bf16 weight copies",
+      offload == "params" ? pinned : device);
+  ops::bind_device(gpu.get());
+#else
+  (void)local_rank;
+  fail("config key 'parallel.device': this frugal was built without CUDA");
+#endif
+}
+RunMemory::~RunMemory() {
+#ifdef FRUGAL_HAVE_CUDA
+  if (gpu) ops::bind_device(nullptr);
+#endif
+}
+Arena& RunMemory::activations() {
+#ifdef FRUGAL_HAVE_CUDA
+  if (gpu) return gpu->device_memory();
+#endif
+  return host_arena();
+}
+size_t RunMemory::peak_bytes() {
+#ifdef FRUGAL_HAVE_CUDA
+  if (gpu) return gpu->device_memory().stats().peak_bytes + gpu->pinned_memory().stats().peak_bytes;
+#endif
+  return activations().stats().peak_bytes + gathered->stats().peak_bytes +
+         params->stats().peak_bytes + grads->stats().peak_bytes + optimizer->stats().peak_bytes;
+}
+nlohmann::json RunMemory::report() {
+  nlohmann::json r = {{"parameters_bytes", params->stats().in_use_bytes},
+                      {"gradients_bytes", grads->stats().in_use_bytes},
+                      {"optimizer_bytes", optimizer->stats().in_use_bytes},
+                      {"gathered_peak_bytes", gathered->stats().peak_bytes},
+                      {"activations_peak_bytes", activations().stats().peak_bytes}};
+#ifdef FRUGAL_HAVE_CUDA
+  if (gpu) {
+    const CachingStats d = gpu->device_memory().caching_stats();
+    r["weight_copies_bytes"] = copies->stats().in_use_bytes;
+    r["device_peak_bytes"] = d.peak_reserved_bytes;
+    r["device_peak_in_use_bytes"] = d.peak_in_use_bytes;
+    r["pinned_host_bytes"] = gpu->pinned_memory().stats().in_use_bytes;
+  }
+#endif
+  return r;
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / 1048576.0);
+  return buf;
+}
+
+}  // namespace frugal

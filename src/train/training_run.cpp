@@ -1,0 +1,226 @@
+// Assembling a run from its configuration.
+#include "train/training_run.h"
+
+#include <filesystem>
+
+#include "core/log.h"
+#include "ops/ops.h"
+#include "optim/adamw.h"
+#include "parallel/nccl_comm.h"
+#include "parallel/ring_attention.h"
+#include "parallel/zero3_state.h"
+#include "train/same_config.h"
+
+namespace fs = std::filesystem;
+
+namespace frugal {
+
+namespace {
+
+// The model's shape as checkpoint state: a checkpoint of another shape is refused by name.
+class ModelShapeState : public Stateful {
+ public:
+  explicit ModelShapeState(const LlamaConfig& config) : config_(config) {}
+  nlohmann::json state_values() const override { return llama_config_to_json(config_); }
+  void load_state_values(const nlohmann::json& values) override {
+    if (values != llama_config_to_json(config_))
+      fail("it has model ", values.dump(), " but the config asks for ",
+           llama_config_to_json(config_).dump());
+  }
+
+ private:
+  const LlamaConfig& config_;
+};
+
+// Every key in force, saved for the record (`frugal ckpt ls` and export show it).
+class ResolvedConfigState : public Stateful {
+ public:
+  explicit ResolvedConfigState(const std::map<std::string, std::string>& resolved)
+      : resolved_(resolved) {}
+  nlohmann::json state_values() const override { return resolved_; }
+
+ private:
+  const std::map<std::string, std::string>& resolved_;
+};
+
+// One GPU per rank: `auto` takes the GPUs only when every node has one for each of its ranks,
+// and every rank decides the same (a rank on the CPU and one on a GPU cannot train together).
+bool decide_gpu(const TrainConfig& c, Comm& world) {
+  const int gpus = device_count(), node_ranks = mpi_node_size();
+  const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
+  const bool everywhere = world.all_reduce_max(enough_gpus ? 0 : 1) == 0;
+  if (c.parallel.device == "cuda" && !everywhere)
+    fail("config key 'parallel.device': cuda needs one GPU per rank, but ",
+         enough_gpus ? "another node has fewer GPUs than ranks"
+                     : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
+                           std::to_string(gpus) + " GPU(s)",
+         kHaveCuda ? "" : " (this frugal was built without CUDA)");
+  const bool use_gpu = c.parallel.device == "cuda" || (c.parallel.device == "auto" && everywhere);
+  if (c.parallel.device == "auto" && gpus > 0 && !use_gpu)
+    log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
+             " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
+  if (c.optim.state_dtype == "bf16" && !use_gpu)
+    fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU (", gpus,
+         " GPU(s) for ", node_ranks, " rank(s) on this node)");
+  return use_gpu;
+}
+
+}  // namespace
+
+TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
+  TrainConfig& c = config;
+  // Starting from a Hugging Face model: its shape wins over [model], its weights over init.
+  if (!c.model_hf_path.empty()) {
+    hf.emplace(c.model_hf_path);
+    c.model = hf->config();
+    const nlohmann::json shape = llama_config_to_json(c.model);
+    for (auto it = shape.begin(); it != shape.end(); ++it)
+      c.resolved["model." + it.key()] = it.value().dump();
+    c.validate_model_dependent();
+  }
+  host_mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);
+  check_same_config(*host_mesh.world, c.resolved);
+  use_gpu = decide_gpu(c, *host_mesh.world);
+
+  // --- data ----------------------------------------------------------------------------------
+  const fs::path data_dir(c.data.dir);
+  for (const char* f : {"train.tok", "val.tok", "tokenizer.model"})
+    if (!fs::exists(data_dir / f))
+      fail("config key 'data.dir': '", c.data.dir, "' has no ", f,
+           " (make it with `frugal prepare TEXT... --out ", c.data.dir, "`)");
+  train_tokens = std::make_unique<TokenFile>((data_dir / "train.tok").string());
+  val_tokens = std::make_unique<TokenFile>((data_dir / "val.tok").string());
+  tokenizer = std::make_unique<Tokenizer>((data_dir / "tokenizer.model").string());
+  if (int64_t(train_tokens->header().vocab_size) > c.model.vocab_size)
+    fail("config key 'model.vocab_size': ", c.model.vocab_size,
+         " is smaller than the vocabulary of '", c.data.dir, "' (",
+         train_tokens->header().vocab_size, ")");
+  SamplerConfig sampler_config;
+  sampler_config.seq_len = c.train.seq_len;
+  sampler_config.micro_batch_size = c.train.micro_batch_size;
+  sampler_config.seed = c.train.seed;
+  // Ranks of one cp group read the same sequences; the dp groups read different ones.
+  sampler_config.rank = host_mesh.dp_rank;
+  sampler_config.world = host_mesh.dp_size;
+  sampler = std::make_unique<BatchSampler>(train_tokens->view(), sampler_config);
+
+  // --- device, model, shards, optimizer --------------------------------------------------------
+  if (host_mesh.world->rank() == 0) fs::create_directories(c.train.out_dir);
+  // The GPU (one per rank, picked by the node-local rank) and its communicator: NCCL for the
+  // weights and gradients, MPI underneath for host values.
+  memory = std::make_unique<RunMemory>(c.parallel, use_gpu, host_mesh.local_rank);
+#ifdef FRUGAL_HAVE_CUDA
+  if (use_gpu) gpu_mesh = make_nccl_mesh(host_mesh, *memory->gpu, c.parallel.timeout_s);
+#endif
+  model = std::make_unique<LlamaModel>(c.model);
+  if (mesh().cp_size > 1) {
+    ring = ring_attention_operator(*mesh().cp);
+    model->set_attention(&ring);
+  }
+  if (c.train.type != "full") {
+    lora.rank = c.lora.rank;
+    lora.alpha = c.lora.alpha;
+    lora.targets = lora_targets_from_names(c.lora.targets);
+    lora.dropout = c.lora.dropout;
+    lora.seed = c.train.seed;
+    model->set_lora(&lora);
+  }
+  Zero3Init init;
+  if (hf) {
+    // Each rank reads only its own rows of each tensor (one tensor's rows at a time): host
+    // memory stays near this rank's share, never the whole model. Adapters start from the seed.
+    init.load_rows = [this](const std::string& name, int64_t first, int64_t last, Tensor& rows) {
+      if (is_lora_a(name) || is_lora_b(name)) return false;
+      hf->read_rows_into(name, first, last, rows);
+      return true;
+    };
+  }
+  // QLoRA: the frozen projections of every block in 4 bits (as fsdp_qlora quantizes them).
+  const auto projection = [](const ParamSpec& p) {
+    return p.shape.size() == 2 && is_block_projection(p.name);
+  };
+  if (c.train.type == "qlora") init.nf4 = projection;
+  if (c.train.type == "hqq_lora") init.hqq = projection;
+  const bool bf16_state = c.optim.state_dtype == "bf16";
+  params = std::make_unique<Zero3Parameters>(
+      lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world(),
+      Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
+                  memory->copies.get(), bf16_state ? DType::bf16 : DType::f32},
+      c.train.seed, static_cast<float>(c.train.init_std), true, init);
+  const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
+                                 c.optim.grad_clip};
+  optimizer = std::make_unique<AdamW>(params->trainable(), adamw_config, *memory->optimizer);
+  schedule = {c.train.lr, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio};
+
+  // --- checkpoints: every stateful part, by name ------------------------------------------------
+  states.push_back(std::make_unique<ModelShapeState>(c.model));
+  states.push_back(std::make_unique<Zero3State>(*params));
+  states.push_back(std::make_unique<ResolvedConfigState>(c.resolved));
+  checkpoints = std::make_unique<CheckpointManager>(
+      CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), world().rank(), world().size(),
+      [&world = world()](bool ok) { return world.all_reduce_max(ok ? 0 : 1) == 0; },
+      std::vector<CheckpointManager::Part>{{"model", states[0].get()},
+                                           {"weights", states[1].get()},
+                                           {"optim", optimizer.get()},
+                                           {"sampler", sampler.get()},
+                                           {"config", states[2].get()}},
+      c.ckpt.keep);
+
+  if (hf) {
+    log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
+    const std::string hf_tokenizer = hf->tokenizer_path();
+    if (!hf_tokenizer.empty() &&
+        fs::file_size(hf_tokenizer) != fs::file_size(data_dir / "tokenizer.model"))
+      log_warn("the tokenizer of ", c.data.dir, " differs from ", hf_tokenizer,
+               "; prepare the data with `frugal prepare --tokenizer ", hf_tokenizer, "`");
+  }
+}
+
+TrainingRun::~TrainingRun() = default;
+
+int64_t TrainingRun::tokens_per_step() const {
+  const int dp = use_gpu ? gpu_mesh.dp_size : host_mesh.dp_size;
+  return config.train.micro_batch_size * config.train.seq_len * config.train.grad_accum_steps * dp;
+}
+
+void TrainingRun::log_plan(int64_t start_step) const {
+  const TrainConfig& c = config;
+  const Mesh& m = use_gpu ? gpu_mesh : host_mesh;
+  const bool bf16_state = c.optim.state_dtype == "bf16";
+  log_info("frugal train: model ", c.model.parameter_count(), " parameters (",
+           c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
+           c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
+           c.model.vocab_size, "); ", m.world->size(), " rank(s) = dp ", m.dp_size, " x cp ",
+           m.cp_size, ", ZeRO-3, offload ", c.parallel.offload, ", ",
+           !use_gpu     ? "CPU (fp32)"
+           : bf16_state ? "GPU (bf16 compute, bf16 master weights, gradients and moments)"
+                        : "GPU (bf16 compute, fp32 master weights)");
+  if (lora.enabled()) {
+    int64_t adapters = 0;
+    for (const UnitSpec& u : params->units())
+      for (const ParamSpec& p : u.params)
+        if (p.trainable) adapters += shape_numel(p.shape);
+    log_info("LoRA: rank ", lora.rank, ", alpha ", c.lora.alpha, " on ",
+             lora_target_names(lora.targets), ": ", adapters, " trainable parameters, the ",
+             c.model.parameter_count(), " of the base frozen",
+             c.train.type == "qlora"      ? ", its block projections in NF4 (QLoRA)"
+             : c.train.type == "hqq_lora" ? ", its block projections in HQQ 4-bit"
+                                          : "");
+  }
+  // The bf16 copies hold, on a GPU, the frozen weights (4-bit rows included) besides the
+  // trainable ones' copies.
+  const std::string copies =
+      memory->copies ? ", weight copies " + mib(memory->copies->stats().in_use_bytes) : "";
+  log_info("memory per rank: parameters ", mib(memory->params->stats().in_use_bytes),
+           ", gradients ", mib(memory->grads->stats().in_use_bytes), ", optimizer ",
+           mib(memory->optimizer->stats().in_use_bytes), copies, ", gathered units up to ",
+           mib(2 * params->largest_unit_bytes(
+                       dtype_bytes(ops::compute_dtype(memory->gathered->device())))),
+           " (two units' weights and gradients)");
+  log_info("data: ", train_tokens->size(), " training tokens, ", val_tokens->size(),
+           " validation tokens; ", tokens_per_step(), " tokens per step; steps ", start_step + 1,
+           "..", c.train.steps, "; activation checkpointing ",
+           checkpoint_policy_name(c.train.activation_checkpointing));
+}
+
+}  // namespace frugal

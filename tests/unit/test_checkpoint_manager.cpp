@@ -1,0 +1,215 @@
+// The checkpoint manager on one rank: parts' tensors and values round-trip by name, a row shard
+// lands in its rows, a replicated tensor comes back whole, and resume falls back past an
+// unusable newest step (a damaged file, a part that refuses its values) to the newest usable
+// one, or says none can be read.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "catch_compat.h"
+#include "ckpt/checkpoint_manager.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "optim/adamw.h"
+#include "test_support.h"
+
+using namespace frugal;
+using namespace frugal::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A part with a [4, 3] tensor (one rank: all its rows), a replicated [2, 2] tensor, and a
+// counter in the manifest.
+struct FakePart : Stateful {
+  Tensor shard = Tensor::zeros({4, 3});
+  Tensor shared = Tensor::zeros({2, 2});
+  int64_t counter = 0;
+  int64_t refuse_counter = -1;  // load_state_values refuses this value
+  int loads = 0;
+
+  std::vector<StateTensor> state_tensors() override {
+    return {{"fake/shard", shard, whole_rows({4, 3}, false)},
+            {"fake/shared", shared, whole_rows({2, 2}, true)}};
+  }
+  nlohmann::json state_values() const override { return {{"counter", counter}}; }
+  void load_state_values(const nlohmann::json& values) override {
+    if (values.at("counter").get<int64_t>() == refuse_counter)
+      fail("counter ", refuse_counter, " refused");
+    counter = values.at("counter").get<int64_t>();
+  }
+  void after_load() override { ++loads; }
+
+  void set(float base) {
+    for (int64_t i = 0; i < shard.numel(); ++i) shard.data<float>()[i] = base + float(i);
+    for (int64_t i = 0; i < shared.numel(); ++i) shared.data<float>()[i] = -base - float(i);
+    counter = int64_t(base);
+  }
+};
+
+void expect_values_of(const FakePart& p, float base) {
+  for (int64_t i = 0; i < 12; ++i) CHECK(p.shard.data<float>()[i] == base + float(i));
+  for (int64_t i = 0; i < 4; ++i) CHECK(p.shared.data<float>()[i] == -base - float(i));
+  CHECK(p.counter == int64_t(base));
+}
+
+bool one_rank(bool ok) { return ok; }
+
+// Flips one bit of the stored float `value` (its first occurrence in the file): damage inside a
+// dataset, which its checksums must catch.
+void flip_bit_of(const std::string& path, float value) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&value), sizeof value));
+  REQUIRE(at != std::string::npos);
+  bytes[at + 1] = char(bytes[at + 1] ^ 0x10);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint manager: parts' tensors and values round-trip by name", "[ckpt]") {
+  TempDir tmp;
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2);
+  part.set(10);
+  manager.save(3);
+  part.shard.fill_zero();
+  part.shared.fill_zero();
+  part.counter = 0;
+  manager.load(3);
+  expect_values_of(part, 10);
+  CHECK(part.loads == 1);
+  // What the manifest and the file hold, by the names the parts gave.
+  const nlohmann::json manifest = manager.dir().manifest(3);
+  CHECK(manifest.at("fake").at("counter") == 10);
+  CHECK(manifest.at("world_size") == 1);
+  CHECK(manifest.at("format") == "frugal-checkpoint-2");
+}
+
+TEST_CASE("checkpoint manager: resume falls back past unusable steps", "[ckpt]") {
+  TempDir tmp;
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 3);
+  CHECK(manager.resume() == 0);  // nothing committed: from scratch
+
+  for (int step = 1; step <= 3; ++step) {
+    part.set(float(step * 100));
+    manager.save(step);
+  }
+  SECTION("the newest step readable") {
+    part.set(0);
+    CHECK(manager.resume() == 3);
+    expect_values_of(part, 300);
+  }
+  SECTION("a damaged newest file: the step before it") {
+    flip_bit_of(manager.dir().rank_file(3, 0), 305.0f);
+    part.set(0);
+    CHECK(manager.resume() == 2);
+    expect_values_of(part, 200);
+  }
+  SECTION("a part refusing the newest values: the step before it") {
+    part.refuse_counter = 300;
+    part.set(0);
+    CHECK(manager.resume() == 2);
+    expect_values_of(part, 200);
+  }
+  SECTION("a missing newest file: the step before it") {
+    fs::remove(manager.dir().rank_file(3, 0));
+    part.set(0);
+    CHECK(manager.resume() == 2);
+    expect_values_of(part, 200);
+  }
+  SECTION("none readable: an Error naming each step, the files kept") {
+    for (int step = 1; step <= 3; ++step)
+      flip_bit_of(manager.dir().rank_file(step, 0), float(step * 100 + 5));
+    const std::string error = error_of([&] { manager.resume(); });
+    CHECK(contains(error, "no committed checkpoint under"));
+    CHECK(contains(error, "step 3:"));
+    CHECK(contains(error, "step 1:"));
+    CHECK(fs::exists(manager.dir().rank_file(1, 0)));
+  }
+}
+
+TEST_CASE("checkpoint manager: keep prunes the older committed steps", "[ckpt]") {
+  TempDir tmp;
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2);
+  for (int step = 1; step <= 4; ++step) manager.save(step);
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{4, 3});
+  CHECK(!fs::exists(manager.dir().step_dir(2)));
+}
+
+TEST_CASE("AdamW's state: the moments by the names of checkpoint format 2", "[ckpt]") {
+  // frugal-checkpoint-2 files name them so; a resume from an older binary's files needs them.
+  TrainableShard s{"model.layers.0.mlp.up_proj.weight", Tensor::zeros({3, 2}),
+                   Tensor::zeros({3, 2}), Tensor(), RowShard{{7, 2}, 3, 6}};
+  AdamW adamw({s}, AdamWConfig{});
+  const std::vector<StateTensor> state = adamw.state_tensors();
+  REQUIRE(state.size() == 2);
+  CHECK(state[0].name == "optim/exp_avg/model.layers.0.mlp.up_proj.weight");
+  CHECK(state[1].name == "optim/exp_avg_sq/model.layers.0.mlp.up_proj.weight");
+  for (const StateTensor& t : state) {
+    CHECK(t.rows.first_row == 3);
+    CHECK(t.rows.last_row == 6);
+    CHECK(t.rows.full_shape == Shape{7, 2});
+    CHECK(!t.rows.replicated);
+    CHECK(t.tensor.shape() == Shape{3, 2});
+  }
+}
+
+namespace {
+
+// Rank `rank` of `ranks`: its padded row shard of a [7, 2] tensor holding 10 * row + column,
+// and a replicated [3] tensor.
+struct ShardedPart : Stateful {
+  int rank, ranks;
+  int64_t shard_rows;
+  Tensor shard, shared = Tensor::zeros({3});
+  ShardedPart(int rank_, int ranks_)
+      : rank(rank_), ranks(ranks_), shard_rows((7 + ranks_ - 1) / ranks_),
+        shard(Tensor::zeros({shard_rows, 2})) {}
+  RowShard rows() const {
+    return {{7, 2}, std::min<int64_t>(7, rank * shard_rows),
+            std::min<int64_t>(7, (rank + 1) * shard_rows)};
+  }
+  std::vector<StateTensor> state_tensors() override {
+    return {{"sharded/w", shard, rows()}, {"sharded/shared", shared, whole_rows({3}, true)}};
+  }
+  void fill() {
+    const RowShard r = rows();
+    for (int64_t row = r.first_row; row < r.last_row; ++row)
+      for (int64_t col = 0; col < 2; ++col)
+        shard.data<float>()[(row - r.first_row) * 2 + col] = float(10 * row + col);
+    for (int64_t i = 0; i < 3; ++i) shared.data<float>()[i] = float(100 + i);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint manager: saved by 2 or 3 ranks, loaded by 1, 2 or 3 (resharding)", "[ckpt]") {
+  for (int saved_by : {2, 3})
+    for (int loaded_by : {1, 2, 3}) {
+      TempDir tmp;
+      const std::string root = tmp.file("ckpt");
+      // The ranks of one process, one after the other: the last to save (rank 0) commits.
+      for (int rank = saved_by - 1; rank >= 0; --rank) {
+        ShardedPart part(rank, saved_by);
+        part.fill();
+        CheckpointManager(CheckpointDir(root), rank, saved_by, one_rank, {{"p", &part}}, 2).save(5);
+      }
+      for (int rank = 0; rank < loaded_by; ++rank) {
+        ShardedPart part(rank, loaded_by);
+        CheckpointManager(CheckpointDir(root), rank, loaded_by, one_rank, {{"p", &part}}, 2).load(5);
+        const RowShard r = part.rows();
+        for (int64_t row = r.first_row; row < r.last_row; ++row)
+          for (int64_t col = 0; col < 2; ++col)
+            CHECK(part.shard.data<float>()[(row - r.first_row) * 2 + col] == float(10 * row + col));
+        for (int64_t i = 0; i < 3; ++i) CHECK(part.shared.data<float>()[i] == float(100 + i));
+      }
+    }
+}

@@ -1,0 +1,72 @@
+// The trainer's small decisions as functions: which configuration keys differ between ranks,
+// which metrics.jsonl records a resumed run keeps, and the fault-injection switch.
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "catch_compat.h"
+#include "monitor/metrics.h"
+#include "test_support.h"
+#include "train/fault_injection.h"
+#include "train/same_config.h"
+
+using namespace frugal;
+using namespace frugal::test;
+
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("config agreement: every differing or absent key, named with both values", "[train]") {
+  const std::map<std::string, std::string> rank0 = {
+      {"train.lr", "0.003"}, {"train.seed", "1234"}, {"parallel.cp", "1"}};
+  CHECK(config_differences(rank0, rank0).empty());
+  std::map<std::string, std::string> mine = rank0;
+  mine["train.seed"] = "99";
+  mine["train.new_key"] = "1";
+  CHECK(config_differences(mine, rank0) ==
+        " train.new_key = '1' (rank 0: '(absent)'); train.seed = '99' (rank 0: '1234');");
+}
+
+TEST_CASE("metrics truncation: records after the resumed step go, and cut lines", "[train]") {
+  TempDir tmp;
+  const std::string path = tmp.file("metrics.jsonl");
+  std::ofstream(path) << "{\"step\":0,\"val_loss\":5.5}\n"
+                         "{\"step\":1,\"loss\":5.1}\n"
+                         "{\"step\":2,\"loss\":4.9}\n"
+                         "{\"step\":3,\"loss\":4.7}\n"
+                         "{\"step\":4,\"lo";  // cut by a crash
+  truncate_metrics(path, 2);
+  CHECK(read_all(path) ==
+        "{\"step\":0,\"val_loss\":5.5}\n{\"step\":1,\"loss\":5.1}\n{\"step\":2,\"loss\":4.9}\n");
+  truncate_metrics(path, 0);
+  CHECK(read_all(path) == "{\"step\":0,\"val_loss\":5.5}\n");
+  truncate_metrics(tmp.file("absent.jsonl"), 3);  // nothing to do
+  CHECK(!std::filesystem::exists(tmp.file("absent.jsonl")));
+}
+
+TEST_CASE("fault injection: parsed once, malformed values named", "[train]") {
+  CHECK(parse_fault_injection(nullptr).kind == FaultInjection::Kind::none);
+  CHECK(parse_fault_injection("").kind == FaultInjection::Kind::none);
+  const FaultInjection exit = parse_fault_injection("exit:1:7");
+  CHECK(exit.kind == FaultInjection::Kind::exit);
+  CHECK(exit.rank == 1);
+  CHECK(exit.step == 7);
+  const FaultInjection hang = parse_fault_injection("hang:0:21");
+  CHECK(hang.kind == FaultInjection::Kind::hang);
+  CHECK(hang.step == 21);
+  for (const char* bad : {"exit", "exit:1", "crash:1:2", "exit:1:2x", "exit:-1:3", "hang:0:0"})
+    CHECK(contains(error_of([&] { parse_fault_injection(bad); }), "FRUGAL_INJECT_FAULT is '"));
+  // A fault for another rank or step does nothing (this process goes on).
+  inject_fault(exit, 0, 7);
+  inject_fault(exit, 1, 6);
+}
