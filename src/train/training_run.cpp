@@ -32,12 +32,23 @@ class ModelShapeState : public Stateful {
   const LlamaConfig& config_;
 };
 
-// Every key in force, saved for the record (`frugal ckpt ls` and export show it).
+// Every key in force, saved for the record (`frugal ckpt ls` and export show it). Resuming with
+// other settings is allowed (more steps, another eval interval) but said, key by key: another
+// seed or learning rate is rarely meant.
 class ResolvedConfigState : public Stateful {
  public:
   explicit ResolvedConfigState(const std::map<std::string, std::string>& resolved)
       : resolved_(resolved) {}
   nlohmann::json state_values() const override { return resolved_; }
+  void load_state_values(const nlohmann::json& values) override {
+    std::map<std::string, std::string> now = resolved_;
+    auto saved = values.get<std::map<std::string, std::string>>();
+    now.erase("train.resume");  // what a resumed run always changes
+    saved.erase("train.resume");
+    const std::string differences = config_differences(now, saved, "checkpoint");
+    if (!differences.empty())
+      log_warn("resuming with settings that differ from the checkpoint's:", differences);
+  }
 
  private:
   const std::map<std::string, std::string>& resolved_;

@@ -47,6 +47,11 @@ FRUGAL_INJECT_FAULT=exit:0:11 "$frugal" train "${common[@]}" --train.steps=20 --
 grep -q 'resumed from step 10' "$work/d.log" || { echo "FAIL: did not resume"; cat "$work/d.log"; exit 1; }
 cmp <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") \
   || { echo "FAIL: resumed losses differ from a straight run"; exit 1; }
+# Resuming with another seed is allowed, and said key by key.
+"$frugal" train "${common[@]}" --train.steps=21 --ckpt.every=10 --train.resume=true --train.seed=7 \
+  --train.out_dir="$work/d" > "$work/seed.log" 2>&1
+grep -q "differ from the checkpoint's:.* train.seed = '7' (checkpoint: '1234')" "$work/seed.log" \
+  || { echo "FAIL: no warning for another seed"; cat "$work/seed.log"; exit 1; }
 
 # A corrupt checkpoint: the resume names the file and falls back to the previous committed
 # step, which continues exactly like a straight run; with every step corrupt it stops, and

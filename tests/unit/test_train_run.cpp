@@ -29,12 +29,13 @@ std::string read_all(const std::string& path) {
 TEST_CASE("config agreement: every differing or absent key, named with both values", "[train]") {
   const std::map<std::string, std::string> rank0 = {
       {"train.lr", "0.003"}, {"train.seed", "1234"}, {"parallel.cp", "1"}};
-  CHECK(config_differences(rank0, rank0).empty());
+  CHECK(config_differences(rank0, rank0, "rank 0").empty());
   std::map<std::string, std::string> mine = rank0;
   mine["train.seed"] = "99";
   mine["train.new_key"] = "1";
-  CHECK(config_differences(mine, rank0) ==
+  CHECK(config_differences(mine, rank0, "rank 0") ==
         " train.new_key = '1' (rank 0: '(absent)'); train.seed = '99' (rank 0: '1234');");
+  CHECK(config_differences(rank0, mine, "checkpoint") == " train.seed = '1234' (checkpoint: '99');");
 }
 
 TEST_CASE("metrics truncation: records after the resumed step go, and cut lines", "[train]") {
