@@ -12,29 +12,6 @@
 
 namespace frugal {
 
-Shape ShardLayout::shard_shape() const {
-  Shape s = shape.empty() ? Shape{1} : shape;
-  s[0] = shard_rows;
-  return s;
-}
-
-Shape ShardLayout::padded_shape() const {
-  Shape s = shape.empty() ? Shape{1} : shape;
-  s[0] = rows_padded;
-  return s;
-}
-
-ShardLayout shard_layout(const ParamSpec& spec, int ranks) {
-  ShardLayout l;
-  l.name = spec.name;
-  l.shape = spec.shape;
-  l.rows = spec.shape.empty() ? 1 : spec.shape[0];
-  l.row_len = l.rows ? shape_numel(spec.shape) / l.rows : 0;
-  l.shard_rows = (l.rows + ranks - 1) / ranks;
-  l.rows_padded = l.shard_rows * ranks;
-  return l;
-}
-
 Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
                                  uint64_t seed, float init_std, bool with_grads,
                                  const Zero3Init& init_from)

@@ -11,28 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
 #include "model/llama_config.h"
 #include "model/parameter_provider.h"
 #include "ops/ops.h"
 #include "optim/background_updates.h"
+#include "parallel/comm.h"
+#include "parallel/shard_layout.h"
 
 namespace frugal {
-
-// How one parameter is split: rows [rank * shard_rows, (rank + 1) * shard_rows) of the
-// padded [rows_padded, row_len] matrix live on `rank`. 1-D weights are columns of length 1.
-struct ShardLayout {
-  std::string name;
-  Shape shape;  // the full parameter's shape
-  int64_t rows = 0, row_len = 0, rows_padded = 0, shard_rows = 0;
-
-  Shape shard_shape() const;   // [shard_rows, ...row dims]
-  Shape padded_shape() const;  // [rows_padded, ...row dims]
-  // The real (unpadded) rows of the full parameter that `rank` holds: [first, last).
-  int64_t first_row(int rank) const { return std::min(rows, rank * shard_rows); }
-  int64_t last_row(int rank) const { return std::min(rows, (rank + 1) * shard_rows); }
-};
-ShardLayout shard_layout(const ParamSpec& spec, int ranks);
 
 // Where the buffers of the sharded model live; each arena is its own accounting domain.
 struct Zero3Arenas {
