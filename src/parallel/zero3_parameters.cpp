@@ -7,16 +7,34 @@
 
 #include "core/log.h"
 #include "ops/ops.h"
-#include "quant/hqq.h"
-#include "quant/nf4.h"
+#include "parallel/hqq_encoding.h"
+#include "parallel/nf4_encoding.h"
 
 namespace frugal {
+
+namespace {
+
+// The encoding a parameter is kept in, or null (trainable ones never are).
+std::unique_ptr<WeightEncoding> encoding_for(const ParamSpec& spec, const Zero3Init& init) {
+  if (spec.trainable) return nullptr;
+  if (init.nf4 && init.nf4(spec)) return std::make_unique<Nf4Encoding>();
+  if (init.hqq && init.hqq(spec)) return std::make_unique<HqqEncoding>();
+  return init.encoding ? init.encoding(spec) : nullptr;
+}
+
+}  // namespace
 
 Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
                                  uint64_t seed, float init_std, bool with_grads,
                                  const Zero3Init& init_from)
     : units_(std::move(units)), comm_(comm), arenas_(arenas) {
   const int rank = comm_.rank(), ranks = comm_.size();
+  // Encoded weights are kept where the gathers run: the GPU (with the bf16 copies), or host
+  // memory.
+  Arena& encoded_store = arenas_.copies && arenas_.copies->device() == Device::cuda
+                             ? *arenas_.copies
+                             : *arenas_.params;
+  const EncodingContext encoding_context{comm_, *arenas_.gathered, encoded_store};
   // A 70B model takes minutes to initialise and quantize: a progress line every 15 s.
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
@@ -25,12 +43,12 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     if (clock::now() - last_report > std::chrono::seconds(15)) {
       last_report = clock::now();
       log_info("parameters: ", layouts_.size(), " of ", units_.size(), " units initialised",
-               init_from.nf4 || init_from.hqq ? " and quantized" : "", " (",
+               init_from.nf4 || init_from.hqq || init_from.encoding ? " and quantized" : "", " (",
                std::lround(std::chrono::duration<double>(last_report - start).count()), " s)");
     }
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;
-    std::vector<std::optional<QuantShard>> quantized;
+    std::vector<std::unique_ptr<WeightEncoding>> encoded;
     for (const ParamSpec& spec : unit.params) {
       ShardLayout l = shard_layout(spec, ranks);
       // Initialised in host memory (the same numbers whatever the device), then moved.
@@ -41,18 +59,18 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
         if (!init_from.load_rows || !init_from.load_rows(spec.name, first, last, real_rows))
           init_parameter_rows(real_rows, spec.name, first, seed, init_std);
       }
-      // Frozen 4-bit rows: the fp32 rows go with `init`, one tensor's at a time.
-      const bool nf4 = !spec.trainable && init_from.nf4 && init_from.nf4(spec);
-      const bool hqq = !spec.trainable && !nf4 && init_from.hqq && init_from.hqq(spec);
-      if (nf4 || hqq) {
-        quantized.push_back(nf4 ? quantize_nf4(l, init) : quantize_hqq(l, init));
+      // An encoded weight keeps its parts only: the fp32 rows go with `init`, one tensor's at
+      // a time.
+      std::unique_ptr<WeightEncoding> encoding = encoding_for(spec, init_from);
+      if (encoding) {
+        encoding->encode(l, init, encoding_context);
         shards.push_back(Tensor());
       } else {
         Tensor shard = Tensor::empty(l.shard_shape(), arenas_.master, *arenas_.params);
         ops::assign(shard, init);
         shards.push_back(shard);
-        quantized.push_back(std::nullopt);
       }
+      encoded.push_back(std::move(encoding));
       // A frozen parameter (LoRA's base) has no gradient shard and no optimizer state.
       if (with_grads)
         grads.push_back(spec.trainable ? ops::zeros(l.shard_shape(), arenas_.master, *arenas_.grads)
@@ -62,7 +80,7 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     layouts_.push_back(std::move(layouts));
     shards_.push_back(std::move(shards));
     grad_shards_.push_back(std::move(grads));
-    quant_.push_back(std::move(quantized));
+    encoded_.push_back(std::move(encoded));
   }
   refresh_copies();
   // On a GPU a frozen weight needs only its bf16 copy (or its host staging copy): its fp32
@@ -71,76 +89,6 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     for (size_t u = 0; u < units_.size(); ++u)
       for (size_t i = 0; i < units_[u].params.size(); ++i)
         if (!units_[u].params[i].trainable) shards_[u][i] = Tensor();
-}
-
-Zero3Parameters::QuantShard Zero3Parameters::quantize_nf4(const ShardLayout& l, const Tensor& rows) {
-  const int rank = comm_.rank();
-  if (l.shape.size() != 2 || l.row_len % kNf4BlockSize != 0)
-    fail("nf4: tensor '", l.name, "' of shape ", shape_string(l.shape),
-         " cannot be stored in NF4: its rows must be a multiple of ", kNf4BlockSize, " long");
-  const int64_t per_row = l.row_len / kNf4BlockSize;
-  const int64_t mine = (l.last_row(rank) - l.first_row(rank)) * per_row;
-  // First level, on this rank's rows.
-  Tensor codes = Tensor::zeros({l.shard_rows * l.row_len / 2}, DType::u8);
-  Tensor absmax = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
-  nf4_quantize_blocks(rows.data<float>(), mine, l.row_len, codes.data<uint8_t>(),
-                      absmax.data<float>(), l.name);
-  // Every rank's absmax (one float per 64 weights), in the memory the communicator moves.
-  Tensor all = absmax;
-  if (!alone()) {
-    Tensor local = ops::convert(absmax, DType::f32, *arenas_.gathered);
-    Tensor gathered = Tensor::empty({l.rows_padded * per_row}, DType::f32, *arenas_.gathered);
-    comm_.all_gather(local, gathered)->wait_host();
-    all = ops::to_host_f32(gathered);
-  }
-  // Second level over the real blocks (the padding rows come last), the same on every rank.
-  const int64_t blocks = l.rows * per_row;
-  Tensor absmax_codes = Tensor::empty({blocks}, DType::u8);
-  Tensor scales =
-      Tensor::empty({(blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize}, DType::f32);
-  QuantShard s;
-  nf4_double_quantize(all.data<float>(), blocks, absmax_codes.data<uint8_t>(),
-                      scales.data<float>(), &s.offset);
-  Tensor my_codes = Tensor::zeros({l.shard_rows * per_row}, DType::u8);
-  if (mine > 0)
-    my_codes.rows(0, mine).copy_from(absmax_codes.rows(l.first_row(rank) * per_row,
-                                                       l.first_row(rank) * per_row + mine));
-  // Kept where the gathers run: the GPU (with the bf16 copies), or host memory.
-  Arena& store = arenas_.copies && arenas_.copies->device() == Device::cuda ? *arenas_.copies
-                                                                            : *arenas_.params;
-  s.codes = ops::convert(codes, DType::u8, store);
-  s.absmax_codes = ops::convert(my_codes, DType::u8, store);
-  s.scales = ops::convert(scales, DType::f32, store);
-  return s;
-}
-
-Zero3Parameters::QuantShard Zero3Parameters::quantize_hqq(const ShardLayout& l, const Tensor& rows) {
-  const int rank = comm_.rank();
-  if (l.shape.size() != 2 || l.row_len % kHqqGroupSize != 0)
-    fail("hqq: tensor '", l.name, "' of shape ", shape_string(l.shape),
-         " cannot be stored in HQQ: its rows must be a multiple of ", kHqqGroupSize, " long");
-  // Every group is row-local; only the early stop looks at the whole matrix's error.
-  const int64_t real = l.last_row(rank) - l.first_row(rank);
-  HqqOptions options;
-  if (!alone()) options.global_sum = [this](double local) { return comm_.all_reduce_sum(local); };
-  const HqqWeight q = hqq_quantize(rows.data<float>(), {real, l.row_len}, l.name, options);
-  const int64_t per_row = l.row_len / kHqqGroupSize;
-  Tensor codes = Tensor::zeros({l.shard_rows * l.row_len / 2}, DType::u8);
-  Tensor scales = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
-  Tensor zeros = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
-  if (real > 0) {
-    codes.rows(0, real * l.row_len / 2).copy_from(q.codes);
-    scales.rows(0, real * per_row).copy_from(q.scales);
-    zeros.rows(0, real * per_row).copy_from(q.zeros);
-  }
-  Arena& store = arenas_.copies && arenas_.copies->device() == Device::cuda ? *arenas_.copies
-                                                                            : *arenas_.params;
-  QuantShard s;
-  s.hqq = true;
-  s.codes = ops::convert(codes, DType::u8, store);
-  s.scales = ops::convert(scales, DType::f32, store);
-  s.zeros = ops::convert(zeros, DType::f32, store);
-  return s;
 }
 
 void Zero3Parameters::refresh_copies() {
@@ -233,7 +181,7 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
     // compute stream, once per update (copies kept on the GPU) or every time (offloaded).
     const bool kept_on_gpu = arenas_.copies->device() != Device::cpu;
     for (size_t i = 0; i < source.size(); ++i) {
-      if ((kept_on_gpu && !stale_[unit][i]) || quant_[unit][i]) continue;
+      if ((kept_on_gpu && !stale_[unit][i]) || encoded_[unit][i]) continue;
       const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
       if (!kept_on_gpu)
         source[i] = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
@@ -241,52 +189,50 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
       stale_[unit][i] = false;
     }
   }
-  // 4-bit rows: their bytes are gathered (on one rank: taken as they are), after going up
+  // An encoded weight's parts are gathered (on one rank: taken as they are), after going up
   // beside the compute stream when offloaded to pinned host memory (offload = params; the
   // gathers follow the uploads on the same stream). The whole weight in the compute dtype is
-  // made from them only when asked for (gather: at once; gather_compressed: one weight at a
+  // decoded from them only when asked for (gather: at once; gather_compressed: one weight at a
   // time, by materialize).
-  g.quant.resize(layouts_[unit].size());
+  const size_t n = layouts_[unit].size();
+  g.parts.resize(n);
   auto on_gathering_device = [&](const Tensor& part) {
     if (!part.defined() || part.device() == arenas_.gathered->device()) return part;
     Tensor up = Tensor::empty(part.shape(), part.dtype(), *arenas_.gathered);
     g.uploads.emplace_back(up, part);
     return up;
   };
-  auto uploaded = [&](QuantShard q) {
-    for (Tensor* t : {&q.codes, &q.absmax_codes, &q.scales, &q.zeros}) *t = on_gathering_device(*t);
-    return q;
+  auto local_parts = [&](size_t i) {
+    std::vector<Tensor> parts;
+    for (const EncodedPart& part : encoded_[unit][i]->parts())
+      parts.push_back(on_gathering_device(part.data));
+    return parts;
   };
   if (alone()) {
     g.full = source;
-    for (size_t i = 0; i < source.size(); ++i)
-      if (quant_[unit][i]) g.quant[i] = uploaded(*quant_[unit][i]);
+    for (size_t i = 0; i < n; ++i)
+      if (encoded_[unit][i]) g.parts[i] = local_parts(i);
     return g;
   }
-  // One all-gather per parameter, posted together as one group: each lands a contiguous
-  // full matrix, because a shard is a contiguous block of rows.
+  // One all-gather per parameter (per row-sharded part of an encoded one), posted together as
+  // one group: each lands a contiguous full matrix, because a shard is a contiguous block of rows.
   CommGroup group(comm_);
-  for (size_t i = 0; i < layouts_[unit].size(); ++i) {
-    const ShardLayout& l = layouts_[unit][i];
-    if (quant_[unit][i]) {
-      const QuantShard mine = uploaded(*quant_[unit][i]);
-      QuantShard whole = mine;  // NF4's scales and offset are already the whole tensor's
-      auto gather_rows = [&](const Tensor& part, Tensor& all) {
-        all = Tensor::empty({part.numel() * comm_.size()}, part.dtype(), *arenas_.gathered);
-        g.ops.push_back(comm_.all_gather(part, all));
-      };
-      gather_rows(mine.codes, whole.codes);
-      if (mine.hqq) {
-        gather_rows(mine.scales, whole.scales);
-        gather_rows(mine.zeros, whole.zeros);
-      } else {
-        gather_rows(mine.absmax_codes, whole.absmax_codes);
+  for (size_t i = 0; i < n; ++i) {
+    if (encoded_[unit][i]) {
+      const std::vector<EncodedPart> parts = encoded_[unit][i]->parts();
+      std::vector<Tensor> whole = local_parts(i);  // replicated parts: already whole
+      for (size_t k = 0; k < parts.size(); ++k) {
+        if (parts[k].split != PartSplit::rows) continue;
+        const Tensor mine = whole[k];
+        whole[k] = Tensor::empty({mine.numel() * comm_.size()}, mine.dtype(), *arenas_.gathered);
+        g.ops.push_back(comm_.all_gather(mine, whole[k]));
       }
-      g.quant[i] = whole;
+      g.parts[i] = std::move(whole);
       g.full.push_back(Tensor());
       continue;
     }
-    g.full.push_back(Tensor::empty(l.padded_shape(), source[i].dtype(), *arenas_.gathered));
+    g.full.push_back(
+        Tensor::empty(layouts_[unit][i].padded_shape(), source[i].dtype(), *arenas_.gathered));
     g.ops.push_back(comm_.all_gather(source[i], g.full.back()));
   }
   group.end();
@@ -315,23 +261,19 @@ Zero3Parameters::Gathered& Zero3Parameters::wait_gathered(int64_t unit) {
   return g;
 }
 
-Tensor Zero3Parameters::dequantize(int64_t unit, size_t i, const QuantShard& q) const {
+Tensor Zero3Parameters::decode(int64_t unit, size_t i, const Gathered& g) const {
   const ShardLayout& l = layouts_[unit][i];
   Tensor full = Tensor::empty(l.padded_shape(), ops::compute_dtype(arenas_.gathered->device()),
                               *arenas_.gathered);
   Tensor real = full.rows(0, l.rows);
-  if (q.hqq)
-    ops::dequantize_hqq(real, q.codes, q.scales, q.zeros);
-  else
-    ops::dequantize_nf4(real, q.codes, q.absmax_codes, q.scales, q.offset, nf4_values().data(),
-                        dynamic_map_values().data());
+  encoded_[unit][i]->decode(g.parts[i], real);
   return full;
 }
 
 std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
   Gathered& g = wait_gathered(unit);
-  for (size_t i = 0; i < g.quant.size(); ++i)
-    if (g.quant[i] && !g.full[i].defined()) g.full[i] = dequantize(unit, i, *g.quant[i]);
+  for (size_t i = 0; i < g.full.size(); ++i)
+    if (encoded_[unit][i] && !g.full[i].defined()) g.full[i] = decode(unit, i, g);
   return unpadded(unit, g.full);
 }
 
@@ -341,13 +283,13 @@ std::vector<Tensor> Zero3Parameters::gather_compressed(int64_t unit) {
 
 Tensor Zero3Parameters::materialize(int64_t unit, size_t i) {
   auto it = gathered_.find(unit);
-  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0 && i < it->second.quant.size() &&
-                   it->second.quant[i],
+  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0 && i < encoded_[unit].size() &&
+                   encoded_[unit][i],
                "materialize of parameter ", i, " of unit ", unit,
-               ", which is not a gathered 4-bit weight");
+               ", which is not a gathered encoded weight");
   const ShardLayout& l = layouts_[unit][i];
   const Tensor full = it->second.full[i].defined() ? it->second.full[i]  // gather made it
-                                                   : dequantize(unit, i, *it->second.quant[i]);
+                                                   : decode(unit, i, it->second);
   return full.rows(0, l.rows).view(l.shape);
 }
 
@@ -512,10 +454,9 @@ size_t Zero3Parameters::shard_bytes() const {
   for (size_t u = 0; u < shards_.size(); ++u)
     for (size_t i = 0; i < shards_[u].size(); ++i) {
       if (shards_[u][i].defined()) bytes += shards_[u][i].bytes();
-      if (quant_[u][i])
-        for (const Tensor* t : {&quant_[u][i]->codes, &quant_[u][i]->absmax_codes,
-                                &quant_[u][i]->scales, &quant_[u][i]->zeros})
-          if (t->defined()) bytes += t->bytes();
+      if (encoded_[u][i])
+        for (const EncodedPart& part : encoded_[u][i]->parts())
+          if (part.data.defined()) bytes += part.data.bytes();
     }
   return bytes;
 }

@@ -17,6 +17,7 @@
 #include "optim/background_updates.h"
 #include "parallel/comm.h"
 #include "parallel/shard_layout.h"
+#include "parallel/weight_encoding.h"
 
 namespace frugal {
 
@@ -35,19 +36,22 @@ struct Zero3Arenas {
   DType master = DType::f32;
 };
 
-// Where the first weights come from, and which frozen ones are kept in NF4.
+// Where the first weights come from, and which frozen ones are kept encoded (4-bit).
 struct Zero3Init {
   // Fills rows [first, last) of the named parameter (e.g. from a Hugging Face directory) and
   // returns true, or returns false for the seed's initialisation. Null: the seed everywhere.
   std::function<bool(const std::string& name, int64_t first, int64_t last, Tensor& rows)>
       load_rows;
-  // Frozen parameters it picks are stored as NF4 rows (QLoRA's base): quantized exactly as
-  // bitsandbytes quantizes the whole tensor (a collective: the absmax offset and second-level
-  // scales need every rank's rows), never held in fp32 beyond one tensor's rows.
+  // Frozen parameters it picks are stored as NF4 rows (QLoRA's base, Nf4Encoding): quantized
+  // exactly as bitsandbytes quantizes the whole tensor (a collective: the absmax offset and
+  // second-level scales need every rank's rows), never held in fp32 beyond one tensor's rows.
   std::function<bool(const ParamSpec&)> nf4;
-  // Frozen parameters it picks are stored as HQQ 4-bit rows (group 64, zero and scale per
-  // group, the half-quadratic zero fit with the whole matrix's early stop).
+  // Frozen parameters it picks are stored as HQQ 4-bit rows (HqqEncoding: group 64, zero and
+  // scale per group, the half-quadratic zero fit with the whole matrix's early stop).
   std::function<bool(const ParamSpec&)> hqq;
+  // Any other encoding of frozen parameters: a new, not yet encoded WeightEncoding for those it
+  // picks (asked after nf4 and hqq), null for the others.
+  std::function<std::unique_ptr<WeightEncoding>(const ParamSpec&)> encoding;
 };
 
 class Zero3Parameters : public ParameterProvider {
@@ -61,7 +65,7 @@ class Zero3Parameters : public ParameterProvider {
 
   void prefetch(int64_t unit) override;
   std::vector<Tensor> gather(int64_t unit) override;
-  // 4-bit weights undefined, dequantized one at a time by materialize (their gathered bytes
+  // Encoded weights undefined, decoded one at a time by materialize (their gathered parts
   // stay until release).
   std::vector<Tensor> gather_compressed(int64_t unit) override;
   Tensor materialize(int64_t unit, size_t i) override;
@@ -89,31 +93,19 @@ class Zero3Parameters : public ParameterProvider {
   // Bytes of this rank's shards (padding included), and of the largest unit while it is whole:
   // its weights at `weight_bytes` an element (the compute dtype's) and its trainable weights'
   // fp32 gradients.
-  size_t shard_bytes() const;  // NF4 rows counted as their bytes
-  bool is_quantized(int64_t unit, size_t i) const { return quant_[unit][i].has_value(); }
+  size_t shard_bytes() const;  // encoded weights counted as their parts' bytes
+  bool is_quantized(int64_t unit, size_t i) const { return encoded_[unit][i] != nullptr; }
   size_t largest_unit_bytes(size_t weight_bytes) const;
 
  private:
-  // 4-bit rows of a frozen weight: what this rank keeps instead of its fp32 rows.
-  struct QuantShard {
-    bool hqq = false;     // HQQ, else NF4
-    Tensor codes;         // u8 [shard_rows * row_len / 2]
-    Tensor absmax_codes;  // NF4: u8 [shard_rows * row_len / 64]
-    Tensor scales;        // NF4: the whole tensor's second-level scales (every rank has them);
-                          // HQQ: f32 [shard_rows * row_len / 64]
-    Tensor zeros;         // HQQ: f32 [shard_rows * row_len / 64]
-    float offset = 0;     // NF4: the mean absmax
-  };
   struct Gathered {
-    std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where 4-bit and
-                               // not dequantized (yet)
-    std::vector<std::optional<QuantShard>> quant;  // the whole tensor's 4-bit data
+    std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where encoded and
+                               // not decoded (yet)
+    std::vector<std::vector<Tensor>> parts;  // encoded weights: their whole parts; else empty
     std::vector<Pending> ops;
-    std::vector<ops::SideCopy> uploads;  // offloaded copies on their way to the GPU
+    std::vector<ops::SideCopy> uploads;  // offloaded copies and parts on their way to the GPU
     int users = 0;
   };
-  QuantShard quantize_nf4(const ShardLayout& l, const Tensor& rows);
-  QuantShard quantize_hqq(const ShardLayout& l, const Tensor& rows);
   // Offloaded gradients on their way down: the unit's device buffers, kept until the copies
   // into host memory are done, and the landing buffers still to be added into the shards.
   struct Download {
@@ -129,7 +121,7 @@ class Zero3Parameters : public ParameterProvider {
   };
   Gathered& post_gather(int64_t unit);
   Gathered& wait_gathered(int64_t unit);  // the gathers and uploads done, one more user
-  Tensor dequantize(int64_t unit, size_t i, const QuantShard& q) const;  // [rows_padded, ...]
+  Tensor decode(int64_t unit, size_t i, const Gathered& g) const;  // [rows_padded, ...]
   void complete_reduction();
   std::vector<Tensor> unpadded(int64_t unit, const std::vector<Tensor>& full) const;
 
@@ -150,8 +142,8 @@ class Zero3Parameters : public ParameterProvider {
   void complete_download();
   Tensor copy_for_optimizer(size_t unit, size_t i) const;
 
-  std::vector<std::vector<Tensor>> shards_, grad_shards_;  // shards_: undefined where 4-bit
-  std::vector<std::vector<std::optional<QuantShard>>> quant_;
+  std::vector<std::vector<Tensor>> shards_, grad_shards_;  // shards_: undefined where encoded
+  std::vector<std::vector<std::unique_ptr<WeightEncoding>>> encoded_;  // null where not
   std::vector<std::vector<Tensor>> copies_;  // bf16 copies of shards_ (GPU), else empty
   // host_state(): the bf16 copies the host optimizer writes (copies_ itself when the copies
   // are offloaded too), which copies that are on the GPU need again (stale_), and which
