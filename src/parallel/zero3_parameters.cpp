@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "core/log.h"
-#include "ops/ops.h"
 #include "parallel/hqq_encoding.h"
 #include "parallel/nf4_encoding.h"
 
@@ -27,14 +26,9 @@ std::unique_ptr<WeightEncoding> encoding_for(const ParamSpec& spec, const Zero3I
 Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
                                  uint64_t seed, float init_std, bool with_grads,
                                  const Zero3Init& init_from)
-    : units_(std::move(units)), comm_(comm), arenas_(arenas) {
+    : units_(std::move(units)), comm_(comm), arenas_(arenas), placement_(arenas) {
   const int rank = comm_.rank(), ranks = comm_.size();
-  // Encoded weights are kept where the gathers run: the GPU (with the bf16 copies), or host
-  // memory.
-  Arena& encoded_store = arenas_.copies && arenas_.copies->device() == Device::cuda
-                             ? *arenas_.copies
-                             : *arenas_.params;
-  const EncodingContext encoding_context{comm_, *arenas_.gathered, encoded_store};
+  const EncodingContext encoding_context{comm_, *arenas_.gathered, placement_.encoded_store()};
   // A 70B model takes minutes to initialise and quantize: a progress line every 15 s.
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
@@ -85,69 +79,24 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
   refresh_copies();
   // On a GPU a frozen weight needs only its bf16 copy (or its host staging copy): its fp32
   // master would never change, so it goes (4 bytes per frozen weight).
-  if (arenas_.copies)
+  if (placement_.has_copies())
     for (size_t u = 0; u < units_.size(); ++u)
       for (size_t i = 0; i < units_[u].params.size(); ++i)
         if (!units_[u].params[i].trainable) shards_[u][i] = Tensor();
 }
 
+Zero3Parameters::~Zero3Parameters() = default;
+
 void Zero3Parameters::refresh_copies() {
   updates_.wait_all();
-  if (!arenas_.copies) return;
-  copies_.resize(shards_.size());
-  staging_.resize(shards_.size());
-  stale_.assign(shards_.size(), {});
-  fresh_.assign(shards_.size(), true);
-  for (size_t u = 0; u < shards_.size(); ++u) {
-    copies_[u].resize(shards_[u].size());
-    staging_[u].resize(shards_[u].size());
-    stale_[u].assign(shards_[u].size(), true);
-    for (size_t i = 0; i < shards_[u].size(); ++i) {
-      const Tensor& master = shards_[u][i];
-      // 4-bit (gathered and dequantized as such), or frozen on a GPU: its copy stays as it is.
-      if (!master.defined()) continue;
-      if (master.dtype() == DType::bf16) {  // a bf16 run: the master is the copy
-        copies_[u][i] = master;
-        continue;
-      }
-      // Into the existing tensors: the optimizer holds them (TrainableShard::param_copy).
-      auto make = [](Tensor& slot, const Tensor& value) {
-        if (slot.defined())
-          ops::copy(slot, value);
-        else
-          slot = value;
-      };
-      if (host_state()) {
-        // Rounded on the host, where the optimizer will round them from now on; copies on
-        // the GPU are uploaded from there when next gathered (stale_).
-        Tensor& staging = arenas_.copies->device() == Device::cpu ? copies_[u][i] : staging_[u][i];
-        make(staging, ops::convert(master, DType::bf16, *arenas_.params));
-        if (arenas_.copies->device() != Device::cpu && !copies_[u][i].defined())
-          copies_[u][i] = Tensor::empty(master.shape(), DType::bf16, *arenas_.copies);
-      } else {
-        make(copies_[u][i], ops::convert(master, DType::bf16, *arenas_.copies));
-      }
-    }
-  }
+  placement_.make_copies(shards_);
 }
 
-Tensor Zero3Parameters::copy_for_optimizer(size_t u, size_t i) const {
-  if (copies_.empty() || arenas_.master == DType::bf16) return Tensor();
-  // A host optimizer writes host memory; the GPU's writes the GPU's copies.
-  if (host_state() && arenas_.copies->device() != Device::cpu) return staging_[u][i];
-  return copies_[u][i];
-}
-
-void Zero3Parameters::weights_updated() {
-  // The trainable ones changed; a frozen weight's copy on the GPU is still what it was.
-  if (!host_state()) return;
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (size_t i = 0; i < units_[u].params.size(); ++i)
-      if (units_[u].params[i].trainable) stale_[u][i] = true;
-}
+void Zero3Parameters::weights_updated() { placement_.weights_updated(units_); }
 
 void Zero3Parameters::apply_update(size_t n_slices, std::function<void(size_t)> update_slice) {
-  if (!host_state()) return ParameterProvider::apply_update(n_slices, std::move(update_slice));
+  if (!placement_.host_state())
+    return ParameterProvider::apply_update(n_slices, std::move(update_slice));
   // The slices of each unit, numbered as trainable() numbers them.
   std::vector<std::vector<size_t>> unit_slices(units_.size());
   size_t k = 0;
@@ -167,7 +116,7 @@ void Zero3Parameters::apply_update(size_t n_slices, std::function<void(size_t)> 
 
 void Zero3Parameters::wait_for_updates() { updates_.wait_all(); }
 
-Zero3Parameters::~Zero3Parameters() = default;
+// --- gathers -------------------------------------------------------------------------------
 
 Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   FRUGAL_CHECK(unit >= 0 && unit < int64_t(units_.size()), "unit ", unit);
@@ -175,39 +124,25 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   auto it = gathered_.find(unit);
   if (it != gathered_.end()) return it->second;
   Gathered& g = gathered_[unit];
-  std::vector<Tensor> source = arenas_.copies ? copies_[unit] : shards_[unit];
-  if (host_state()) {
-    // The host optimizer wrote the bf16 copies in host memory: up they go, beside the
-    // compute stream, once per update (copies kept on the GPU) or every time (offloaded).
-    const bool kept_on_gpu = arenas_.copies->device() != Device::cpu;
-    for (size_t i = 0; i < source.size(); ++i) {
-      if ((kept_on_gpu && !stale_[unit][i]) || encoded_[unit][i]) continue;
-      const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
-      if (!kept_on_gpu)
-        source[i] = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
-      g.uploads.emplace_back(source[i], host);
-      stale_[unit][i] = false;
-    }
-  }
-  // An encoded weight's parts are gathered (on one rank: taken as they are), after going up
-  // beside the compute stream when offloaded to pinned host memory (offload = params; the
-  // gathers follow the uploads on the same stream). The whole weight in the compute dtype is
-  // decoded from them only when asked for (gather: at once; gather_compressed: one weight at a
-  // time, by materialize).
   const size_t n = layouts_[unit].size();
-  g.parts.resize(n);
-  auto on_gathering_device = [&](const Tensor& part) {
-    if (!part.defined() || part.device() == arenas_.gathered->device()) return part;
-    Tensor up = Tensor::empty(part.shape(), part.dtype(), *arenas_.gathered);
-    g.uploads.emplace_back(up, part);
-    return up;
-  };
+  // What the gathers read, on the gathering device: the plain weights' shards or copies (which
+  // the placement uploads first when they are in host memory), the encoded weights' parts
+  // (likewise: offload = params keeps them in pinned host memory; the gathers follow the
+  // uploads on the same stream).
+  std::vector<Tensor> source(n);
+  for (size_t i = 0; i < n; ++i)
+    if (!encoded_[unit][i])
+      source[i] = placement_.gather_source(unit, i, shards_[unit][i], g.uploads);
   auto local_parts = [&](size_t i) {
     std::vector<Tensor> parts;
     for (const EncodedPart& part : encoded_[unit][i]->parts())
-      parts.push_back(on_gathering_device(part.data));
+      parts.push_back(placement_.on_gathering_device(part.data, g.uploads));
     return parts;
   };
+  // An encoded weight's parts are gathered (on one rank: taken as they are); the whole weight
+  // in the compute dtype is decoded from them only when asked for (gather: at once;
+  // gather_compressed: one weight at a time, by materialize).
+  g.parts.resize(n);
   if (alone()) {
     g.full = source;
     for (size_t i = 0; i < n; ++i)
@@ -300,6 +235,8 @@ void Zero3Parameters::release(int64_t unit) {
   if (--it->second.users == 0) gathered_.erase(it);
 }
 
+// --- gradients -----------------------------------------------------------------------------
+
 std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
   FRUGAL_CHECK(!grad_shards_.at(unit).empty(), "gradients asked of inference-only parameters");
   if (direct_grads()) return unpadded(unit, grad_shards_[unit]);  // accumulate straight into them
@@ -307,94 +244,22 @@ std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
   if (it == full_grads_.end()) {
     std::vector<Tensor> full;
     for (size_t i = 0; i < layouts_[unit].size(); ++i)
-      full.push_back(grad_shards_[unit][i].defined()
-                         ? ops::zeros(layouts_[unit][i].padded_shape(), DType::f32, *arenas_.gathered)
-                         : Tensor());
+      full.push_back(grad_shards_[unit][i].defined() ? ops::zeros(layouts_[unit][i].padded_shape(),
+                                                                  DType::f32, *arenas_.gathered)
+                                                     : Tensor());
     it = full_grads_.emplace(unit, std::move(full)).first;
   }
   return unpadded(unit, it->second);
 }
 
-void Zero3Parameters::complete_reduction() {
-  if (!in_flight_) return;
-  for (Pending& op : in_flight_->ops) op->wait();
-  // (Gradient shards in host memory while the GPU computes go through downloads instead.)
-  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
-    if (in_flight_->shard_sum[i].defined())  // not frozen
-      ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
-  in_flight_.reset();
-}
-
-void Zero3Parameters::complete_download() {
-  if (!downloading_) return;
-  Download& d = *downloading_;
-  // The copies follow the reduce-scatters on the communication stream: once they are done,
-  // so are those, and the device buffers can go.
-  for (ops::SideCopy& copy : d.copies) copy.done();
-  d.reductions.clear();
-  for (size_t i = 0; i < d.landing.size(); ++i)
-    if (d.landing[i].defined()) ops::add_inplace(grad_shards_[d.unit][i], d.landing[i]);
-  downloading_.reset();
-}
-
-void Zero3Parameters::grads_done(int64_t unit) {
-  if (direct_grads()) return;
-  updates_.wait(unit);  // its gradient shards are about to be written
-  auto it = full_grads_.find(unit);
-  FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
-  if (alone() && !host_state()) {
-    // One rank with bf16 shards: the unit's fp32 sums go in, rounded once per micro-batch.
-    for (size_t i = 0; i < it->second.size(); ++i)
-      if (it->second[i].defined()) ops::add_inplace(grad_shards_[unit][i], it->second[i]);
-    full_grads_.erase(it);
-    return;
-  }
-  if (host_state()) {
-    // One unit on its way down at a time (bounding whole-size gradients on the GPU to two
-    // units); the previous one's copies ran beside this unit's backward.
-    complete_download();
-    Download d;
-    d.unit = unit;
-    d.device = std::move(it->second);
-    full_grads_.erase(it);
-    if (!alone()) {
-      std::vector<Tensor> sums;
-      CommGroup group(comm_);
-      for (size_t i = 0; i < d.device.size(); ++i) {
-        if (!d.device[i].defined()) {  // frozen
-          sums.push_back(Tensor());
-          continue;
-        }
-        sums.push_back(
-            Tensor::empty(layouts_[unit][i].shard_shape(), DType::f32, *arenas_.gathered));
-        d.reductions.push_back(comm_.reduce_scatter_sum(d.device[i], sums.back()));
-      }
-      group.end();
-      d.device.insert(d.device.end(), sums.begin(), sums.end());
-    }
-    // The reduce-scatter and the copies both run on the communication stream, in order.
-    const size_t first = alone() ? 0 : d.device.size() / 2;
-    for (size_t i = 0; i < grad_shards_[unit].size(); ++i) {
-      Tensor& shard = grad_shards_[unit][i];
-      if (!shard.defined()) {  // frozen
-        d.landing.push_back(Tensor());
-        continue;
-      }
-      Tensor landing = fresh_[unit] ? Tensor() : Tensor::empty(shard.shape(), DType::f32, *arenas_.grads);
-      d.landing.push_back(landing);
-      d.copies.emplace_back(fresh_[unit] ? shard : d.landing.back(), d.device[first + i]);
-    }
-    fresh_[unit] = false;
-    downloading_ = std::move(d);
-    return;
-  }
-  // One reduction in flight at a time: the previous unit's finishes while this one's
-  // backward ran; finishing it now bounds whole-size gradients to two units.
-  complete_reduction();
-  Reduction r;
+GradReduction Zero3Parameters::post_reduce_scatter(int64_t unit, std::vector<Tensor> full) {
+  GradReduction r;
   r.unit = unit;
-  r.full = std::move(it->second);
-  full_grads_.erase(it);
+  r.full = std::move(full);
+  if (alone()) {  // the whole unit is this rank's shard
+    r.shard_sum = r.full;
+    return r;
+  }
   CommGroup group(comm_);
   for (size_t i = 0; i < r.full.size(); ++i) {
     if (!r.full[i].defined()) {  // frozen
@@ -406,35 +271,53 @@ void Zero3Parameters::grads_done(int64_t unit) {
     r.ops.push_back(comm_.reduce_scatter_sum(r.full[i], r.shard_sum[i]));
   }
   group.end();
-  in_flight_ = std::move(r);
+  return r;
+}
+
+void Zero3Parameters::complete_reduction() {
+  placement_.complete_download(grad_shards_);
+  if (!in_flight_) return;
+  for (Pending& op : in_flight_->ops) op->wait();
+  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
+    if (in_flight_->shard_sum[i].defined())  // not frozen
+      ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
+  in_flight_.reset();
+}
+
+void Zero3Parameters::grads_done(int64_t unit) {
+  if (direct_grads()) return;
+  updates_.wait(unit);  // its gradient shards are about to be written
+  auto it = full_grads_.find(unit);
+  FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
+  std::vector<Tensor> full = std::move(it->second);
+  full_grads_.erase(it);
+  if (alone() && !placement_.host_state()) {
+    // One rank with bf16 shards: the unit's fp32 sums go in, rounded once per micro-batch.
+    for (size_t i = 0; i < full.size(); ++i)
+      if (full[i].defined()) ops::add_inplace(grad_shards_[unit][i], full[i]);
+    return;
+  }
+  // One unit's gradients in flight at a time: the previous unit's reduce-scatter (or download)
+  // ran beside this unit's backward; finishing it now bounds whole-size gradients to two units.
+  complete_reduction();
+  GradReduction r = post_reduce_scatter(unit, std::move(full));
+  if (placement_.host_state())
+    placement_.download(std::move(r), grad_shards_[unit]);  // the shards are in host memory
+  else
+    in_flight_ = std::move(r);
 }
 
 void Zero3Parameters::finish_backward() {
   complete_reduction();
-  complete_download();
-  if (host_state())
-    for (size_t u = 0; u < grad_shards_.size(); ++u)
-      if (fresh_[u] && !grad_shards_[u].empty()) {
-        for (Tensor& g : grad_shards_[u])
-          if (g.defined()) ops::zero(g);  // no gradient reached this unit
-        fresh_[u] = false;
-      }
+  placement_.finish_backward(grad_shards_);
   FRUGAL_CHECK(full_grads_.empty(), full_grads_.size(),
                " units still hold whole gradients at the end of the backward");
 }
 
 void Zero3Parameters::zero_grads() {
-  // (No wait for apply_update's thread: with it, this only marks the shards; the gradients
-  // land in them after the forward has waited for every unit's update.)
-  if (host_state()) {
-    // The first gradients of each unit overwrite its shards instead of adding to them (no
-    // pass over host memory to clear them); finish_backward clears those that got none.
-    fresh_.assign(shards_.size(), true);
-    return;
-  }
-  for (auto& unit : grad_shards_)
-    for (Tensor& g : unit)
-      if (g.defined()) ops::zero(g);
+  // (No wait for apply_update's thread: with it, the placement only marks the shards; the
+  // gradients land in them after the forward has waited for every unit's update.)
+  placement_.zero_grads(grad_shards_);
 }
 
 std::vector<TrainableShard> Zero3Parameters::trainable() {
@@ -444,8 +327,8 @@ std::vector<TrainableShard> Zero3Parameters::trainable() {
     for (size_t i = 0; i < units_[u].params.size(); ++i)
       if (units_[u].params[i].trainable)
         out.push_back({layouts_[u][i].name, shards_[u][i],
-                     grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
-                     copy_for_optimizer(u, i)});
+                       grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
+                       placement_.copy_for_optimizer(u, i)});
   return out;
 }
 

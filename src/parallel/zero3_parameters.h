@@ -2,6 +2,10 @@
 // count), of its gradient and of its optimizer state. A unit's weights are all-gathered just
 // before use and dropped right after; its gradients are reduce-scattered as soon as its
 // backward ends, so at most two units are ever whole on a rank.
+//
+// Three concerns apart: this class shards, gathers (with prefetch) and reduces; where the state
+// lives and the copies between device and host are Zero3Placement's (zero3_placement.h); frozen
+// weights kept in fewer bytes (NF4, HQQ) are a WeightEncoding each (weight_encoding.h).
 #pragma once
 
 #include <functional>
@@ -18,23 +22,9 @@
 #include "parallel/comm.h"
 #include "parallel/shard_layout.h"
 #include "parallel/weight_encoding.h"
+#include "parallel/zero3_placement.h"
 
 namespace frugal {
-
-// Where the buffers of the sharded model live; each arena is its own accounting domain.
-struct Zero3Arenas {
-  Arena* params;    // fp32 master shards
-  Arena* grads;     // gradient shards
-  Arena* gathered;  // whole units in use: gathered weights and full-size gradients
-  // On a GPU: where the bf16 copies of the shards live, which are what the ranks gather (half
-  // the bytes of fp32) and the layers read. Null on the CPU: the fp32 shards are gathered.
-  Arena* copies = nullptr;
-  // The dtype of the master shards and gradient shards (and so of the optimizer's moments).
-  // bf16 (a GPU run with optim.state_dtype = bf16, the arithmetic of a bf16 PyTorch model): a
-  // master shard is its own bf16 copy, and whole-unit fp32 gradients are added into bf16
-  // shards; 8 bytes per trainable weight with AdamW instead of 18.
-  DType master = DType::f32;
-};
 
 // Where the first weights come from, and which frozen ones are kept encoded (4-bit).
 struct Zero3Init {
@@ -106,22 +96,10 @@ class Zero3Parameters : public ParameterProvider {
     std::vector<ops::SideCopy> uploads;  // offloaded copies and parts on their way to the GPU
     int users = 0;
   };
-  // Offloaded gradients on their way down: the unit's device buffers, kept until the copies
-  // into host memory are done, and the landing buffers still to be added into the shards.
-  struct Download {
-    int64_t unit = -1;
-    std::vector<Tensor> device, landing;
-    std::vector<Pending> reductions;
-    std::vector<ops::SideCopy> copies;
-  };
-  struct Reduction {
-    int64_t unit = -1;
-    std::vector<Tensor> full, shard_sum;
-    std::vector<Pending> ops;
-  };
   Gathered& post_gather(int64_t unit);
   Gathered& wait_gathered(int64_t unit);  // the gathers and uploads done, one more user
   Tensor decode(int64_t unit, size_t i, const Gathered& g) const;  // [rows_padded, ...]
+  GradReduction post_reduce_scatter(int64_t unit, std::vector<Tensor> full);
   void complete_reduction();
   std::vector<Tensor> unpadded(int64_t unit, const std::vector<Tensor>& full) const;
 
@@ -136,25 +114,18 @@ class Zero3Parameters : public ParameterProvider {
     return alone() && arenas_.grads->device() == arenas_.gathered->device() &&
            arenas_.master == DType::f32;
   }
-  // A GPU run with the fp32 state in host memory (parallel.offload): the optimizer works on
-  // the host, gradient shards come down and bf16 copies go up beside the compute stream.
-  bool host_state() const { return arenas_.copies && arenas_.params->device() == Device::cpu; }
-  void complete_download();
-  Tensor copy_for_optimizer(size_t unit, size_t i) const;
 
-  std::vector<std::vector<Tensor>> shards_, grad_shards_;  // shards_: undefined where encoded
-  std::vector<std::vector<std::unique_ptr<WeightEncoding>>> encoded_;  // null where not
-  std::vector<std::vector<Tensor>> copies_;  // bf16 copies of shards_ (GPU), else empty
-  // host_state(): the bf16 copies the host optimizer writes (copies_ itself when the copies
-  // are offloaded too), which copies that are on the GPU need again (stale_), and which
-  // gradient shards have received nothing since zero_grads (fresh_: overwritten, not added).
-  std::vector<std::vector<Tensor>> staging_;
-  std::vector<std::vector<bool>> stale_;  // by unit and parameter
-  std::vector<bool> fresh_;
-  std::optional<Download> downloading_;
+  // By unit and parameter: the master shards (undefined where encoded, and for a frozen weight
+  // on a GPU, which needs only its copy), the gradient shards (undefined where frozen; none
+  // without gradients), and the encoded weights (null where not).
+  std::vector<std::vector<Tensor>> shards_, grad_shards_;
+  std::vector<std::vector<std::unique_ptr<WeightEncoding>>> encoded_;
+  Zero3Placement placement_;
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;
-  std::optional<Reduction> in_flight_;
+  // The last unit's reduce-scatter while the next unit's backward runs (gradient shards on the
+  // gathering device; with host_state() the placement's download holds it instead).
+  std::optional<GradReduction> in_flight_;
   // apply_update's host optimizer, unit by unit (host_state()); declared last, so destroyed
   // (its thread joined) before the tensors it updates.
   BackgroundUpdates updates_;
