@@ -6,22 +6,10 @@
 namespace frugal {
 
 CheckpointPolicy checkpoint_policy_from_name(const std::string& name) {
-  if (name == "none") return CheckpointPolicy::none;
-  if (name == "selective") return CheckpointPolicy::selective;
-  if (name == "full") return CheckpointPolicy::full;
-  fail("activation checkpoint policy '", name, "' is not one of none, selective, full");
-}
-
-std::string checkpoint_policy_name(CheckpointPolicy policy) {
-  switch (policy) {
-    case CheckpointPolicy::none:
-      return "none";
-    case CheckpointPolicy::selective:
-      return "selective";
-    case CheckpointPolicy::full:
-      return "full";
-  }
-  return "?";
+  if (const std::optional<CheckpointPolicy> policy = enum_from_name<CheckpointPolicy>(name))
+    return *policy;
+  fail("activation checkpoint policy '", name, "' is not one of ",
+       enum_name_list<CheckpointPolicy>());
 }
 
 BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraConfig* lora) {
