@@ -4,6 +4,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/log.h"
+#include "train/config_keys.h"
 #include "train/trainer.h"
 
 namespace frugal {
@@ -12,6 +13,10 @@ int cmd_train(const std::vector<std::string>& args) {
   TrainOptions options = parse_train_options(args);
   if (options.help) {
     std::cout << train_options_help();
+    return 0;
+  }
+  if (options.help_keys_markdown) {
+    std::cout << config_keys_markdown();
     return 0;
   }
   run_training(options.config);

@@ -22,6 +22,5 @@ inline std::span<const EnumName<CheckpointPolicy>> enum_names(CheckpointPolicy) 
 inline std::string checkpoint_policy_name(CheckpointPolicy policy) {
   return std::string(enum_name(policy));
 }
-CheckpointPolicy checkpoint_policy_from_name(const std::string& name);  // throws Error
 
 }  // namespace frugal

@@ -5,13 +5,6 @@
 
 namespace frugal {
 
-CheckpointPolicy checkpoint_policy_from_name(const std::string& name) {
-  if (const std::optional<CheckpointPolicy> policy = enum_from_name<CheckpointPolicy>(name))
-    return *policy;
-  fail("activation checkpoint policy '", name, "' is not one of ",
-       enum_name_list<CheckpointPolicy>());
-}
-
 BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraConfig* lora) {
   const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
   FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),

@@ -44,14 +44,17 @@ namespace {
 // arena, or inside pinned host memory when offloaded; activations go to the device arena.
 struct RunMemory {
   RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
-    const std::string offload = p.offload;
+    const Offload offload = p.offload;
     const std::string host = use_gpu ? " (pinned host, offloaded)" : " (host, offloaded)";
     // On a GPU both offload modes move the fp32 master too (the host optimizer updates it).
-    const std::string params_name = offload == "params" || (use_gpu && offload != "none")
-                                        ? "parameter shards" + host
-                                        : "parameter shards";
-    const std::string grads_name = offload != "none" ? "gradient shards" + host : "gradient shards";
-    const std::string optimizer_name = offload != "none" ? "optimizer state" + host : "optimizer state";
+    const std::string params_name =
+        offload == Offload::params || (use_gpu && offload != Offload::none)
+            ? "parameter shards" + host
+            : "parameter shards";
+    const std::string grads_name =
+        offload != Offload::none ? "gradient shards" + host : "gradient shards";
+    const std::string optimizer_name =
+        offload != Offload::none ? "optimizer state" + host : "optimizer state";
     if (!use_gpu) {
       params = std::make_unique<Arena>(params_name, Device::cpu);
       grads = std::make_unique<Arena>(grads_name, Device::cpu);
@@ -65,14 +68,15 @@ struct RunMemory {
     Arena& pinned = gpu->pinned_memory();
     // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory,
     // where AdamW runs on the host; with `params` the bf16 copies too (uploaded when used).
-    const bool host_state = offload != "none";
+    const bool host_state = offload != Offload::none;
     params = std::make_unique<SubArena>(params_name, host_state ? pinned : device);
     grads = std::make_unique<SubArena>(grads_name, host_state ? pinned : device);
     optimizer = std::make_unique<SubArena>(optimizer_name, host_state ? pinned : device);
     gathered = std::make_unique<SubArena>("gathered units", device);
-    copies = std::make_unique<SubArena>(
-        offload == "params" ? "bf16 weight copies (pinned host, offloaded)" : "bf16 weight copies",
-        offload == "params" ? pinned : device);
+    copies = std::make_unique<SubArena>(offload == Offload::params
+                                            ? "bf16 weight copies (pinned host, offloaded)"
+                                            : "bf16 weight copies",
+                                        offload == Offload::params ? pinned : device);
     ops::bind_device(gpu.get());
 #else
     (void)local_rank;
@@ -351,17 +355,18 @@ TrainSummary run_training(const TrainConfig& config) {
   const int gpus = device_count(), node_ranks = mpi_node_size();
   const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
   const bool everywhere = host_mesh.world->all_reduce_max(enough_gpus ? 0 : 1) == 0;
-  if (c.parallel.device == "cuda" && !everywhere)
+  if (c.parallel.device == DeviceChoice::cuda && !everywhere)
     fail("config key 'parallel.device': cuda needs one GPU per rank, but ",
          enough_gpus ? "another node has fewer GPUs than ranks"
                      : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
                            std::to_string(gpus) + " GPU(s)",
          kHaveCuda ? "" : " (this frugal was built without CUDA)");
-  const bool use_gpu = c.parallel.device == "cuda" || (c.parallel.device == "auto" && everywhere);
-  if (c.parallel.device == "auto" && gpus > 0 && !use_gpu)
+  const bool use_gpu = c.parallel.device == DeviceChoice::cuda ||
+                       (c.parallel.device == DeviceChoice::automatic && everywhere);
+  if (c.parallel.device == DeviceChoice::automatic && gpus > 0 && !use_gpu)
     log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
              " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
-  const bool bf16_state = c.optim.state_dtype == "bf16";
+  const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
   if (bf16_state && !use_gpu)
     fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU (",
          gpus, " GPU(s) for ", node_ranks, " rank(s) on this node)");
@@ -403,7 +408,7 @@ TrainSummary run_training(const TrainConfig& config) {
   const AttentionOperator ring = ring_attention_operator(*mesh.cp);
   if (mesh.cp_size > 1) model.set_attention(&ring);
   LoraConfig lora;
-  if (c.train.type != "full") {
+  if (c.train.type != TrainType::full) {
     lora.rank = c.lora.rank;
     lora.alpha = c.lora.alpha;
     lora.targets = lora_targets_from_names(c.lora.targets);
@@ -425,8 +430,8 @@ TrainSummary run_training(const TrainConfig& config) {
   const auto projection = [](const ParamSpec& p) {
     return p.shape.size() == 2 && is_block_projection(p.name);
   };
-  if (c.train.type == "qlora") init.nf4 = projection;
-  if (c.train.type == "hqq_lora") init.hqq = projection;
+  if (c.train.type == TrainType::qlora) init.nf4 = projection;
+  if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
   Zero3Parameters params(lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world,
                          {memory.params.get(), memory.grads.get(), memory.gathered.get(),
                           memory.copies.get(), bf16_state ? DType::bf16 : DType::f32},
@@ -481,9 +486,9 @@ TrainSummary run_training(const TrainConfig& config) {
     log_info("LoRA: rank ", lora.rank, ", alpha ", c.lora.alpha, " on ",
              lora_target_names(lora.targets), ": ", adapters, " trainable parameters, the ",
              c.model.parameter_count(), " of the base frozen",
-             c.train.type == "qlora"      ? ", its block projections in NF4 (QLoRA)"
-             : c.train.type == "hqq_lora" ? ", its block projections in HQQ 4-bit"
-                                          : "");
+             c.train.type == TrainType::qlora      ? ", its block projections in NF4 (QLoRA)"
+             : c.train.type == TrainType::hqq_lora ? ", its block projections in HQQ 4-bit"
+                                                   : "");
   }
   // The bf16 copies hold, on a GPU, the frozen weights (4-bit rows included) besides the
   // trainable ones' copies.
