@@ -5,6 +5,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/log.h"
+#include "train/config_keys.h"
 #include "train/trainer.h"
 
 namespace frugal {
@@ -13,6 +14,10 @@ int cmd_train(const std::vector<std::string>& args) {
   TrainOptions options = parse_train_options(args);
   if (options.help) {
     std::cout << train_options_help();
+    return 0;
+  }
+  if (options.help_keys_markdown) {
+    std::cout << config_keys_markdown();
     return 0;
   }
   // Environment switches are read here, once, into the run's options.

@@ -9,15 +9,17 @@
 namespace frugal {
 
 RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
-  const std::string offload = p.offload;
+  const Offload offload = p.offload;
   const std::string host = use_gpu ? " (pinned host, offloaded)" : " (host, offloaded)";
   // On a GPU both offload modes move the fp32 master too (the host optimizer updates it).
-  const std::string params_name = offload == "params" || (use_gpu && offload != "none")
-                                      ? "parameter shards" + host
-                                      : "parameter shards";
-  const std::string grads_name = offload != "none" ? "gradient shards" + host : "gradient shards";
+  const std::string params_name =
+      offload == Offload::params || (use_gpu && offload != Offload::none)
+          ? "parameter shards" + host
+          : "parameter shards";
+  const std::string grads_name =
+      offload != Offload::none ? "gradient shards" + host : "gradient shards";
   const std::string optimizer_name =
-      offload != "none" ? "optimizer state" + host : "optimizer state";
+      offload != Offload::none ? "optimizer state" + host : "optimizer state";
   if (!use_gpu) {
     params = std::make_unique<Arena>(params_name, Device::cpu);
     grads = std::make_unique<Arena>(grads_name, Device::cpu);
@@ -31,14 +33,15 @@ RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
   Arena& pinned = gpu->pinned_memory();
   // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory,
   // where AdamW runs on the host; with `params` the bf16 copies too (uploaded when used).
-  const bool host_state = offload != "none";
+  const bool host_state = offload != Offload::none;
   params = std::make_unique<SubArena>(params_name, host_state ? pinned : device);
   grads = std::make_unique<SubArena>(grads_name, host_state ? pinned : device);
   optimizer = std::make_unique<SubArena>(optimizer_name, host_state ? pinned : device);
   gathered = std::make_unique<SubArena>("gathered units", device);
-  copies = std::make_unique<SubArena>(
-      offload == "params" ? "bf16 weight copies (pinned host, offloaded)" : "bf16 weight copies",
-      offload == "params" ? pinned : device);
+  copies = std::make_unique<SubArena>(offload == Offload::params
+                                          ? "bf16 weight copies (pinned host, offloaded)"
+                                          : "bf16 weight copies",
+                                      offload == Offload::params ? pinned : device);
   ops::bind_device(gpu.get());
 #else
   (void)local_rank;

@@ -60,17 +60,18 @@ bool decide_gpu(const TrainConfig& c, Comm& world) {
   const int gpus = device_count(), node_ranks = mpi_node_size();
   const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
   const bool everywhere = world.all_reduce_max(enough_gpus ? 0 : 1) == 0;
-  if (c.parallel.device == "cuda" && !everywhere)
+  if (c.parallel.device == DeviceChoice::cuda && !everywhere)
     fail("config key 'parallel.device': cuda needs one GPU per rank, but ",
          enough_gpus ? "another node has fewer GPUs than ranks"
                      : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
                            std::to_string(gpus) + " GPU(s)",
          kHaveCuda ? "" : " (this frugal was built without CUDA)");
-  const bool use_gpu = c.parallel.device == "cuda" || (c.parallel.device == "auto" && everywhere);
-  if (c.parallel.device == "auto" && gpus > 0 && !use_gpu)
+  const bool use_gpu = c.parallel.device == DeviceChoice::cuda ||
+                       (c.parallel.device == DeviceChoice::automatic && everywhere);
+  if (c.parallel.device == DeviceChoice::automatic && gpus > 0 && !use_gpu)
     log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
              " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
-  if (c.optim.state_dtype == "bf16" && !use_gpu)
+  if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
     fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU (", gpus,
          " GPU(s) for ", node_ranks, " rank(s) on this node)");
   return use_gpu;
@@ -128,7 +129,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     ring = ring_attention_operator(*mesh().cp);
     model->set_attention(&ring);
   }
-  if (c.train.type != "full") {
+  if (c.train.type != TrainType::full) {
     lora.rank = c.lora.rank;
     lora.alpha = c.lora.alpha;
     lora.targets = lora_targets_from_names(c.lora.targets);
@@ -150,9 +151,9 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   const auto projection = [](const ParamSpec& p) {
     return p.shape.size() == 2 && is_block_projection(p.name);
   };
-  if (c.train.type == "qlora") init.nf4 = projection;
-  if (c.train.type == "hqq_lora") init.hqq = projection;
-  const bool bf16_state = c.optim.state_dtype == "bf16";
+  if (c.train.type == TrainType::qlora) init.nf4 = projection;
+  if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
+  const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
   params = std::make_unique<Zero3Parameters>(
       lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world(),
       Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
@@ -197,7 +198,7 @@ int64_t TrainingRun::tokens_per_step() const {
 void TrainingRun::log_plan(int64_t start_step) const {
   const TrainConfig& c = config;
   const Mesh& m = use_gpu ? gpu_mesh : host_mesh;
-  const bool bf16_state = c.optim.state_dtype == "bf16";
+  const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
   log_info("frugal train: model ", c.model.parameter_count(), " parameters (",
            c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
@@ -214,9 +215,9 @@ void TrainingRun::log_plan(int64_t start_step) const {
     log_info("LoRA: rank ", lora.rank, ", alpha ", c.lora.alpha, " on ",
              lora_target_names(lora.targets), ": ", adapters, " trainable parameters, the ",
              c.model.parameter_count(), " of the base frozen",
-             c.train.type == "qlora"      ? ", its block projections in NF4 (QLoRA)"
-             : c.train.type == "hqq_lora" ? ", its block projections in HQQ 4-bit"
-                                          : "");
+             c.train.type == TrainType::qlora      ? ", its block projections in NF4 (QLoRA)"
+             : c.train.type == TrainType::hqq_lora ? ", its block projections in HQQ 4-bit"
+                                                   : "");
   }
   // The bf16 copies hold, on a GPU, the frozen weights (4-bit rows included) besides the
   // trainable ones' copies.
