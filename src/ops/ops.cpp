@@ -406,7 +406,9 @@ void zero(Tensor& t) {
 }
 
 double sum_squares(const std::vector<Tensor>& xs) {
-  if (!xs.empty()) FRUGAL_ON_GPU(xs.front(), sum_squares(xs));
+  if (!xs.empty()) {
+    FRUGAL_ON_GPU(xs.front(), sum_squares(xs));
+  }
   double sum = 0;
   for (const Tensor& x : xs) {
     expect_cpu_f32(x, "norm input");
