@@ -13,10 +13,13 @@ failed=0
 actual_deps() {  # the top directories that $1's files include (kernels/ is one directory)
   grep -rhoE '#include "[a-z_]+/' "$1" | sed 's/#include "//; s#/$##' | sort -u | grep -vx "$2" || true
 }
+documented_deps() {  # the directories the table lists for $1, one a line
+  printf '%s\n' "$table" | sed -n "s/^$1: //p" | tr ' ' '\n' | grep -v -e '^-$' -e '^$' || true
+}
 for dir in "$root"/src/*/ "$root"/kernels/; do
   name=$(basename "$dir")
   actual=$(actual_deps "$dir" "$name" | tr '\n' ' ' | sed 's/ $//')
-  documented=$(printf '%s\n' "$table" | sed -n "s/^$name: //p" | tr ' ' '\n' | grep -v '^-$' | sort -u | tr '\n' ' ' | sed 's/ $//')
+  documented=$(documented_deps "$name" | sort -u | tr '\n' ' ' | sed 's/ $//')
   if ! printf '%s\n' "$table" | grep -q "^$name: "; then
     echo "doc/architecture.md's layer table has no line for $name/ (it includes: ${actual:-nothing})"
     failed=1
@@ -31,7 +34,7 @@ while [ -n "$remaining" ]; do
   next=""
   progress=0
   for name in $remaining; do
-    deps=$(printf '%s\n' "$table" | sed -n "s/^$name: //p" | tr ' ' '\n' | grep -v '^-$' || true)
+    deps=$(documented_deps "$name")
     blocked=0
     for d in $deps; do
       if printf '%s\n' $remaining | grep -qx "$d"; then blocked=1; fi
