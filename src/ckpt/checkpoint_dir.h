@@ -49,6 +49,10 @@ class CheckpointDir {
   // The manifest of `step` (from rank 0's file).
   nlohmann::json manifest(int64_t step) const;
 
+  // The temporary files (*.tmp) of saves that never finished, e.g. of a writer killed mid-file:
+  // the paths of those under the root and its step directories.
+  std::vector<std::string> temporary_files() const;
+
  private:
   std::string root_;
 };

@@ -114,6 +114,9 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"ckpt.keep", &c.ckpt.keep, at_least(1), "committed checkpoints to keep"},
       {"ckpt.final", &c.ckpt.final, kAny,
        "save a checkpoint after the last step (benchmarks turn it off)"},
+      {"ckpt.async", &c.ckpt.async, kAny,
+       "save in the background: training goes on once the state is copied to host memory, a "
+       "thread writes the files, and the step is committed when every rank's is on disk"},
 
       {"monitor.log_every", &c.monitor.log_every, at_least(1),
        "print a progress line every N steps (metrics.jsonl gets every step)"},

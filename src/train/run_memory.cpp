@@ -25,6 +25,7 @@ RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
     grads = std::make_unique<Arena>(grads_name, Device::cpu);
     optimizer = std::make_unique<Arena>(optimizer_name, Device::cpu);
     gathered = std::make_unique<Arena>("gathered units", Device::cpu);
+    staging = std::make_unique<Arena>("checkpoint staging (host)", Device::cpu);
     return;
   }
 #ifdef FRUGAL_HAVE_CUDA
@@ -42,6 +43,8 @@ RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
                                           ? "bf16 weight copies (pinned host, offloaded)"
                                           : "bf16 weight copies",
                                       offload == Offload::params ? pinned : device);
+  // Its own pinned arena: the state's memory figures stay what training itself holds.
+  staging = std::make_unique<PinnedHostArena>(0, "checkpoint staging (pinned host)");
   ops::bind_device(gpu.get());
 #else
   (void)local_rank;
@@ -71,7 +74,8 @@ nlohmann::json RunMemory::report() {
                       {"gradients_bytes", grads->stats().in_use_bytes},
                       {"optimizer_bytes", optimizer->stats().in_use_bytes},
                       {"gathered_peak_bytes", gathered->stats().peak_bytes},
-                      {"activations_peak_bytes", activations().stats().peak_bytes}};
+                      {"activations_peak_bytes", activations().stats().peak_bytes},
+                      {"checkpoint_staging_bytes", staging->stats().in_use_bytes}};
 #ifdef FRUGAL_HAVE_CUDA
   if (gpu) {
     const CachingStats d = gpu->device_memory().caching_stats();

@@ -102,6 +102,7 @@ struct CkptConfig {
   int64_t every = 0;
   int64_t keep = 2;
   bool final = true;
+  bool async = true;  // copy, then write on a thread (ckpt.async)
 };
 
 struct MonitorConfig {

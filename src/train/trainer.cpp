@@ -61,6 +61,18 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
+// The commit of a save, once it happened: what it wrote, into the step's record and the log.
+void report_commit(CheckpointManager& checkpoints, nlohmann::json& record) {
+  const std::optional<CheckpointManager::Committed> done = checkpoints.take_committed();
+  if (!done) return;
+  record["checkpoint"] = {
+      {"step", done->step}, {"bytes", done->bytes}, {"write_seconds", done->write_seconds}};
+  log_info("checkpoint: step ", done->step, " committed: ", mib(done->bytes),
+           " per rank written in ", fixed(done->write_seconds, 2), " s (",
+           fixed(double(done->bytes) / 1048576.0 / std::max(1e-9, done->write_seconds), 0),
+           " MiB/s)");
+}
+
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault) {
@@ -140,6 +152,17 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
       record["val_loss"] = summary.final_val_loss;
     }
+    // Checkpoints: a background save every rank has written is committed; a due one starts
+    // (and training waits only for the copies when saves are asynchronous).
+    run.checkpoints->poll();
+    if ((last && c.ckpt.final) || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
+      const double save_start = now_seconds();
+      run.checkpoints->save(step);
+      record["seconds"]["checkpoint"] = now_seconds() - save_start;
+      log_info("checkpoint: ", run.checkpoints->dir().step_dir(step),
+               run.checkpoints->in_flight() ? " (being written; training goes on)" : "");
+    }
+    report_commit(*run.checkpoints, record);
     if (metrics) metrics->write(record);
 
     if (step % c.monitor.log_every == 0 || last || record.contains("val_loss")) {
@@ -157,11 +180,10 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       window_start = now;
       window_tokens = 0;
     }
-    if ((last && c.ckpt.final) || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
-      run.checkpoints->save(step);
-      log_info("checkpoint: ", run.checkpoints->dir().step_dir(step));
-    }
   }
+  run.checkpoints->finish();  // the last save on disk and committed before the run ends
+  nlohmann::json last_commit;
+  report_commit(*run.checkpoints, last_commit);
   summary.steps_done = c.train.steps - start_step;
   const double elapsed = now_seconds() - loop_start;
   summary.tokens_per_s = summary.steps_done * double(tokens_per_step) / std::max(1e-9, elapsed);

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/log.h"
+#include "monitor/metrics.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "parallel/nccl_comm.h"
@@ -168,15 +169,16 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   states.push_back(std::make_unique<ModelShapeState>(c.model));
   states.push_back(std::make_unique<Zero3State>(*params));
   states.push_back(std::make_unique<ResolvedConfigState>(c.resolved));
+  std::vector<CheckpointManager::Part> parts = {{"model", states[0].get()},
+                                                {"weights", states[1].get()},
+                                                {"optim", optimizer.get()},
+                                                {"sampler", sampler.get()},
+                                                {"config", states[2].get()}};
+  Arena* staging = checkpoint_staging(CheckpointManager::state_bytes(parts, world().rank()));
   checkpoints = std::make_unique<CheckpointManager>(
       CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), world().rank(), world().size(),
       [&world = world()](bool ok) { return world.all_reduce_max(ok ? 0 : 1) == 0; },
-      std::vector<CheckpointManager::Part>{{"model", states[0].get()},
-                                           {"weights", states[1].get()},
-                                           {"optim", optimizer.get()},
-                                           {"sampler", sampler.get()},
-                                           {"config", states[2].get()}},
-      c.ckpt.keep);
+      std::move(parts), c.ckpt.keep, staging);
 
   if (hf) {
     log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
@@ -189,6 +191,31 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
 }
 
 TrainingRun::~TrainingRun() = default;
+
+Arena* TrainingRun::checkpoint_staging(size_t state_bytes) {
+  // Each rank of a node stages its own state: together they must leave the host room to work.
+  const size_t node_ranks = size_t(mpi_node_size());
+  const size_t available = available_host_bytes();
+  const bool fits = available == 0 || state_bytes * node_ranks <= available / 10 * 8;
+  std::string why;
+  if (!config.ckpt.async)
+    why = "ckpt.async = false";
+  else if (!fits)
+    why = "staging " + mib(state_bytes) + " per rank for " + std::to_string(node_ranks) +
+          " rank(s) on this node needs more than 80 % of the " + mib(available) +
+          " of host memory available";
+  // Every rank saves alike: one rank without room makes every save synchronous.
+  const bool async = host_mesh.world->all_reduce_max(why.empty() ? 0 : 1) == 0;
+  if (async) {
+    log_info("checkpoints: asynchronous: each save copies this rank's ", mib(state_bytes),
+             " of state into ", memory->staging->name(),
+             " and a thread writes the file while training goes on");
+    return memory->staging.get();
+  }
+  log_info("checkpoints: synchronous (", why.empty() ? "another rank has no room to stage" : why,
+           "): training waits while each save writes ", mib(state_bytes), " per rank");
+  return nullptr;
+}
 
 int64_t TrainingRun::tokens_per_step() const {
   const int dp = use_gpu ? gpu_mesh.dp_size : host_mesh.dp_size;

@@ -38,6 +38,9 @@ struct TrainingRun {
   int64_t tokens_per_step() const;
   // The lines that say what this run is: model, ranks, device, LoRA, memory per rank, data.
   void log_plan(int64_t start_step) const;
+  // Where asynchronous checkpoints stage `state_bytes` of this rank's state, or null for
+  // synchronous saves (ckpt.async = false, or not enough host memory on some rank's node).
+  Arena* checkpoint_staging(size_t state_bytes);
 
   TrainConfig config;  // with a Hugging Face model's shape in [model]
   std::optional<HfModelDir> hf;

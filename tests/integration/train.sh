@@ -39,7 +39,9 @@ awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' \
 # Resume: a run killed after its step-10 checkpoint and resumed = one run of 20 steps.
 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 --train.out_dir="$work/c" >/dev/null
 rc=0
-FRUGAL_INJECT_FAULT=exit:0:11 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 \
+# Synchronous saves: the checkpoint before the injected exit is committed when it hits (an
+# asynchronous one may still be in flight; tests/integration/async_ckpt.sh covers those).
+FRUGAL_INJECT_FAULT=exit:0:11 "$frugal" train "${common[@]}" --ckpt.async=false --train.steps=20 --ckpt.every=10 \
   --train.out_dir="$work/d" >/dev/null 2>&1 || rc=$?
 [ "$rc" -ne 0 ] || { echo "FAIL: the injected fault did not stop the run"; exit 1; }
 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 --train.resume=true \
@@ -66,7 +68,9 @@ corrupt() {
 }
 # A 30-step run that dies after its step-20 checkpoint; then step 20 turns out corrupt. The
 # resume falls back to step 10, and metrics.jsonl keeps each step once.
-FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 \
+# Synchronous saves: the checkpoint before the injected exit is committed when it hits (an
+# asynchronous one may still be in flight; tests/integration/async_ckpt.sh covers those).
+FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --ckpt.async=false --train.steps=30 --ckpt.every=10 \
   --train.out_dir="$work/e" >/dev/null 2>&1 || true
 corrupt "$work/e/ckpt/step_00000020/rank_00000.h5"
 "$frugal" train "${common[@]}" --train.steps=30 --train.resume=true --ckpt.every=10 \

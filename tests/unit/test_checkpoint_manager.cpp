@@ -213,3 +213,61 @@ TEST_CASE("checkpoint manager: saved by 2 or 3 ranks, loaded by 1, 2 or 3 (resha
       }
     }
 }
+
+TEST_CASE("checkpoint manager: an asynchronous save writes the state of its step", "[ckpt]") {
+  TempDir tmp;
+  Arena staging("checkpoint staging (test)", Device::cpu);
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2,
+                            &staging);
+  REQUIRE(manager.asynchronous());
+  part.set(10);
+  manager.save(1);
+  // Training goes on at once and changes the live tensors: the file still gets step 1's values.
+  part.set(20);
+  CHECK(staging.stats().in_use_bytes == (12 + 4) * sizeof(float));
+  manager.finish();
+  CHECK(!manager.in_flight());
+  const auto committed = manager.take_committed();
+  REQUIRE(committed);
+  CHECK(committed->step == 1);
+  CHECK(committed->bytes == (12 + 4) * sizeof(float));
+  CHECK(!manager.take_committed());  // once
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{1});
+
+  // A save while one is in flight waits for it; poll commits the last one once it is written.
+  manager.save(2);
+  part.set(30);
+  manager.save(3);
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{2, 1});
+  while (manager.in_flight()) manager.poll();
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{3, 2});
+  // The staging buffers were reused, not grown.
+  CHECK(staging.stats().peak_bytes == (12 + 4) * sizeof(float));
+  part.set(0);
+  manager.load(2);
+  expect_values_of(part, 20);
+  manager.load(3);
+  expect_values_of(part, 30);
+}
+
+TEST_CASE("checkpoint manager: a save in flight when the manager goes is never committed",
+          "[ckpt]") {
+  TempDir tmp;
+  Arena staging("checkpoint staging (test)", Device::cpu);
+  FakePart part;
+  {
+    CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}},
+                              2, &staging);
+    part.set(10);
+    manager.save(1);
+    manager.finish();
+    part.set(20);
+    manager.save(2);  // destroyed in flight, as when an error unwinds the run
+  }
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2);
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{1});
+  part.set(0);
+  CHECK(manager.resume() == 1);
+  expect_values_of(part, 10);
+}

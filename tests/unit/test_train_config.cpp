@@ -79,6 +79,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"ckpt.every", "0"},
     {"ckpt.keep", "2"},
     {"ckpt.final", "true"},
+    {"ckpt.async", "true"},
     {"monitor.log_every", "10"},
 };
 
