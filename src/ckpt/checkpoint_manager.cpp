@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "ckpt/checkpoint_index.h"
 #include "ckpt/sharded_reader.h"
 #include "core/log.h"
 #include "ops/ops.h"
@@ -18,6 +19,8 @@ struct CheckpointManager::Write {
   int64_t step = 0;
   std::vector<NamedTensor> tensors;
   nlohmann::json manifest;
+  std::vector<IndexEntry> index;  // rank 0: what index.h5 maps, written after its rank file
+  int world_size = 1;
   size_t bytes = 0;
   std::thread thread;
   std::atomic<bool> done{false};
@@ -28,6 +31,7 @@ struct CheckpointManager::Write {
     const auto start = std::chrono::steady_clock::now();
     try {
       dir.save_rank(step, rank, tensors, manifest);
+      if (rank == 0) write_checkpoint_index(dir.step_dir(step), world_size, index);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -73,6 +77,7 @@ bool CheckpointManager::in_flight() const { return in_flight_ != nullptr; }
 
 void CheckpointManager::stage(int64_t step, Write& write) {
   write.step = step;
+  write.world_size = world_size_;
   write.manifest = {
       {"format", "frugal-checkpoint-2"},
       {"step", step},
@@ -102,6 +107,7 @@ void CheckpointManager::stage(int64_t step, Write& write) {
       }
       write.bytes += host.bytes();
       write.tensors.push_back({t.name, host});
+      if (rank_ == 0) write.index.push_back({t.name, t.rows.full_shape, t.rows.replicated});
     }
   }
   for (ops::SideCopy& copy : copies) copy.done();

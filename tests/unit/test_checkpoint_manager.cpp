@@ -2,6 +2,8 @@
 // lands in its rows, a replicated tensor comes back whole, and resume falls back past an
 // unusable newest step (a damaged file, a part that refuses its values) to the newest usable
 // one, or says none can be read.
+#include <hdf5.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "ckpt/checkpoint_index.h"
 #include "ckpt/checkpoint_manager.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -171,10 +174,13 @@ struct ShardedPart : Stateful {
   int64_t shard_rows;
   Tensor shard, shared = Tensor::zeros({3});
   ShardedPart(int rank_, int ranks_)
-      : rank(rank_), ranks(ranks_), shard_rows((7 + ranks_ - 1) / ranks_),
+      : rank(rank_),
+        ranks(ranks_),
+        shard_rows((7 + ranks_ - 1) / ranks_),
         shard(Tensor::zeros({shard_rows, 2})) {}
   RowShard rows() const {
-    return {{7, 2}, std::min<int64_t>(7, rank * shard_rows),
+    return {{7, 2},
+            std::min<int64_t>(7, rank * shard_rows),
             std::min<int64_t>(7, (rank + 1) * shard_rows)};
   }
   std::vector<StateTensor> state_tensors() override {
@@ -191,6 +197,22 @@ struct ShardedPart : Stateful {
 
 }  // namespace
 
+// A whole dataset of `numel` floats through the HDF5 library (virtual datasets resolved).
+std::vector<float> read_virtual(const std::string& path, const std::string& name, size_t numel) {
+  std::vector<float> out(numel, -1.0f);
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  const hid_t dataset = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  REQUIRE(dataset >= 0);
+  const hid_t space = H5Dget_space(dataset);
+  CHECK(H5Sget_simple_extent_npoints(space) == hssize_t(numel));
+  CHECK(H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0);
+  H5Sclose(space);
+  H5Dclose(dataset);
+  H5Fclose(file);
+  return out;
+}
+
 TEST_CASE("checkpoint manager: saved by 2 or 3 ranks, loaded by 1, 2 or 3 (resharding)", "[ckpt]") {
   for (int saved_by : {2, 3})
     for (int loaded_by : {1, 2, 3}) {
@@ -202,9 +224,21 @@ TEST_CASE("checkpoint manager: saved by 2 or 3 ranks, loaded by 1, 2 or 3 (resha
         part.fill();
         CheckpointManager(CheckpointDir(root), rank, saved_by, one_rank, {{"p", &part}}, 2).save(5);
       }
+      // index.h5 maps the rank files' rows into whole tensors (read here as h5py would).
+      const std::string step_dir = CheckpointDir(root).step_dir(5);
+      std::vector<std::string> expected_sources;
+      for (int rank = 0; rank < saved_by; ++rank)
+        expected_sources.push_back("rank_0000" + std::to_string(rank) + ".h5");
+      CHECK(checkpoint_index_sources(step_dir + "/index.h5") == expected_sources);
+      const std::vector<float> whole = read_virtual(step_dir + "/index.h5", "sharded/w", 14);
+      for (int64_t row = 0; row < 7; ++row)
+        for (int64_t col = 0; col < 2; ++col) CHECK(whole[row * 2 + col] == float(10 * row + col));
+      CHECK(read_virtual(step_dir + "/index.h5", "sharded/shared", 3) ==
+            std::vector<float>{100, 101, 102});
       for (int rank = 0; rank < loaded_by; ++rank) {
         ShardedPart part(rank, loaded_by);
-        CheckpointManager(CheckpointDir(root), rank, loaded_by, one_rank, {{"p", &part}}, 2).load(5);
+        CheckpointManager(CheckpointDir(root), rank, loaded_by, one_rank, {{"p", &part}}, 2)
+            .load(5);
         const RowShard r = part.rows();
         for (int64_t row = r.first_row; row < r.last_row; ++row)
           for (int64_t col = 0; col < 2; ++col)
@@ -257,8 +291,8 @@ TEST_CASE("checkpoint manager: a save in flight when the manager goes is never c
   Arena staging("checkpoint staging (test)", Device::cpu);
   FakePart part;
   {
-    CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}},
-                              2, &staging);
+    CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2,
+                              &staging);
     part.set(10);
     manager.save(1);
     manager.finish();
