@@ -22,6 +22,7 @@ struct CheckpointManager::Write {
   std::vector<IndexEntry> index;  // rank 0: what index.h5 maps, written after its rank file
   int world_size = 1;
   size_t bytes = 0;
+  double stage_seconds = 0;
   std::thread thread;
   std::atomic<bool> done{false};
   std::string error;  // set before done
@@ -123,7 +124,10 @@ void CheckpointManager::save(int64_t step) {
   // it shares with other parts), then any part's tensors are read.
   for (Part& p : parts_) p.state->before_save();
   auto write = std::make_unique<Write>();
+  const auto stage_start = std::chrono::steady_clock::now();
   stage(step, *write);
+  write->stage_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stage_start).count();
   if (!staging_) {
     write->write(dir_, rank_);
     commit(*write);
@@ -155,7 +159,7 @@ void CheckpointManager::commit(Write& write) {
     fail("checkpoint of step ", write.step, " failed on another rank (see its message)");
   if (rank_ == 0) dir_.commit(write.step, keep_);
   agree_(true);  // no rank goes on (and may save again) before the commit
-  committed_ = Committed{write.step, write.bytes, write.seconds};
+  committed_ = Committed{write.step, write.bytes, write.stage_seconds, write.seconds};
 }
 
 std::optional<CheckpointManager::Committed> CheckpointManager::take_committed() {

@@ -55,11 +55,13 @@ class CheckpointManager {
   void finish();
   bool in_flight() const;
 
-  // What the last commit took, once, for the metrics: the step, this rank's bytes, and the
-  // seconds from the end of the copies to the file on disk.
+  // What the last commit took, once, for the metrics: the step, this rank's bytes, the seconds
+  // of the copies into host memory (what an asynchronous save costs the training), and those
+  // from the end of the copies to the file on disk.
   struct Committed {
     int64_t step = 0;
     size_t bytes = 0;
+    double stage_seconds = 0;
     double write_seconds = 0;
   };
   std::optional<Committed> take_committed();

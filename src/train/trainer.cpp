@@ -65,8 +65,10 @@ std::string fixed(double v, int digits) {
 void report_commit(CheckpointManager& checkpoints, nlohmann::json& record) {
   const std::optional<CheckpointManager::Committed> done = checkpoints.take_committed();
   if (!done) return;
-  record["checkpoint"] = {
-      {"step", done->step}, {"bytes", done->bytes}, {"write_seconds", done->write_seconds}};
+  record["checkpoint"] = {{"step", done->step},
+                          {"bytes", done->bytes},
+                          {"stage_seconds", done->stage_seconds},
+                          {"write_seconds", done->write_seconds}};
   log_info("checkpoint: step ", done->step, " committed: ", mib(done->bytes),
            " per rank written in ", fixed(done->write_seconds, 2), " s (",
            fixed(double(done->bytes) / 1048576.0 / std::max(1e-9, done->write_seconds), 0),
