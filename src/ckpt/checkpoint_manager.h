@@ -33,7 +33,8 @@ class CheckpointManager {
   };
   // Every rank builds the same parts in the same order. `keep`: committed steps kept.
   // `staging`: where the host copies of an asynchronous save live (pinned host memory on a GPU),
-  // reused from save to save; null: saves are synchronous. Every rank must choose alike.
+  // allocated here and reused by every save; null: saves are synchronous. Every rank must choose
+  // alike.
   CheckpointManager(CheckpointDir dir, int rank, int world_size, AllRanksAgree agree,
                     std::vector<Part> parts, int64_t keep, Arena* staging = nullptr);
   ~CheckpointManager();  // a save still in flight is waited for (its error is only logged)

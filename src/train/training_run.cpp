@@ -179,6 +179,9 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
       CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), world().rank(), world().size(),
       [&world = world()](bool ok) { return world.all_reduce_max(ok ? 0 : 1) == 0; },
       std::move(parts), c.ckpt.keep, staging);
+  if (staging)
+    log_info("checkpoints: ", mib(memory->staging->stats().in_use_bytes), " of ",
+             memory->staging->name(), " reserved for the copies");
 
   if (hf) {
     log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
