@@ -108,7 +108,7 @@ frugal_train() {
     "${frugal_launcher[*]} $FRUGAL_BIN train $* --train.resume=true" \
     "(OMP_NUM_THREADS=$OMP_NUM_THREADS)"
 
-  frugal_signals=0 frugal_terminated=0
+  frugal_signals=0 frugal_terminated=0 frugal_ranks=""
   trap 'frugal_signals=$((frugal_signals + 1)); frugal_pass_on USR1' USR1
   trap 'frugal_signals=$((frugal_signals + 1)); frugal_terminated=1; frugal_pass_on TERM' TERM
   "${frugal_launcher[@]}" "$FRUGAL_BIN" train "$@" --train.resume=true &
