@@ -3,6 +3,7 @@
 #include "app/options.h"
 
 #include <boost/program_options.hpp>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -116,6 +117,10 @@ TrainOptions parse_train_options(const std::vector<std::string>& raw_args) {
       std::vector<std::string> files = vm["config"].as<std::vector<std::string>>();
       // Later files win: store them last to first, since store keeps the first value.
       for (auto it = files.rbegin(); it != files.rend(); ++it) {
+        // (An ifstream opens a directory, which then reads as an empty file.)
+        std::error_code ec;
+        if (std::filesystem::is_directory(*it, ec))
+          fail("config file '", *it, "' is a directory, not a .cfg file");
         std::ifstream in(*it);
         if (!in) fail("cannot read config file '", *it, "'");
         try {

@@ -1,7 +1,11 @@
 // Assembling a run from its configuration.
 #include "train/training_run.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/log.h"
 #include "monitor/metrics.h"
@@ -78,6 +82,44 @@ bool decide_gpu(const TrainConfig& c, Comm& world) {
   return use_gpu;
 }
 
+void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t vocab_size) {
+  const TokenView view = tokens.view();
+  int64_t largest = -1, smallest = 0;
+#pragma omp parallel for reduction(max : largest) reduction(min : smallest)
+  for (int64_t i = 0; i < int64_t(view.size); ++i) {
+    largest = std::max<int64_t>(largest, view[uint64_t(i)]);
+    smallest = std::min<int64_t>(smallest, view[uint64_t(i)]);
+  }
+  if (smallest >= 0 && largest < vocab_size) return;
+  const int64_t bad = smallest < 0 ? smallest : largest;
+  for (uint64_t i = 0; i < view.size; ++i)
+    if (view[i] == bad)
+      fail("token file '", path, "' holds the id ", bad, " at token ", i,
+           ", outside the model's vocabulary [0, ", vocab_size,
+           ") (config key 'model.vocab_size'): the file is damaged or was made with another "
+           "tokenizer");
+}
+
+// The checkpoint directory must take files before any work is done: found at the first save,
+// an unwritable path costs the steps before it. Every rank writes there (its rank file).
+void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);
+  if (ec)
+    fail("config key 'train.out_dir': cannot create the checkpoint directory '", ckpt_dir.string(),
+         "': ", ec.message());
+  const fs::path probe = ckpt_dir / (".write_test_rank_" + std::to_string(rank));
+  {
+    std::ofstream out(probe);
+    out << "frugal\n";
+    out.flush();
+    if (!out)
+      fail("config key 'train.out_dir': cannot write checkpoints into '", ckpt_dir.string(), "' (",
+           std::strerror(errno), ")");
+  }
+  fs::remove(probe, ec);
+}
+
 }  // namespace
 
 TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
@@ -108,6 +150,10 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     fail("config key 'model.vocab_size': ", c.model.vocab_size,
          " is smaller than the vocabulary of '", c.data.dir, "' (",
          train_tokens->header().vocab_size, ")");
+  // Every id must index the embedding: a damaged or foreign file is named here, not by a bad
+  // read inside the model.
+  check_token_ids(*train_tokens, (data_dir / "train.tok").string(), c.model.vocab_size);
+  check_token_ids(*val_tokens, (data_dir / "val.tok").string(), c.model.vocab_size);
   SamplerConfig sampler_config;
   sampler_config.seq_len = c.train.seq_len;
   sampler_config.micro_batch_size = c.train.micro_batch_size;
@@ -118,7 +164,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   sampler = std::make_unique<BatchSampler>(train_tokens->view(), sampler_config);
 
   // --- device, model, shards, optimizer --------------------------------------------------------
-  if (host_mesh.world->rank() == 0) fs::create_directories(c.train.out_dir);
+  check_writable_checkpoints(fs::path(c.train.out_dir) / "ckpt", host_mesh.world->rank());
   // The GPU (one per rank, picked by the node-local rank) and its communicator: NCCL for the
   // weights and gradients, MPI underneath for host values.
   memory = std::make_unique<RunMemory>(c.parallel, use_gpu, host_mesh.local_rank);

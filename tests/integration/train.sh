@@ -127,4 +127,19 @@ expect_error "cannot read config file" "$work/missing.cfg"
 expect_error "smaller than the vocabulary" "${common[@]}" --model.vocab_size=100
 expect_error "'optim.state_dtype': bf16 needs" "${common[@]}" --optim.state_dtype=bf16
 expect_error "'optim.state_dtype': value 'fp8'" "${common[@]}" --optim.state_dtype=fp8
+# A directory given as the config file, and a bad value in a config file that the command line
+# overrides, are both named (they used to be ignored).
+expect_error "config file '$work' is a directory" "$work" "${common[@]}"
+printf '[train]\nlr = abc\n' > "$work/bad-lr.cfg"
+expect_error "config file '$work/bad-lr.cfg': config key 'train.lr': value 'abc'" "$work/bad-lr.cfg" "${common[@]}" --train.lr=0.1
+# A checkpoint directory that cannot be made stops the run before any step, naming it.
+mkdir -p "$work/ro" && : > "$work/ro/ckpt"
+expect_error "train.out_dir': cannot create the checkpoint directory '$work/ro/ckpt'" "${common[@]}" --train.out_dir="$work/ro" --train.steps=2
+# A validation file with ids beyond the model's vocabulary is named (it was found inside the
+# embedding, without the file): val.tok from a 1000-token vocabulary beside a 512-token one.
+"$frugal" prepare "$corpus" --out "$work/big" --vocab-size 1000 >/dev/null
+mkdir -p "$work/mixed" && cp "$work/data/train.tok" "$work/data/tokenizer.model" "$work/mixed/" \
+  && cp "$work/big/val.tok" "$work/mixed/"
+expect_error "token file '$work/mixed/val.tok' holds the id [0-9]* at token [0-9]*, outside the model's vocabulary \[0, 512)" \
+  "${common[@]}" --data.dir="$work/mixed" --train.steps=2
 echo "integration train: ok"
