@@ -14,6 +14,7 @@
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
+#include "train/memory_plan.h"
 #include "train/same_config.h"
 
 namespace fs = std::filesystem;
@@ -201,8 +202,10 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   if (c.train.type == TrainType::qlora) init.nf4 = projection;
   if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
+  std::vector<UnitSpec> units = lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model);
+  check_memory_plan(units, projection);
   params = std::make_unique<Zero3Parameters>(
-      lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world(),
+      std::move(units), world(),
       Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
                   memory->copies.get(), bf16_state ? DType::bf16 : DType::f32},
       c.train.seed, static_cast<float>(c.train.init_std), true, init);
@@ -240,6 +243,38 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
 }
 
 TrainingRun::~TrainingRun() = default;
+
+void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
+                                    const std::function<bool(const ParamSpec&)>& projection) {
+  const TrainConfig& c = config;
+  PlanSettings settings;
+  settings.ranks = world().size();
+  settings.gpu = use_gpu;
+  settings.offload = c.parallel.offload;
+  settings.state = c.optim.state_dtype;
+  if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
+    settings.four_bit = projection;
+  const MemoryPlan plan = plan_memory(units, settings);
+  const std::string advice =
+      ": more ranks (ZeRO-3 divides the state among them), parallel.offload = optimizer or "
+      "params on GPUs, or train.type = lora or qlora (a frozen base has no gradients or "
+      "moments) would lower it";
+  // Every rank of a node draws on the same host memory.
+  const size_t node_ranks = size_t(mpi_node_size());
+  const size_t available = available_host_bytes();
+  if (available > 0 && plan.host * node_ranks > available)
+    fail("the run's state needs at least ", gib(plan.host * node_ranks),
+         " of host memory on this node (", node_ranks, " rank(s) x ", describe(plan),
+         " before activations), and ", gib(available), " is available", advice);
+#ifdef FRUGAL_HAVE_CUDA
+  const size_t cap = memory->gpu ? memory->gpu->device_memory().stats().limit_bytes : 0;
+  if (cap > 0 && plan.device > cap)
+    fail("the run's state needs at least ", gib(plan.device), " of GPU memory per rank (",
+         describe(plan), " before activations), and the GPU ",
+         c.parallel.gpu_mem_limit_bytes() > 0 ? "is capped at " : "has ", gib(cap),
+         " (parallel.gpu_mem_limit)", advice);
+#endif
+}
 
 Arena* TrainingRun::checkpoint_staging(size_t state_bytes) {
   // Each rank of a node stages its own state: together they must leave the host room to work.

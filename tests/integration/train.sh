@@ -142,4 +142,8 @@ mkdir -p "$work/mixed" && cp "$work/data/train.tok" "$work/data/tokenizer.model"
   && cp "$work/big/val.tok" "$work/mixed/"
 expect_error "token file '$work/mixed/val.tok' holds the id [0-9]* at token [0-9]*, outside the model's vocabulary \[0, 512)" \
   "${common[@]}" --data.dir="$work/mixed" --train.steps=2
+# A model too large for the machine is refused at once with its figures (it used to grow host
+# memory until the system killed something).
+expect_error "the run's state needs at least .* of host memory on this node" \
+  "${common[@]}" --model.hidden_size=65532 --train.steps=1
 echo "integration train: ok"
