@@ -36,7 +36,9 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
         // A frozen weight on a GPU keeps only its bf16 copy; on the CPU its fp32 master.
         (s.gpu ? plan.copies : plan.params) += shard * (s.gpu ? 2 : 4);
       }
-      unit_bytes += padded * compute + (p.trainable ? padded * 4 : 0);
+      // A 4-bit weight is gathered as its codes and made whole one matrix at a time (QLoRA's
+      // gather_compressed): its codes are what the unit holds for sure.
+      unit_bytes += (encoded ? padded / 2 : padded * compute) + (p.trainable ? padded * 4 : 0);
     }
     largest_unit = std::max(largest_unit, unit_bytes);
   }
