@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
+
 namespace frugal {
 
 void LlamaConfig::validate() const {
@@ -104,7 +106,7 @@ LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& s
 int64_t LlamaConfig::parameter_count() const {
   int64_t n = 0;
   for (const UnitSpec& u : llama_units(*this))
-    for (const ParamSpec& p : u.params) n += shape_numel(p.shape);
+    for (const ParamSpec& p : u.params) n = checked_add(n, shape_numel(p.shape), "parameter count");
   return n;
 }
 

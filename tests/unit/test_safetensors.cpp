@@ -235,7 +235,23 @@ TEST_CASE("safetensors: truncated files and bad headers fail naming the file and
     write_raw(
         path,
         R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0);
-    CHECK(contains(error_of([&] { SafetensorsFile f(path); }), "is too large"));
+    CHECK(contains(error_of([&] { SafetensorsFile f(path); }),
+                   "tensor 'w': tensor shape [4294967296, 4294967296]: 4294967296 x 4294967296 "
+                   "does not fit in int64"));
+    // Nor a product of elements and element size that wraps: 2^62 F32 elements are 2^64 bytes.
+    write_raw(path,
+              R"({"w": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})",
+              0);
+    std::string err = error_of([&] { SafetensorsFile f(path); });
+    CHECK(contains(err, "tensor 'w'"));
+    CHECK(contains(err, "4611686018427387904 x 4 does not fit in"));
+    // An element count past int64 (what shapes and tensors count in).
+    write_raw(
+        path,
+        R"({"w": {"dtype": "U8", "shape": [4611686018427387904, 2], "data_offsets": [0, 0]}})", 0);
+    err = error_of([&] { SafetensorsFile f(path); });
+    CHECK(contains(err, "tensor 'w'"));
+    CHECK(contains(err, "4611686018427387904 x 2 does not fit in int64"));
   }
 }
 
