@@ -2,10 +2,12 @@
 // dtype and awkward shapes, and corrupt, truncated and missing files caught as clear errors.
 #include <fcntl.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 #include "catch_compat.h"
 #include "ckpt/crc32c.h"
 #include "ckpt/h5_file.h"
+#include "ckpt/isolated.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "test_support.h"
@@ -447,4 +450,32 @@ TEST_CASE("h5 listing a damaged group errs, and leaves no garbage behind") {
   CHECK(errors > 0);  // the sweep reached the group indexes
   CHECK(named == errors);
   CHECK(listed + errors == 3 * 1024);
+}
+
+TEST_CASE("run_isolated: a child's answer, its Error, its crash and its hang, by name") {
+  IsolatedOutcome out = run_isolated([] { return std::string(100000, 'x'); }, 30);
+  CHECK(out.ok);
+  CHECK(out.text == std::string(100000, 'x'));  // larger than a pipe's buffer
+  out = run_isolated([]() -> std::string { fail("checkpoint file 'a.h5': broken"); }, 30);
+  CHECK(!out.ok);
+  CHECK(out.text == "checkpoint file 'a.h5': broken");
+  out = run_isolated(
+      []() -> std::string {
+        ::raise(SIGSEGV);
+        return "";
+      },
+      30);
+  CHECK(!out.ok);
+  CHECK(out.crashed);
+  CHECK(out.text == "crashed (signal 11, Segmentation fault)");
+  const auto start = std::chrono::steady_clock::now();
+  out = run_isolated(
+      []() -> std::string {
+        for (;;) ::pause();
+      },
+      0.5);
+  CHECK(!out.ok);
+  CHECK(out.timed_out);
+  CHECK(out.text == "did not finish within 0.5 s");
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
