@@ -74,10 +74,11 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   const TokenFile& val_tokens = *run.val_tokens;
 
   int64_t start_step = 0;
-  if (c.train.resume) {
-    world.barrier();  // rank 0 may have just created out_dir
+  world.barrier();  // rank 0 may have just created out_dir
+  if (c.train.resume)
     start_step = run.checkpoints->resume();
-  }
+  else
+    run.checkpoints->start_afresh();  // an earlier run's checkpoints are kept aside
   std::optional<MetricsWriter> metrics;
   if (rank == 0) {
     const fs::path metrics_path = fs::path(c.train.out_dir) / "metrics.jsonl";

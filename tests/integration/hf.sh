@@ -150,7 +150,7 @@ expect_error "has no tokenizer.model, needed for --prompt" generate --hf-model "
 expect_error "dtype 'f16' is not one of: f32, bf16" export --ckpt "$work/run" --out "$work/x" --dtype f16
 expect_error "--out DIR is required" export --ckpt "$work/run"
 expect_error "holds a sharded model" export --hf-model "$gqa" --out "$work/noshard"
-expect_error "no LATEST found" export --ckpt "$work/data" --out "$work/x"
+expect_error "no LATEST or step directory found" export --ckpt "$work/data" --out "$work/x"
 for cmd in eval generate export; do
   help=$("$frugal" $cmd --help)
   grep -q "usage: frugal $cmd" <<< "$help" || { echo "FAIL: $cmd --help"; exit 1; }
