@@ -36,7 +36,7 @@ FRUGAL_INJECT_FAULT=exit:0:5 "$frugal" train "${common[@]}" --train.out_dir="$wo
 start=$SECONDS
 if [ "${CKPT_SWEEP_FULL:-0}" = 1 ]; then
   # The full sweep: every bit of the file (of the refused flips, one in 16 also resumed).
-  "$sweep" "$work/run/ckpt" 0:0 --jobs "$(nproc)" --resume-refused-every 16 \
+  "$sweep" "$work/run/ckpt" 0:0 --jobs "$(getconf _NPROCESSORS_ONLN)" --resume-refused-every 16 \
     --examples "$work/examples.txt" | tee "$work/sweep.log"
 else
   "$sweep" "$work/run/ckpt" 0:2048 -1024:0 --every 13 --jobs 2 --examples "$work/examples.txt" \
