@@ -52,7 +52,12 @@ double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& v
   if (total == 0)
     fail("the validation split of '", c.data.dir,
          "' holds no window of train.seq_len = ", c.train.seq_len, " + 1 tokens");
-  return world.all_reduce_sum(loss_sum) / total;
+  const double loss = world.all_reduce_sum(loss_sum) / total;
+  // metrics.jsonl would hold null, and the run would end as if all were well.
+  if (!std::isfinite(loss))
+    fail("the validation loss is ", loss, "; the weights overflow the forward pass or are not ",
+         "finite (try a lower train.lr or a stronger optim.grad_clip)");
+  return loss;
 }
 
 std::string fixed(double v, int digits) {
