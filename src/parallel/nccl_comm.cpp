@@ -327,7 +327,11 @@ class NcclComm final : public Comm {
   void end_group() override {
     FRUGAL_CHECK(group_depth_ > 0, "end_group without begin_group on ", name());
     --group_depth_;
-    handle_->check(ncclGroupEnd(), "ncclGroupEnd");
+    // After an abort (an operation of the group refused to start, the job failing) the group
+    // is only closed: its error is the one already being reported, and CommGroup's destructor,
+    // which ends a group left open by that error, must not turn it into an abort().
+    const ncclResult_t ended = ncclGroupEnd();
+    if (!handle_->aborted) handle_->check(ended, "ncclGroupEnd");
     if (group_depth_ > 0) return;
     // NCCL launches a group's operations at its outermost end: record their event only now.
     std::shared_ptr<OpBatch> batch = std::move(open_batch_);
