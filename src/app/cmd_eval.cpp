@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -230,8 +231,12 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   if (count == 0)
     fail("eval: '", input, "' has no position to predict: every sequence has one token");
-  nlohmann::ordered_json result = {{"loss", loss_sum / static_cast<double>(count)},
-                                   {"tokens", count}};
+  const double loss = loss_sum / static_cast<double>(count);
+  // JSON has no NaN: it would print as null with exit 0, as if all were well.
+  if (!std::isfinite(loss))
+    fail("eval: the loss of ", model.source, " on '", input, "' is ", loss,
+         " (its weights overflow the forward pass, or are not finite)");
+  nlohmann::ordered_json result = {{"loss", loss}, {"tokens", count}};
   std::cout << result.dump() << std::endl;
   return 0;
 }

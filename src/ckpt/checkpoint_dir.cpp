@@ -1,4 +1,5 @@
-// Step directories, atomic commit through LATEST, pruning, and loading with verification.
+// Step directories, commit markers (COMMITTED, then LATEST), pruning by rename, and the
+// checked opening of rank files (manifest checksum and agreement with rank 0).
 #include "ckpt/checkpoint_dir.h"
 
 #include <fcntl.h>
@@ -6,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -22,6 +24,10 @@ namespace {
 constexpr const char* kManifest = "manifest";
 // The manifest is an attribute, outside the datasets' Fletcher32 and CRC32C: it gets its own.
 constexpr const char* kManifestCrc = "manifest_crc32c";
+constexpr const char* kCommitted = "COMMITTED";
+constexpr const char* kLatest = "LATEST";
+// What a prune renames a step directory to before deleting it (".pruned.step_00000100").
+constexpr const char* kPrunedPrefix = ".pruned.";
 
 std::string crc_text(const std::string& text) {
   char buf[16];
@@ -35,7 +41,26 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-// Writes `text` to path atomically: a temporary file, fsync, rename.
+// The step of a directory name "step_<digits>", else nullopt.
+std::optional<int64_t> step_of_name(const std::string& name) {
+  if (name.size() <= 5 || name.size() > 5 + 18 || name.rfind("step_", 0) != 0) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+void fsync_path(const fs::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Writes `text` to path atomically: a temporary file, fsync, rename, fsync of the directory.
 void write_file_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
   {
@@ -44,17 +69,100 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
     out.flush();
     if (!out) fail("cannot write '", tmp.string(), "'");
   }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
+  fsync_path(tmp, false);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) fail("cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
+  fsync_path(path.parent_path(), true);
+}
+
+std::string read_small_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text;
+  char buf[256];
+  // A pointer file is a line; a huge one is damage, not something to read whole.
+  in.read(buf, sizeof buf);
+  text.assign(buf, size_t(in.gcount()));
+  return text;
+}
+
+// What LATEST holds: the step it names, or why it names none (problem; "" when absent).
+struct Pointer {
+  bool exists = false;
+  std::optional<int64_t> step;
+  std::string problem;
+};
+
+Pointer read_pointer(const fs::path& root) {
+  Pointer p;
+  const fs::path path = root / kLatest;
+  std::error_code ec;
+  p.exists = fs::exists(path, ec);
+  if (!p.exists) return p;
+  std::string text = read_small_file(path);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  p.step = step_of_name(text);
+  if (!p.step) {
+    std::string shown;
+    for (char c : text.substr(0, 40)) shown += (c >= 32 && c < 127) ? c : '?';
+    p.problem =
+        "'" + path.string() + "' holds '" + shown + "', not a step name such as step_00000100";
+  }
+  return p;
+}
+
+nlohmann::json read_manifest(const H5Reader& reader) {
+  const std::string text = reader.attribute(kManifest);
+  const bool has_crc = reader.has_attribute(kManifestCrc);
+  if (has_crc && reader.attribute(kManifestCrc) != crc_text(text))
+    fail("checkpoint file '", reader.path(), "': manifest checksum mismatch (the file is corrupt)");
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint file '", reader.path(), "': manifest is not valid JSON: ", e.what());
+  }
+  if (!manifest.is_object())
+    fail("checkpoint file '", reader.path(), "': manifest is not a JSON object");
+  // Version 1 files predate the manifest checksum; every later one must carry it.
+  if (!has_crc && manifest.value("format", std::string()) != "frugal-checkpoint-1")
+    fail("checkpoint file '", reader.path(), "': manifest has no checksum");
+  return manifest;
+}
+
+// A rank file's manifest must be rank 0's but for its own rank, and of its directory's step.
+void check_manifest_agrees(const std::string& path, const nlohmann::json& manifest,
+                           const nlohmann::json& rank0, int64_t step, int rank) {
+  const nlohmann::json saved_step = manifest.value("step", nlohmann::json());
+  if (saved_step != nlohmann::json(step))
+    fail("checkpoint file '", path, "': its manifest is of step ", saved_step.dump(),
+         ", not of its directory's step ", step);
+  if (manifest.contains("rank") && manifest.at("rank") != nlohmann::json(rank))
+    fail("checkpoint file '", path, "': its manifest is of rank ", manifest.at("rank").dump(),
+         ", not ", rank);
+  const nlohmann::json world = manifest.value("world_size", nlohmann::json());
+  if (!world.is_number_integer() || world.get<int64_t>() <= rank)
+    fail("checkpoint file '", path, "': its manifest has world_size ", world.dump(),
+         ", which has no rank ", rank);
+  for (const auto& [key, value] : rank0.items())
+    if (key != "rank" && (!manifest.contains(key) || manifest.at(key) != value))
+      fail("checkpoint file '", path, "': its manifest disagrees with rank 0's on '", key, "'");
+  for (const auto& [key, value] : manifest.items())
+    if (key != "rank" && !rank0.contains(key))
+      fail("checkpoint file '", path, "': its manifest has '", key, "', which rank 0's has not");
 }
 
 }  // namespace
+
+bool CheckpointDir::holds_checkpoints(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / kLatest, ec)) return true;
+  if (!fs::is_directory(path, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(path, ec))
+    if (step_of_name(entry.path().filename().string()) && entry.is_directory(ec)) return true;
+  return false;
+}
 
 std::string CheckpointDir::step_dir(int64_t step) const {
   return (fs::path(root_) / step_name(step)).string();
@@ -79,84 +187,167 @@ void CheckpointDir::save_rank(int64_t step, int rank, const std::vector<NamedTen
   writer.close();
 }
 
-void CheckpointDir::commit(int64_t step, int64_t keep) const {
-  write_file_atomically(fs::path(root_) / "LATEST", step_name(step) + "\n");
-  // Prune committed steps beyond the newest `keep`; never the one just committed.
-  std::vector<fs::path> steps;
-  for (const auto& entry : fs::directory_iterator(root_))
-    if (entry.is_directory() && entry.path().filename().string().rfind("step_", 0) == 0)
-      steps.push_back(entry.path());
-  std::sort(steps.begin(), steps.end());
-  const fs::path current = step_dir(step);
-  std::vector<fs::path> older;
-  for (const fs::path& p : steps)
-    if (p.filename() < current.filename()) older.push_back(p);
+void CheckpointDir::commit(int64_t step, int world_size, int64_t keep) const {
+  write_file_atomically(fs::path(step_dir(step)) / kCommitted,
+                        nlohmann::json{{"step", step}, {"world_size", world_size}}.dump() + "\n");
+  write_file_atomically(fs::path(root_) / kLatest, step_name(step) + "\n");
+  remove_pruned_leftovers();
+  // Prune the step directories older than this one beyond the newest `keep` (committed or
+  // not); never the one just committed.
+  std::vector<int64_t> older;
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::optional<int64_t> s = step_of_name(entry.path().filename().string());
+    if (s && *s < step && entry.is_directory()) older.push_back(*s);
+  }
+  std::sort(older.begin(), older.end());
   const int64_t to_remove = int64_t(older.size()) - (keep - 1);
-  for (int64_t i = 0; i < to_remove; ++i) fs::remove_all(older[i]);
+  for (int64_t i = 0; i < to_remove; ++i) {
+    const fs::path doomed = fs::path(root_) / (kPrunedPrefix + step_name(older[i]));
+    std::error_code ec;
+    fs::rename(step_dir(older[i]), doomed, ec);
+    if (ec) fail("cannot prune '", step_dir(older[i]), "': ", ec.message());
+    fs::remove_all(doomed);
+  }
 }
 
-std::optional<int64_t> CheckpointDir::latest() const {
-  const fs::path latest = fs::path(root_) / "LATEST";
-  if (!fs::exists(latest)) return std::nullopt;
-  std::ifstream in(latest);
-  std::string name;
-  in >> name;
-  long long step = -1;
-  if (name.rfind("step_", 0) != 0 || std::sscanf(name.c_str() + 5, "%lld", &step) != 1 || step < 0)
-    fail("checkpoint pointer '", latest.string(), "' holds '", name,
-         "', not a step name such as step_00000100");
-  if (!fs::is_directory(step_dir(step)))
-    fail("checkpoint pointer '", latest.string(), "' names ", name, " but '", step_dir(step),
-         "' does not exist");
-  return step;
+void CheckpointDir::remove_pruned_leftovers() const {
+  std::error_code ec;
+  std::vector<fs::path> leftovers;
+  for (const auto& entry : fs::directory_iterator(root_, ec))
+    if (entry.path().filename().string().rfind(kPrunedPrefix, 0) == 0)
+      leftovers.push_back(entry.path());
+  for (const fs::path& p : leftovers) fs::remove_all(p, ec);
+}
+
+std::optional<int> CheckpointDir::committed_world_size(int64_t step) const {
+  const fs::path path = fs::path(step_dir(step)) / kCommitted;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(read_small_file(path));
+    const int64_t world = j.at("world_size").get<int64_t>();
+    if (j.at("step").get<int64_t>() != step || world < 1 || world > (1 << 24)) return std::nullopt;
+    return int(world);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
 }
 
 std::vector<int64_t> CheckpointDir::committed_steps() const {
   std::vector<int64_t> steps;
-  const std::optional<int64_t> newest = latest();
-  if (!newest) return steps;
-  for (const auto& entry : fs::directory_iterator(root_)) {
-    const std::string name = entry.path().filename().string();
-    long long step = -1;
-    if (entry.is_directory() && name.rfind("step_", 0) == 0 &&
-        std::sscanf(name.c_str() + 5, "%lld", &step) == 1 && step <= *newest)
-      steps.push_back(step);
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return steps;
+  const Pointer pointer = read_pointer(root_);
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::optional<int64_t> step = step_of_name(entry.path().filename().string());
+    if (!step || !entry.is_directory(ec)) continue;
+    bool complete = false;
+    if (const std::optional<int> world = committed_world_size(*step)) {
+      complete = true;
+      for (int rank = 0; rank < *world && complete; ++rank)
+        complete = fs::is_regular_file(rank_file(*step, rank), ec);
+    } else {
+      // Written before COMMITTED existed: committed when LATEST had reached it.
+      complete =
+          pointer.step && *step <= *pointer.step && fs::is_regular_file(rank_file(*step, 0), ec);
+    }
+    if (complete) steps.push_back(*step);
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
 }
 
-namespace {
-nlohmann::json read_manifest(const H5Reader& reader) {
-  const std::string text = reader.attribute(kManifest);
-  const bool has_crc = reader.has_attribute(kManifestCrc);
-  if (has_crc && reader.attribute(kManifestCrc) != crc_text(text))
-    fail("checkpoint file '", reader.path(), "': manifest checksum mismatch (the file is corrupt)");
-  nlohmann::json manifest;
-  try {
-    manifest = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint file '", reader.path(), "': manifest is not valid JSON: ", e.what());
+std::vector<std::pair<int64_t, std::string>> CheckpointDir::incomplete_steps() const {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::optional<int64_t> step = step_of_name(entry.path().filename().string());
+    if (!step || !entry.is_directory(ec)) continue;
+    const std::optional<int> world = committed_world_size(*step);
+    for (int rank = 0; world && rank < *world; ++rank)
+      if (!fs::is_regular_file(rank_file(*step, rank), ec)) {
+        steps.emplace_back(*step, "checkpoint file '" + rank_file(*step, rank) +
+                                      "' is missing (its step was committed with " +
+                                      std::to_string(*world) + " rank files)");
+        break;
+      }
   }
-  // Version 1 files predate the manifest checksum; every later one must carry it.
-  if (!has_crc && manifest.value("format", std::string()) != "frugal-checkpoint-1")
-    fail("checkpoint file '", reader.path(), "': manifest has no checksum");
-  return manifest;
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
 }
 
-}  // namespace
-
-nlohmann::json CheckpointDir::manifest(int64_t step) const {
-  return read_manifest(H5Reader(rank_file(step, 0)));
+std::optional<int64_t> CheckpointDir::latest() const {
+  const std::vector<int64_t> steps = committed_steps();
+  if (steps.empty()) return std::nullopt;
+  return steps.front();
 }
 
-CheckpointDir::Loaded CheckpointDir::load_rank(int64_t step, int rank) const {
+std::string CheckpointDir::latest_problem() const {
+  const std::vector<int64_t> steps = committed_steps();
+  const Pointer pointer = read_pointer(root_);
+  const std::string path = (fs::path(root_) / kLatest).string();
+  if (!pointer.exists) return steps.empty() ? "" : "'" + path + "' is missing";
+  if (!pointer.problem.empty()) return pointer.problem;
+  if (std::find(steps.begin(), steps.end(), *pointer.step) == steps.end())
+    return "'" + path + "' names " + step_name(*pointer.step) +
+           ", which is not a committed step on disk (its directory is missing or incomplete)";
+  if (*pointer.step != steps.front())
+    return "'" + path + "' names " + step_name(*pointer.step) + ", but " +
+           step_name(steps.front()) + " is newer and committed";
+  return "";
+}
+
+std::string CheckpointDir::set_aside() const {
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return "";
+  std::vector<fs::path> moving;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kLatest || (step_of_name(name) && entry.is_directory(ec)))
+      moving.push_back(entry.path());
+  }
+  remove_pruned_leftovers();
+  if (moving.empty()) return "";
+  fs::path aside;
+  for (int n = 1;; ++n) {
+    aside = fs::path(root_) / ("earlier_run_" + std::to_string(n));
+    if (!fs::exists(aside, ec)) break;
+  }
+  fs::create_directories(aside, ec);
+  if (ec) fail("cannot create '", aside.string(), "': ", ec.message());
+  for (const fs::path& p : moving) {
+    fs::rename(p, aside / p.filename(), ec);
+    if (ec) fail("cannot move '", p.string(), "' to '", aside.string(), "': ", ec.message());
+  }
+  fsync_path(root_, true);
+  return aside.string();
+}
+
+nlohmann::json CheckpointDir::manifest(int64_t step, int rank) const {
+  return read_manifest(H5Reader(rank_file(step, rank)));
+}
+
+H5Reader CheckpointDir::open_rank(int64_t step, int rank,
+                                  const nlohmann::json& rank0_manifest) const {
   H5Reader reader(rank_file(step, rank));
-  Loaded loaded;
-  loaded.manifest = read_manifest(reader);
-  for (const std::string& name : reader.tensor_names())
-    loaded.tensors.push_back({name, reader.read_tensor(name)});
-  return loaded;
+  check_manifest_agrees(reader.path(), read_manifest(reader), rank0_manifest, step, rank);
+  return reader;
+}
+
+CheckpointDir::RankSummary CheckpointDir::verify_rank(int64_t step, int rank,
+                                                      const nlohmann::json& rank0_manifest) const {
+  const H5Reader reader = open_rank(step, rank, rank0_manifest);
+  RankSummary summary;
+  for (const std::string& name : reader.tensor_names()) {
+    // The lookups the loaders make (has, then read), on every dataset.
+    if (!reader.has(name))
+      fail("checkpoint file '", reader.path(), "': dataset ", name,
+           " is listed but cannot be opened");
+    const Tensor t = reader.read_tensor(name);
+    ++summary.tensors;
+    summary.bytes += int64_t(t.bytes());
+  }
+  return summary;
 }
 
 std::vector<std::string> CheckpointDir::temporary_files() const {

@@ -1,7 +1,13 @@
 // The checkpoint directory of a run:
 //   <root>/step_00001200/rank_00000.h5 ...   each rank's tensors and a JSON manifest
-//   <root>/LATEST                            the committed step, written last, atomically
-// A step directory without LATEST naming it was never committed and is ignored.
+//   <root>/step_00001200/COMMITTED           written by rank 0 once every rank's file is on
+//                                            disk: the step and the number of rank files
+//   <root>/LATEST                            the newest committed step, written last
+// A step directory is committed when it holds COMMITTED and every rank file that names;
+// anything else (a step whose save was interrupted) is ignored. LATEST is a pointer for
+// people and older frugal versions: when it is damaged, empty, missing or names a deleted step,
+// the committed steps are still found from their directories. (Steps written before
+// COMMITTED existed count as committed when they are at or below a readable LATEST.)
 #pragma once
 
 #include <cstdint>
@@ -11,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/h5_file.h"
 #include "core/tensor.h"
 
 namespace frugal {
@@ -25,6 +32,8 @@ class CheckpointDir {
   explicit CheckpointDir(std::string root) : root_(std::move(root)) {}
 
   const std::string& root() const { return root_; }
+  // Whether `path` looks like a checkpoint root: it holds LATEST or a step directory.
+  static bool holds_checkpoints(const std::string& path);
 
   std::string step_dir(int64_t step) const;
   std::string rank_file(int64_t step, int rank) const;
@@ -32,22 +41,48 @@ class CheckpointDir {
   // Writes this rank's file of `step` (atomically: a temporary name, fsync, rename).
   void save_rank(int64_t step, int rank, const std::vector<NamedTensor>& tensors,
                  const nlohmann::json& manifest) const;
-  // Names `step` in LATEST (atomic rename) and deletes committed steps older than the
-  // `keep` newest. Called by rank 0 once every rank has saved.
-  void commit(int64_t step, int64_t keep) const;
-  // The committed step, if any; a LATEST that names a missing step is an Error.
-  std::optional<int64_t> latest() const;
-  // Every committed step still on disk, newest first (LATEST's, then the older ones kept).
+  // Marks `step`, saved by `world_size` ranks, committed (its COMMITTED file, then LATEST),
+  // and prunes the committed steps older than the `keep` newest. A pruned step is first
+  // renamed to a hidden name (".pruned.step_...") and then deleted, so that a kill during the
+  // deletion leaves no half step that looks like one. Called by rank 0 once every rank has
+  // saved.
+  void commit(int64_t step, int world_size, int64_t keep) const;
+  // Every committed step on disk, newest first.
   std::vector<int64_t> committed_steps() const;
+  // Step directories marked COMMITTED but missing a rank file it names, newest first, each
+  // with what is missing: committed once, since damaged (`ckpt verify` reports them).
+  std::vector<std::pair<int64_t, std::string>> incomplete_steps() const;
+  // The newest committed step, if any.
+  std::optional<int64_t> latest() const;
+  // Empty when LATEST names the newest committed step; otherwise what is wrong with it ("...
+  // LATEST is missing", "... holds 'x', not a step name", "... names step_00000030, which is
+  // not a committed step on disk"), for a warning.
+  std::string latest_problem() const;
+  // Deletes what interrupted prunes left (the hidden ".pruned.*" directories).
+  void remove_pruned_leftovers() const;
+  // Moves every step directory and LATEST into a new <root>/earlier_run_<n>/ and returns its
+  // path ("" when there was nothing to move): a run that starts afresh in a directory holding
+  // an earlier run's checkpoints keeps them, and does not mix its steps with theirs.
+  std::string set_aside() const;
 
-  struct Loaded {
-    nlohmann::json manifest;
-    std::vector<NamedTensor> tensors;
+  // The manifest of `step`'s rank file `rank` (its CRC32C checked).
+  nlohmann::json manifest(int64_t step, int rank = 0) const;
+  // Opens rank `rank`'s file of `step` and checks its manifest: its CRC32C, and that it is
+  // rank 0's (`rank0_manifest`) but for its own "rank": the same step (that of the directory),
+  // world size, model and parts' values. Every reader of a step opens its files through this,
+  // so `ckpt verify`, resume, eval and export apply the same rule.
+  H5Reader open_rank(int64_t step, int rank, const nlohmann::json& rank0_manifest) const;
+
+  struct RankSummary {
+    int64_t tensors = 0, bytes = 0;
   };
-  // Reads and checksum-verifies this rank's file of `step`.
-  Loaded load_rank(int64_t step, int rank) const;
-  // The manifest of `step` (from rank 0's file).
-  nlohmann::json manifest(int64_t step) const;
+  // Reads all of rank `rank`'s file of `step` back: open_rank's checks, then every tensor
+  // (Fletcher32 and CRC32C). An Error naming the file and the dataset on any damage.
+  RankSummary verify_rank(int64_t step, int rank, const nlohmann::json& rank0_manifest) const;
+
+  // The number of rank files of `step` from its COMMITTED file; nullopt for a step written
+  // before COMMITTED existed (or without a readable one).
+  std::optional<int> committed_world_size(int64_t step) const;
 
   // The temporary files (*.tmp) of saves that never finished, e.g. of a writer killed mid-file:
   // the paths of those under the root and its step directories.

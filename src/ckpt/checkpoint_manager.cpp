@@ -8,6 +8,7 @@
 
 #include "ckpt/checkpoint_index.h"
 #include "ckpt/sharded_reader.h"
+#include "ckpt/step_check.h"
 #include "core/log.h"
 #include "ops/ops.h"
 
@@ -164,7 +165,7 @@ void CheckpointManager::commit(Write& write) {
   if (!write.error.empty()) fail("checkpoint of step ", write.step, " failed: ", write.error);
   if (!all_written)
     fail("checkpoint of step ", write.step, " failed on another rank (see its message)");
-  if (rank_ == 0) dir_.commit(write.step, keep_);
+  if (rank_ == 0) dir_.commit(write.step, world_size_, keep_);
   agree_(true);  // no rank goes on (and may save again) before the commit
   committed_ = Committed{write.step, write.bytes, write.stage_seconds, write.seconds};
 }
@@ -198,8 +199,8 @@ void CheckpointManager::load(int64_t step) {
     }
   // This rank's rows of every tensor, whatever the number of ranks that saved them; a
   // replicated tensor whole from rank 0's file.
-  ShardedTensorReader sharded(dir_, step, manifest.at("world_size").get<int>());
-  ShardedTensorReader first_file(dir_, step, 1);
+  ShardedTensorReader sharded(dir_, step, manifest.at("world_size").get<int>(), manifest);
+  ShardedTensorReader first_file(dir_, step, 1, manifest);
   for (Part& p : parts_)
     for (StateTensor& t : p.state->state_tensors()) {
       const RowShard& r = t.rows;
@@ -214,27 +215,35 @@ void CheckpointManager::load(int64_t step) {
 }
 
 int64_t CheckpointManager::resume() {
+  if (rank_ == 0) dir_.remove_pruned_leftovers();
   const std::vector<int64_t> steps = dir_.committed_steps();
   if (steps.empty()) {
     log_info("train.resume: no committed checkpoint under ", dir_.root(),
              ", starting from scratch");
     return 0;
   }
+  const std::string pointer = dir_.latest_problem();
+  if (!pointer.empty() && rank_ == 0)
+    log_warn("train.resume: ", pointer, "; resuming from the newest committed step directory");
   std::string errors;
   for (int64_t step : steps) {
-    std::string error;
-    try {
-      load(step);
-    } catch (const Error& e) {
-      error = e.what();
-    } catch (const nlohmann::json::exception& e) {
-      error = "checkpoint '" + dir_.step_dir(step) + "' has a malformed manifest: " + e.what();
-    }
-    // Every rank must resume from the same step: one rank's bad file rules the step out.
+    // Every rank file read through in child processes first (each rank a share), agreed by
+    // all, then loaded: a damaged file costs a child, not the run.
+    std::string error = check_step(dir_, step, rank_, world_size_).error;
     if (agree_(error.empty())) {
-      if (!errors.empty()) log_warn("resuming from an older checkpoint because:", errors);
-      log_info("resumed from step ", step, " (", dir_.step_dir(step), ")");
-      return step;
+      try {
+        load(step);
+      } catch (const Error& e) {
+        error = e.what();
+      } catch (const nlohmann::json::exception& e) {
+        error = "checkpoint '" + dir_.step_dir(step) + "' has a malformed manifest: " + e.what();
+      }
+      // Every rank must resume from the same step: one rank's bad file rules the step out.
+      if (agree_(error.empty())) {
+        if (!errors.empty()) log_warn("resuming from an older checkpoint because:", errors);
+        log_info("resumed from step ", step, " (", dir_.step_dir(step), ")");
+        return step;
+      }
     }
     const std::string why = error.empty() ? "another rank could not read its file" : error;
     log_warn("checkpoint step ", step, " is unusable: ", why);
@@ -242,6 +251,26 @@ int64_t CheckpointManager::resume() {
   }
   fail("no committed checkpoint under '", dir_.root(), "' can be read:", errors,
        " (the files are kept; start a new out_dir, or fix them)");
+}
+
+void CheckpointManager::start_afresh() {
+  std::string error, aside;
+  if (rank_ == 0) {
+    try {
+      aside = dir_.set_aside();
+    } catch (const Error& e) {
+      error = e.what();
+    } catch (const std::filesystem::filesystem_error& e) {
+      error = e.what();
+    }
+  }
+  const bool ok = agree_(error.empty());
+  if (!error.empty()) fail("train.resume = false: ", error);
+  if (!ok) fail("train.resume = false: rank 0 could not set the earlier checkpoints aside");
+  if (!aside.empty())
+    log_warn("train.resume = false, but '", dir_.root(),
+             "' held checkpoints of an earlier run: they are moved to '", aside,
+             "' (delete them when they are not needed; train.resume = true continues a run)");
 }
 
 }  // namespace frugal

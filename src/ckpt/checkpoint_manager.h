@@ -71,12 +71,20 @@ class CheckpointManager {
   bool asynchronous() const { return staging_ != nullptr; }
 
   // Loads `step` into the parts (an Error when this rank cannot: a missing or damaged file,
-  // a tensor of another shape, a part's values refused).
+  // a tensor of another shape, a part's values refused). It trusts HDF5 with the files:
+  // resume() checks them in child processes first.
   void load(int64_t step);
   // Loads the newest committed step that every rank can read, falling back to older committed
-  // steps (naming why each newer one is unusable); 0 when there is none. An Error when
-  // committed steps exist but none can be read.
+  // steps (naming why each newer one is unusable); 0 when there is none. Before a step is
+  // loaded its files are read through in child processes (check_step, each rank a share), so
+  // that a file that makes HDF5 crash only makes the step unusable. Warns when LATEST is
+  // missing or damaged (the committed steps come from their directories). An Error when
+  // committed steps exist but none can be read; the files are kept.
   int64_t resume();
+  // For a run that does not resume: when the directory holds committed or partial steps of an
+  // earlier run, rank 0 moves them aside (CheckpointDir::set_aside) and says where, so that
+  // this run's steps neither overwrite nor mix with them. Collective.
+  void start_afresh();
 
   const CheckpointDir& dir() const { return dir_; }
 

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
+
 namespace fs = std::filesystem;
 
 namespace frugal {
@@ -168,17 +170,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       const DTypeName* d = find_dtype(e.dtype);
       if (!d) bad("unknown dtype '" + e.dtype + "'");
       if (!value["shape"].is_array()) bad("shape is not an array");
-      // The element count, guarded against overflow: a corrupt shape must not wrap around
-      // into a size that matches the offsets.
-      uint64_t numel = 1;
       for (const auto& dim : value["shape"]) {
         if (!dim.is_number_unsigned() || dim.get<uint64_t>() > uint64_t(INT64_MAX))
           bad("shape " + value["shape"].dump() + " is not a list of sizes");
-        const uint64_t size = dim.get<uint64_t>();
-        if (size != 0 && numel > (uint64_t(1) << 62) / size)
-          bad("shape " + value["shape"].dump() + " is too large");
-        numel *= size;
-        e.shape.push_back(static_cast<int64_t>(size));
+        e.shape.push_back(dim.get<int64_t>());
+      }
+      // The byte size, checked: a corrupt shape must not wrap around into a size that matches
+      // the offsets.
+      size_t expected = 0;
+      try {
+        expected = checked_mul(static_cast<size_t>(shape_numel(e.shape)), d->bytes,
+                               "elements x bytes per ", e.dtype);
+      } catch (const Error& err) {
+        bad(err.what());
       }
       const auto& off = value["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
@@ -190,7 +194,6 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (e.end_bytes > data_bytes)
         bad("data_offsets " + off.dump() + " run past the end of the data (" +
             std::to_string(data_bytes) + " bytes): the file is truncated");
-      const size_t expected = static_cast<size_t>(numel) * d->bytes;
       if (e.end_bytes - e.begin_bytes != expected)
         bad("data_offsets " + off.dump() + " hold " + std::to_string(e.end_bytes - e.begin_bytes) +
             " bytes, but shape " + shape_string(e.shape) + " of " + e.dtype + " needs " +
@@ -361,7 +364,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   size_t offset = 0;
   for (auto& [name, e] : entries_) {
     e.begin_bytes = offset;
-    offset += static_cast<size_t>(shape_numel(e.shape)) * dtype_bytes(dtype);
+    offset = checked_add(offset, shape_bytes(e.shape, dtype), "safetensors file '", path,
+                         "': the data size");
     e.end_bytes = offset;
     header[name] = {
         {"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin_bytes, e.end_bytes}}};

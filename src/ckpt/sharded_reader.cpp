@@ -6,15 +6,19 @@
 
 namespace frugal {
 
-ShardedTensorReader::ShardedTensorReader(const CheckpointDir& dir, int64_t step, int world_size)
-    : dir_(dir), step_(step), world_size_(world_size) {
+ShardedTensorReader::ShardedTensorReader(const CheckpointDir& dir, int64_t step, int world_size,
+                                         nlohmann::json rank0_manifest)
+    : dir_(dir), step_(step), world_size_(world_size), rank0_manifest_(std::move(rank0_manifest)) {
   if (world_size < 1) fail("checkpoint step ", step, ": world size ", world_size, " in manifest");
 }
 
 H5Reader& ShardedTensorReader::file(int rank) {
   auto it = files_.find(rank);
   if (it == files_.end())
-    it = files_.emplace(rank, std::make_unique<H5Reader>(dir_.rank_file(step_, rank))).first;
+    it =
+        files_
+            .emplace(rank, std::make_unique<H5Reader>(dir_.open_rank(step_, rank, rank0_manifest_)))
+            .first;
   return *it->second;
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/checked.h"
 #include "core/log.h"
 
 namespace frugal {
@@ -85,15 +86,28 @@ std::string shape_string(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    int64_t product = 0;
+    if (!mul_fits(n, d, &product)) fail_mul_overflow(n, d, "tensor shape ", shape_string(shape));
+    n = product;
+  }
   return n;
+}
+
+size_t shape_bytes(const Shape& shape, DType dtype) {
+  const auto numel = static_cast<size_t>(shape_numel(shape));
+  size_t bytes = 0;
+  if (!mul_fits(numel, dtype_bytes(dtype), &bytes))
+    fail_mul_overflow(numel, dtype_bytes(dtype), "tensor shape ", shape_string(shape), " of ",
+                      dtype_name(dtype), ": elements x bytes per element");
+  return bytes;
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Arena& arena) {
   for (int64_t d : shape)
     if (d < 0) fail("tensor shape ", shape_string(shape), " has a negative dimension");
   Tensor t;
-  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_bytes(dtype);
+  const size_t bytes = shape_bytes(shape, dtype);
   void* ptr = arena.allocate(bytes, "a " + dtype_name(dtype) + " tensor " + shape_string(shape));
   t.buffer_ = std::make_shared<Buffer>(&arena, ptr, bytes);
   t.shape_ = shape;
@@ -139,8 +153,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   FRUGAL_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows [", begin, ", ",
                end, ") of a tensor of shape ", shape_string(shape_));
   Tensor t = *this;
-  size_t row_bytes = static_cast<size_t>(shape_numel(Shape(shape_.begin() + 1, shape_.end()))) *
-                     dtype_bytes(dtype_);
+  const size_t row_bytes = shape_bytes(Shape(shape_.begin() + 1, shape_.end()), dtype_);
   t.offset_bytes_ += static_cast<size_t>(begin) * row_bytes;
   t.shape_[0] = end - begin;
   return t;

@@ -75,7 +75,10 @@ Arena& host_arena();
 
 using Shape = std::vector<int64_t>;
 std::string shape_string(const Shape& shape);  // "[2, 3, 4]"
+// The element count and the byte size of a shape; an Error naming the shape when either does
+// not fit in 64 bits (checked, since shapes come from files and configuration).
 int64_t shape_numel(const Shape& shape);
+size_t shape_bytes(const Shape& shape, DType dtype);
 
 class Tensor {
  public:
@@ -92,7 +95,7 @@ class Tensor {
   int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
   int64_t size(int64_t axis) const;  // negative axis counts from the end
   int64_t numel() const { return shape_numel(shape_); }
-  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_bytes(dtype_); }
+  size_t bytes() const { return shape_bytes(shape_, dtype_); }
 
   void* raw() const;
   template <class T>

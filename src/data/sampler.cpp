@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "data/shuffle.h"
 
@@ -34,6 +35,17 @@ int64_t fill_row(const TokenView& tokens, int64_t start, int64_t seq_len, int32_
   return real_targets;
 }
 
+// A batch of [micro_batch_size, seq_len] ids must have a size: a huge micro_batch_size would
+// otherwise wrap around into a small allocation, or into a nonsense count of windows.
+void check_batch_size(const char* who, int64_t micro_batch_size, int64_t seq_len) {
+  try {
+    shape_bytes({micro_batch_size, seq_len}, DType::i32);
+  } catch (const Error& e) {
+    fail(who, ": a batch of micro_batch_size ", micro_batch_size, " x seq_len ", seq_len,
+         " token ids is too large: ", e.what());
+  }
+}
+
 }  // namespace
 
 // --- BatchSampler -----------------------------------------------------------------------
@@ -45,11 +57,13 @@ BatchSampler::BatchSampler(TokenView tokens, const SamplerConfig& config)
     fail("sampler: micro_batch_size ", config.micro_batch_size, " must be at least 1");
   if (config.world < 1 || config.rank < 0 || config.rank >= config.world)
     fail("sampler: rank ", config.rank, " is not in [0, world = ", config.world, ")");
+  check_batch_size("sampler", config.micro_batch_size, config.seq_len);
+  checked_mul(int64_t{config.world}, config.micro_batch_size,
+              "sampler: data-parallel ranks x micro_batch_size");
   const auto n = static_cast<int64_t>(tokens.size);
-  if (n < config.seq_len + 1)
-    fail("the training data holds ", n,
-         " tokens, fewer than one window of seq_len + 1 = ", config.seq_len + 1,
-         "; use more text or a shorter seq_len");
+  if (n <= config.seq_len)
+    fail("the training data holds ", n, " tokens, fewer than one window of seq_len (",
+         config.seq_len, ") + 1; use more text or a shorter seq_len");
   num_windows_ = (n - 1) / config.seq_len;
 }
 
@@ -120,10 +134,12 @@ EvalIterator::EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batc
     fail("eval: micro_batch_size ", micro_batch_size, " must be at least 1");
   if (world < 1 || rank < 0 || rank >= world)
     fail("eval: rank ", rank, " is not in [0, world = ", world, ")");
+  check_batch_size("eval", micro_batch_size, seq_len);
   const auto n = static_cast<int64_t>(tokens.size);
   // Windows with at least one target: starts 0, S, 2S, ... below n - 1.
-  num_windows_ = n <= 1 ? 0 : (n - 1 + seq_len - 1) / seq_len;
-  const int64_t global_rows = int64_t{world} * micro_batch_size;
+  num_windows_ = n <= 1 ? 0 : (n - 2) / seq_len + 1;
+  const int64_t global_rows =
+      checked_mul(int64_t{world}, micro_batch_size, "eval: data-parallel ranks x micro_batch_size");
   num_batches_ = (num_windows_ + global_rows - 1) / global_rows;
   if (max_batches > 0) num_batches_ = std::min(num_batches_, max_batches);
 }

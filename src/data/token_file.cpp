@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace frugal {
@@ -73,7 +74,12 @@ TokenFileHeader decode_header(const char* in, uint64_t file_bytes, const std::st
   if (h.vocab_size == 0 || uint64_t{h.vocab_size} > (uint64_t{1} << (8 * h.token_bytes)))
     fail("token file '", path, "' has vocab size ", h.vocab_size, ", which does not fit ",
          h.token_bytes, "-byte ids");
-  const uint64_t expected = kTokenFileHeaderBytes + h.num_tokens * h.token_bytes;
+  // A corrupt count must not wrap around into a size that matches the file.
+  const uint64_t expected =
+      checked_add<uint64_t>(kTokenFileHeaderBytes,
+                            checked_mul<uint64_t>(h.num_tokens, h.token_bytes, "token file '", path,
+                                                  "': its header's num_tokens x token_bytes"),
+                            "token file '", path, "': header + token bytes");
   if (file_bytes != expected)
     fail("token file '", path, "' is ", file_bytes < expected ? "truncated" : "too long",
          ": its header promises ", h.num_tokens, " tokens = ", expected, " bytes, the file has ",

@@ -1,9 +1,12 @@
 // Hugging Face directories: config.json <-> LlamaConfig, streamed weight reads, export.
 #include "model/hf_model.h"
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ckpt/safetensors.h"
 #include "core/log.h"
@@ -223,6 +226,58 @@ void HfModelDir::validate_tensors() const {
         fail("safetensors file '", file.path(), "': tensor '", p.name, "': ", err.what());
       }
     }
+  // What the model does not use means config.json and the weights disagree (fewer layers, a
+  // smaller model): refused, naming the tensors. Rotary inv_freq buffers, which older
+  // checkpoints saved and transformers ignores, are not weights; a tied model's
+  // lm_head.weight is compared with the embedding instead.
+  std::set<std::string> used;
+  for (const UnitSpec& unit : specs_)
+    for (const ParamSpec& p : unit.params) used.insert(p.name);
+  std::vector<std::string> unused;
+  bool tied_head = false;
+  for (const std::string& name : weights_->tensor_names()) {
+    if (used.count(name) || name.ends_with("rotary_emb.inv_freq")) continue;
+    if (config_.tie_word_embeddings && name == "lm_head.weight")
+      tied_head = true;
+    else
+      unused.push_back(name);
+  }
+  if (!unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unused.size() && i < 6; ++i) names += (i ? ", " : "") + unused[i];
+    if (unused.size() > 6) names += ", ...";
+    fail("'", weights_->description(), "' holds ", unused.size(),
+         " tensors that the model of its config.json does not use (", names,
+         "): do config.json's num_hidden_layers and sizes match the weights?");
+  }
+  if (tied_head) check_tied_head();
+}
+
+void HfModelDir::check_tied_head() const {
+  // transformers ignores lm_head.weight when tie_word_embeddings is set: harmless when it
+  // equals the embedding, a silently different model otherwise.
+  const std::string head = "lm_head.weight", embed = "model.embed_tokens.weight";
+  const SafetensorsFile& head_file = weights_->file_of(head);
+  const SafetensorsFile& embed_file = weights_->file_of(embed);
+  const auto differs = [&](const std::string& why) {
+    fail("safetensors file '", head_file.path(), "': tensor '", head, "' differs from '", embed,
+         "' (", why, "), but config.json sets tie_word_embeddings, which ties the output head to ",
+         "the embedding and ignores it: set tie_word_embeddings to false to use it, or remove it");
+  };
+  const Shape& shape = embed_file.entry(embed).shape;
+  if (head_file.entry(head).shape != shape)
+    differs("shape " + shape_string(head_file.entry(head).shape) + " against " +
+            shape_string(shape));
+  // A block of rows at a time: memory stays small for any vocabulary.
+  constexpr int64_t kRows = 256;
+  for (int64_t row = 0; row < shape[0]; row += kRows) {
+    const int64_t end = std::min(shape[0], row + kRows);
+    const Tensor a = head_file.read_rows(head, row, end), b = embed_file.read_rows(embed, row, end);
+    if (std::memcmp(a.raw(), b.raw(), a.bytes()) != 0)
+      differs("in rows " + std::to_string(row) + " to " + std::to_string(end - 1));
+  }
+  log_warn("'", head_file.path(), "': ", head, " is ignored: config.json ties the output head to ",
+           embed, " (tie_word_embeddings), and it holds the same values");
 }
 
 void HfModelDir::read_rows_into(const std::string& hf_name, int64_t row_begin, int64_t row_end,
@@ -234,6 +289,16 @@ void HfModelDir::read_rows_into(const std::string& hf_name, int64_t row_begin, i
          shape_string(file.entry(hf_name).shape), ", but config.json implies ",
          shape_string(shape));
   file.read_rows_into(hf_name, row_begin, row_end, out);
+  // A NaN or an infinity in the weights makes every loss NaN: refused where it is read.
+  const float* v = out.data<float>();
+  const int64_t n = out.numel();
+  const int64_t row_len = row_end > row_begin ? n / (row_end - row_begin) : 1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      fail("safetensors file '", file.path(), "': tensor '", hf_name, "' holds ", v[i], " at row ",
+           row_begin + i / row_len,
+           shape.size() >= 2 ? ", column " + std::to_string(i % row_len) : std::string(),
+           ": a model with non-finite weights computes no loss");
 }
 
 Tensor HfModelDir::read_rows(const std::string& hf_name, int64_t row_begin, int64_t row_end,

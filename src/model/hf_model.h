@@ -60,7 +60,7 @@ class HfModelDir {
   // from whatever float type the file stores. Reads only those rows of the memory-mapped
   // file, so a ZeRO-3 rank that loads its shard holds in memory its shard and nothing else.
   // Throws Error naming the file and tensor when the tensor is missing or its shape is not
-  // the one config.json implies.
+  // the one config.json implies, and naming the row and column of a NaN or infinity.
   Tensor read_rows(const std::string& hf_name, int64_t row_begin, int64_t row_end,
                    Arena& arena = host_arena()) const;
   // The same into an existing f32 host tensor (e.g. a shard buffer) of that many elements.
@@ -69,7 +69,9 @@ class HfModelDir {
   // The whole parameter.
   Tensor read(const std::string& hf_name, Arena& arena = host_arena()) const;
 
-  // Checks that every parameter exists with its expected shape (without reading data).
+  // Checks that every parameter exists with its expected shape (without reading data), and
+  // that the files hold nothing the model does not use (a tied model's lm_head.weight only
+  // when it equals the embedding: then a warning).
   void validate_tensors() const;
   // Copies every parameter into `params` (built from config()), one tensor at a time
   // straight into its destination: no second copy of the model is made.
@@ -78,6 +80,8 @@ class HfModelDir {
   std::unique_ptr<LocalParameters> load() const;
 
  private:
+  void check_tied_head() const;
+
   std::string dir_;
   LlamaConfig config_;
   int32_t bos_token_id_ = -1;

@@ -2,7 +2,11 @@
 #include "model/llama_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <type_traits>
+
+#include "core/checked.h"
 
 namespace frugal {
 
@@ -78,10 +82,22 @@ LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& s
       if (required) fail(source, ": missing key '", key, "'");
       return;
     }
+    const nlohmann::json& value = j.at(key);
+    using Field = std::decay_t<decltype(field)>;
+    if constexpr (std::is_same_v<Field, int64_t>) {
+      // A size is a whole number: 64.7 is refused by name, not truncated to 64 (64.0 is 64).
+      if (value.is_number_float()) {
+        const double v = value.get<double>();
+        if (!(std::floor(v) == v && std::fabs(v) < 9e18))
+          fail(source, ": key '", key, "' has value ", value.dump(), ", not a whole number");
+        field = static_cast<int64_t>(v);
+        return;
+      }
+    }
     try {
-      j.at(key).get_to(field);
+      value.get_to(field);
     } catch (const nlohmann::json::exception&) {
-      fail(source, ": key '", key, "' has value ", j.at(key).dump(), " of the wrong type");
+      fail(source, ": key '", key, "' has value ", value.dump(), " of the wrong type");
     }
   };
   read("hidden_size", c.hidden_size, true);
@@ -104,7 +120,7 @@ LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& s
 int64_t LlamaConfig::parameter_count() const {
   int64_t n = 0;
   for (const UnitSpec& u : llama_units(*this))
-    for (const ParamSpec& p : u.params) n += shape_numel(p.shape);
+    for (const ParamSpec& p : u.params) n = checked_add(n, shape_numel(p.shape), "parameter count");
   return n;
 }
 

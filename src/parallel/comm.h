@@ -8,15 +8,44 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/tensor.h"
 
 namespace frugal {
 
+// The first failed wait among the communicators of a job: the MPI world, the groups split from
+// it, and the NCCL communicators built over them share one. An operation that timed out can be
+// neither completed nor cancelled, so the job ends with that error; until it does, every other
+// wait on these communicators fails at once with it (a pending operation destroyed while the
+// error unwinds, the next collective) instead of waiting timeout_s again. So a hung rank is
+// reported after one parallel.timeout_s, not once per operation in flight.
+class CommFailure {
+ public:
+  // Keeps the first error recorded.
+  void record(const std::string& error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_.empty()) error_ = error;
+  }
+  bool failed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !error_.empty();
+  }
+  std::string error() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string error_;
+};
+
 // A collective or point-to-point operation in flight. wait() completes it (and throws Error
 // on timeout); destroying an unwaited handle waits, so buffers are never freed under an
-// operation.
+// operation, unless a wait of the job has already failed (CommFailure): then the handle is
+// dropped without waiting, since the job is ending.
 class PendingOp {
  public:
   virtual ~PendingOp() = default;
@@ -30,7 +59,10 @@ using Pending = std::unique_ptr<PendingOp>;
 
 class Comm {
  public:
+  explicit Comm(std::shared_ptr<CommFailure> failure) : failure_(std::move(failure)) {}
   virtual ~Comm() = default;
+  // The failure record shared with every communicator split from or built over this one.
+  const std::shared_ptr<CommFailure>& failure() const { return failure_; }
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // "mpi" or "nccl", plus the group, for messages
@@ -60,6 +92,9 @@ class Comm {
   // operations are already non-blocking, so there these do nothing.
   virtual void begin_group() {}
   virtual void end_group() {}
+
+ protected:
+  std::shared_ptr<CommFailure> failure_;
 };
 
 // A group of operations for the lifetime of a scope: CommGroup group(comm); ...; group.end();

@@ -15,15 +15,21 @@ namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
     case DType::u8:
     case DType::e4m3:
-    case DType::e5m2: return MPI_UINT8_T;
+    case DType::e5m2:
+      return MPI_UINT8_T;
     case DType::bf16:
-    case DType::f16: return MPI_UINT16_T;
+    case DType::f16:
+      return MPI_UINT16_T;
   }
   fail("no MPI type for dtype ", dtype_name(t));
 }
@@ -40,33 +46,51 @@ void check_host(const Tensor& t, const char* what) {
 
 class MpiPending : public PendingOp {
  public:
-  MpiPending(MPI_Request request, std::string what, double timeout_s, int rank)
-      : request_(request), what_(std::move(what)), timeout_s_(timeout_s), rank_(rank) {}
+  MpiPending(MPI_Request request, std::string what, double timeout_s, int rank,
+             std::shared_ptr<CommFailure> failure)
+      : request_(request),
+        what_(std::move(what)),
+        timeout_s_(timeout_s),
+        rank_(rank),
+        failure_(std::move(failure)) {}
   ~MpiPending() override {
-    if (request_ != MPI_REQUEST_NULL) {
-      try {
-        wait();
-      } catch (const Error& e) {
-        // A destructor may not throw: report and end the job, as a hung peer would.
-        std::fprintf(stderr, "frugal: %s\n", e.what());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
+    // After a failed wait (this one's or another's) the job is ending with that error: waiting
+    // here could only time out again.
+    if (request_ == MPI_REQUEST_NULL || failure_->failed()) return;
+    try {
+      wait();
+    } catch (const Error& e) {
+      // A destructor may not throw: report and end the job, as a hung peer would.
+      std::fprintf(stderr, "frugal: %s\n", e.what());
+      MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
   void wait() override {
+    if (request_ == MPI_REQUEST_NULL) return;
     // Poll with a short sleep instead of MPI_Wait, so that a peer that died or hung becomes an
     // error after timeout_s instead of a hang.
     const auto start = std::chrono::steady_clock::now();
     int done = 0;
     for (int spins = 0;; ++spins) {
+      if (failure_->failed()) {
+        // Abandoned, not completed: an active request can be neither freed nor cancelled.
+        request_ = MPI_REQUEST_NULL;
+        fail("rank ", rank_, ": ", what_,
+             " abandoned after an earlier failure: ", failure_->error());
+      }
       MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
       if (done) return;
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout_s_ > 0 && waited > timeout_s_)
-        fail("rank ", rank_, ": ", what_, " waited ", int(waited),
-             " s for the other ranks (parallel.timeout_s); a rank has died, hung, or is running "
-             "a different configuration");
+      if (timeout_s_ > 0 && waited > timeout_s_) {
+        const std::string error =
+            detail::concat("rank ", rank_, ": ", what_, " waited ", int(waited),
+                           " s for the other ranks (parallel.timeout_s); a rank has died, hung, "
+                           "or is running a different configuration");
+        failure_->record(error);
+        request_ = MPI_REQUEST_NULL;
+        fail(error);
+      }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
@@ -76,12 +100,13 @@ class MpiPending : public PendingOp {
   std::string what_;
   double timeout_s_;
   int rank_;
+  std::shared_ptr<CommFailure> failure_;
 };
 
 class MpiComm : public Comm {
  public:
-  MpiComm(MPI_Comm comm, double timeout_s, std::string group)
-      : comm_(comm), timeout_s_(timeout_s), group_(std::move(group)) {
+  MpiComm(MPI_Comm comm, double timeout_s, std::string group, std::shared_ptr<CommFailure> failure)
+      : Comm(std::move(failure)), comm_(comm), timeout_s_(timeout_s), group_(std::move(group)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
@@ -94,6 +119,7 @@ class MpiComm : public Comm {
   std::string name() const override { return "mpi:" + group_; }
 
   Pending all_gather(const Tensor& send, Tensor& recv) override {
+    check_usable("all-gather");
     check_host(send, "all_gather");
     FRUGAL_CHECK(recv.numel() == send.numel() * size_ && recv.dtype() == send.dtype(),
                  "all_gather of ", send.numel(), " into ", recv.numel(), " elements on ", size_,
@@ -106,10 +132,11 @@ class MpiComm : public Comm {
   }
 
   Pending reduce_scatter_sum(const Tensor& send, Tensor& recv) override {
+    check_usable("reduce-scatter");
     check_host(send, "reduce_scatter");
     FRUGAL_CHECK(send.numel() == recv.numel() * size_ && recv.dtype() == send.dtype(),
-                 "reduce_scatter of ", send.numel(), " into ", recv.numel(), " elements on ",
-                 size_, " ranks");
+                 "reduce_scatter of ", send.numel(), " into ", recv.numel(), " elements on ", size_,
+                 " ranks");
     MPI_Request r;
     MPI_Ireduce_scatter_block(send.raw(), recv.raw(), mpi_count(recv.numel(), "reduce_scatter"),
                               mpi_type(send.dtype()), MPI_SUM, comm_, &r);
@@ -117,6 +144,7 @@ class MpiComm : public Comm {
   }
 
   Pending all_reduce_sum(Tensor& buffer) override {
+    check_usable("all-reduce");
     check_host(buffer, "all_reduce");
     MPI_Request r;
     MPI_Iallreduce(MPI_IN_PLACE, buffer.raw(), mpi_count(buffer.numel(), "all_reduce"),
@@ -125,36 +153,41 @@ class MpiComm : public Comm {
   }
 
   Pending send(const Tensor& buffer, int peer, int tag) override {
+    check_usable("send");
     check_host(buffer, "send");
     MPI_Request r;
-    MPI_Isend(buffer.raw(), mpi_count(buffer.numel(), "send"), mpi_type(buffer.dtype()), peer,
-              tag, comm_, &r);
+    MPI_Isend(buffer.raw(), mpi_count(buffer.numel(), "send"), mpi_type(buffer.dtype()), peer, tag,
+              comm_, &r);
     return pending(r, "send to rank " + std::to_string(peer));
   }
 
   Pending recv(Tensor& buffer, int peer, int tag) override {
+    check_usable("receive");
     check_host(buffer, "recv");
     MPI_Request r;
-    MPI_Irecv(buffer.raw(), mpi_count(buffer.numel(), "recv"), mpi_type(buffer.dtype()), peer,
-              tag, comm_, &r);
+    MPI_Irecv(buffer.raw(), mpi_count(buffer.numel(), "recv"), mpi_type(buffer.dtype()), peer, tag,
+              comm_, &r);
     return pending(r, "receive from rank " + std::to_string(peer));
   }
 
   void broadcast(Tensor& buffer, int root) override {
+    check_usable("broadcast");
     check_host(buffer, "broadcast");
     MPI_Request r;
-    MPI_Ibcast(buffer.raw(), mpi_count(buffer.numel(), "broadcast"), mpi_type(buffer.dtype()),
-               root, comm_, &r);
+    MPI_Ibcast(buffer.raw(), mpi_count(buffer.numel(), "broadcast"), mpi_type(buffer.dtype()), root,
+               comm_, &r);
     pending(r, "broadcast")->wait();
   }
 
   void barrier() override {
+    check_usable("barrier");
     MPI_Request r;
     MPI_Ibarrier(comm_, &r);
     pending(r, "barrier")->wait();
   }
 
   double all_reduce_sum(double value) override {
+    check_usable("all-reduce");
     double out = 0;
     MPI_Request r;
     MPI_Iallreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r);
@@ -163,6 +196,7 @@ class MpiComm : public Comm {
   }
 
   int64_t all_reduce_max(int64_t value) override {
+    check_usable("all-reduce");
     int64_t out = 0;
     MPI_Request r;
     MPI_Iallreduce(&value, &out, 1, MPI_INT64_T, MPI_MAX, comm_, &r);
@@ -171,6 +205,7 @@ class MpiComm : public Comm {
   }
 
   std::string broadcast_string(const std::string& value, int root) override {
+    check_usable("broadcast");
     int64_t length = rank_ == root ? int64_t(value.size()) : 0;
     MPI_Request r;
     MPI_Ibcast(&length, 1, MPI_INT64_T, root, comm_, &r);
@@ -182,14 +217,27 @@ class MpiComm : public Comm {
   }
 
   std::unique_ptr<Comm> split(int color, int key) const override {
+    // MPI_Comm_split blocks without a bound: a timed barrier first, so that a rank that never
+    // comes is an error after timeout_s, not a hang.
+    check_usable("split");
+    MPI_Request r;
+    MPI_Ibarrier(comm_, &r);
+    pending(r, "barrier before a split")->wait();
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, key, &sub);
-    return std::make_unique<MpiComm>(sub, timeout_s_, group_ + "/" + std::to_string(color));
+    return std::make_unique<MpiComm>(sub, timeout_s_, group_ + "/" + std::to_string(color),
+                                     failure_);
   }
 
  private:
-  Pending pending(MPI_Request r, const std::string& what) {
-    return std::make_unique<MpiPending>(r, what + " on " + name(), timeout_s_, rank_);
+  // No operation starts after a failed wait: it could not complete, and the job is ending.
+  void check_usable(const char* what) const {
+    if (failure_->failed())
+      fail("rank ", rank_, ": ", what, " on ", name(),
+           " not started after an earlier failure: ", failure_->error());
+  }
+  Pending pending(MPI_Request r, const std::string& what) const {
+    return std::make_unique<MpiPending>(r, what + " on " + name(), timeout_s_, rank_, failure_);
   }
 
   MPI_Comm comm_;
@@ -202,7 +250,8 @@ class MpiComm : public Comm {
 }  // namespace
 
 std::unique_ptr<Comm> make_mpi_world_comm(double timeout_s) {
-  return std::make_unique<MpiComm>(MPI_COMM_WORLD, timeout_s, "world");
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD, timeout_s, "world",
+                                   std::make_shared<CommFailure>());
 }
 
 int mpi_world_rank() {

@@ -95,13 +95,22 @@ struct OpBatch {
 class NcclPending : public PendingOp {
  public:
   NcclPending(std::shared_ptr<NcclHandle> handle, std::shared_ptr<OpBatch> batch,
-              const Stream* compute)
-      : handle_(std::move(handle)), batch_(std::move(batch)), compute_(compute) {}
+              const Stream* compute, std::shared_ptr<CommFailure> failure)
+      : handle_(std::move(handle)),
+        batch_(std::move(batch)),
+        compute_(compute),
+        failure_(std::move(failure)) {}
 
   ~NcclPending() override {
     if (joined_) return;
     if (!batch_->recorded) {
       batch_->orphaned = true;  // end_group() joins the compute stream for us
+      return;
+    }
+    if (failure_->failed()) {
+      // The job is ending with an earlier error: abort the communicator, so that its kernels
+      // stop and no stream waits for them, rather than joining an operation that never ends.
+      handle_->abort();
       return;
     }
     try {
@@ -116,6 +125,11 @@ class NcclPending : public PendingOp {
     if (joined_) return;
     FRUGAL_CHECK(batch_->recorded, "rank ", handle_->rank, ": ", batch_->what, " on ",
                  handle_->name, " waited before its group ended");
+    if (failure_->failed()) {
+      handle_->abort();
+      fail("rank ", handle_->rank, ": ", batch_->what, " on ", handle_->name,
+           " abandoned after an earlier failure: ", failure_->error());
+    }
     if (handle_->aborted)
       fail("rank ", handle_->rank, ": ", batch_->what, " on ", handle_->name,
            ": the communicator was aborted after an earlier error");
@@ -136,26 +150,40 @@ class NcclPending : public PendingOp {
       handle_->check(ncclCommGetAsyncError(handle_->comm, &async), "ncclCommGetAsyncError");
       if (async != ncclSuccess && async != ncclInProgress) {
         handle_->abort();
+        fail_job(detail::concat("rank ", handle_->rank, ": ", batch_->what, " on ", handle_->name,
+                                " failed: ", ncclGetErrorString(async),
+                                "; the communicator is aborted"));
+      }
+      if (failure_->failed()) {  // another communicator's wait failed meanwhile
+        handle_->abort();
         fail("rank ", handle_->rank, ": ", batch_->what, " on ", handle_->name,
-             " failed: ", ncclGetErrorString(async), "; the communicator is aborted");
+             " abandoned after an earlier failure: ", failure_->error());
       }
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (handle_->timeout_s > 0 && waited > handle_->timeout_s) {
         handle_->abort();
-        fail("rank ", handle_->rank, ": ", batch_->what, " on ", handle_->name, " waited ",
-             int(waited),
-             " s for the other ranks (parallel.timeout_s); a rank has died, hung, or is running "
-             "a different configuration. The communicator is aborted");
+        fail_job(detail::concat(
+            "rank ", handle_->rank, ": ", batch_->what, " on ", handle_->name, " waited ",
+            int(waited),
+            " s for the other ranks (parallel.timeout_s); a rank has died, hung, or is running "
+            "a different configuration. The communicator is aborted"));
       }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
  private:
+  // Records the job's failure (so that no other wait waits again) and throws it.
+  [[noreturn]] void fail_job(const std::string& error) {
+    failure_->record(error);
+    fail(error);
+  }
+
   std::shared_ptr<NcclHandle> handle_;
   std::shared_ptr<OpBatch> batch_;
   const Stream* compute_;
+  std::shared_ptr<CommFailure> failure_;
   bool joined_ = false;
 };
 
@@ -163,7 +191,8 @@ class NcclComm final : public Comm {
  public:
   NcclComm(ncclComm_t comm, std::unique_ptr<Comm> host, DeviceContext& context, double timeout_s,
            std::string group)
-      : handle_(std::make_shared<NcclHandle>()),
+      : Comm(host->failure()),
+        handle_(std::make_shared<NcclHandle>()),
         host_(std::move(host)),
         context_(&context),
         timeout_s_(timeout_s),
@@ -298,7 +327,11 @@ class NcclComm final : public Comm {
   void end_group() override {
     FRUGAL_CHECK(group_depth_ > 0, "end_group without begin_group on ", name());
     --group_depth_;
-    handle_->check(ncclGroupEnd(), "ncclGroupEnd");
+    // After an abort (an operation of the group refused to start, the job failing) the group
+    // is only closed: its error is the one already being reported, and CommGroup's destructor,
+    // which ends a group left open by that error, must not turn it into an abort().
+    const ncclResult_t ended = ncclGroupEnd();
+    if (!handle_->aborted) handle_->check(ended, "ncclGroupEnd");
     if (group_depth_ > 0) return;
     // NCCL launches a group's operations at its outermost end: record their event only now.
     std::shared_ptr<OpBatch> batch = std::move(open_batch_);
@@ -310,6 +343,11 @@ class NcclComm final : public Comm {
  private:
   template <class Launch>
   Pending enqueue(const std::string& what, std::vector<Tensor> tensors, Launch&& launch) {
+    if (failure_->failed()) {
+      handle_->abort();
+      fail("rank ", rank_, ": ", what, " on ", name(),
+           " not started after an earlier failure: ", failure_->error());
+    }
     if (handle_->aborted)
       fail("rank ", rank_, ": ", what, " on ", name(),
            ": the communicator was aborted after an earlier error");
@@ -327,7 +365,7 @@ class NcclComm final : public Comm {
       batch->done.record(context_->comm());
       batch->recorded = true;
     }
-    return std::make_unique<NcclPending>(handle_, batch, &context_->compute());
+    return std::make_unique<NcclPending>(handle_, batch, &context_->compute(), failure_);
   }
 
   std::shared_ptr<NcclHandle> handle_;

@@ -117,14 +117,14 @@ SavedStep open_saved_step(const std::string& path) {
     fs::path step_dir = p.filename().string().rfind("step_", 0) == 0 ? p : p.parent_path();
     ckpt_root = step_dir.parent_path();
     step = std::stoll(step_dir.filename().string().substr(5));
-  } else if (fs::exists(p / "LATEST")) {
+  } else if (CheckpointDir::holds_checkpoints(p.string())) {
     ckpt_root = p;
-  } else if (fs::exists(p / "ckpt" / "LATEST")) {
+  } else if (CheckpointDir::holds_checkpoints((p / "ckpt").string())) {
     ckpt_root = p / "ckpt";
   } else {
     fail("'", path,
          "' is neither a frugal run directory, its ckpt/ directory, nor a step directory "
-         "(no LATEST found)");
+         "(no LATEST or step directory found)");
   }
   SavedStep s;
   s.run_dir = ckpt_root.parent_path();
@@ -150,7 +150,7 @@ SavedModel load_saved_model(const std::string& path) {
   saved.config = llama_config_from_json(manifest.at("model"), dir.rank_file(*step, 0));
   saved.step = *step;
   saved.step_dir = dir.step_dir(*step);
-  ShardedTensorReader reader(dir, *step, manifest.at("world_size").get<int>());
+  ShardedTensorReader reader(dir, *step, manifest.at("world_size").get<int>(), manifest);
   const nlohmann::json config = manifest.value("config", nlohmann::json::object());
   if (train_type_of_run(config, dir.rank_file(*step, 0)) != TrainType::full) {
     saved.params = load_lora_merged(config, saved.config, reader, dir.rank_file(*step, 0));
@@ -177,7 +177,8 @@ void export_peft_adapters(const std::string& path, const std::string& out_dir) {
          "PEFT (export it without --peft)");
   const LlamaConfig shape = llama_config_from_json(opened.manifest.at("model"), source);
   const LoraConfig lora = lora_of_run(config, source);
-  ShardedTensorReader reader(*opened.dir, opened.step, opened.manifest.at("world_size").get<int>());
+  ShardedTensorReader reader(*opened.dir, opened.step, opened.manifest.at("world_size").get<int>(),
+                             opened.manifest);
   // PEFT's names: the model wrapped as base_model.model.
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const UnitSpec& unit : lora_units(shape, lora))

@@ -52,7 +52,12 @@ double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& v
   if (total == 0)
     fail("the validation split of '", c.data.dir,
          "' holds no window of train.seq_len = ", c.train.seq_len, " + 1 tokens");
-  return world.all_reduce_sum(loss_sum) / total;
+  const double loss = world.all_reduce_sum(loss_sum) / total;
+  // metrics.jsonl would hold null, and the run would end as if all were well.
+  if (!std::isfinite(loss))
+    fail("the validation loss is ", loss, "; the weights overflow the forward pass or are not ",
+         "finite (try a lower train.lr or a stronger optim.grad_clip)");
+  return loss;
 }
 
 // The signal any rank received (SIGUSR1, SIGTERM), the same on every rank; 0 when none did.
@@ -112,10 +117,11 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   const TokenFile& val_tokens = *run.val_tokens;
 
   int64_t start_step = 0;
-  if (c.train.resume) {
-    world.barrier();  // rank 0 may have just created out_dir
+  world.barrier();  // rank 0 may have just created out_dir
+  if (c.train.resume)
     start_step = run.checkpoints->resume();
-  }
+  else
+    run.checkpoints->start_afresh();  // an earlier run's checkpoints are kept aside
   TrainSummary summary;
   if (start_step >= c.train.steps) {
     // A finished run resubmitted (a job requeued after its last step, say): nothing changes.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/checked.h"
 #include "core/log.h"
 #include "monitor/metrics.h"
 #include "ops/ops.h"
@@ -303,7 +304,11 @@ Arena* TrainingRun::checkpoint_staging(size_t state_bytes) {
 
 int64_t TrainingRun::tokens_per_step() const {
   const int dp = use_gpu ? gpu_mesh.dp_size : host_mesh.dp_size;
-  return config.train.micro_batch_size * config.train.seq_len * config.train.grad_accum_steps * dp;
+  const char* what = "train.micro_batch_size x train.seq_len x train.grad_accum_steps x dp ranks";
+  return checked_mul(
+      checked_mul(checked_mul(config.train.micro_batch_size, config.train.seq_len, what),
+                  config.train.grad_accum_steps, what),
+      int64_t{dp}, what);
 }
 
 void TrainingRun::log_plan(int64_t start_step) const {

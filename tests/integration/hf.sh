@@ -129,6 +129,28 @@ mkdir "$work/rope" && cp "$gqa/"* "$work/rope/"
 sed -i 's/"rope_type": "default"/"rope_type": "llama3"/' "$work/rope/config.json"
 expect_error "rope_parameters of type 'llama3'" eval --hf-model "$work/rope" --tokens "$toks"
 
+# Weights that disagree with config.json or are not finite: refused by name. (The unit tests
+# cover more: unused tensors, a tied model's lm_head, fractional sizes.)
+mkdir "$work/nan" && cp "$gqa/"* "$work/nan/" && chmod u+w "$work/nan/"*
+# Overwrites every value of a tensor of a safetensors file with one float.
+set_tensor() {  # FILE TENSOR VALUE
+  perl -e 'open my $f, "+<", $ARGV[0] or die; binmode $f; read $f, my $len, 8;
+           my $n = unpack "Q<", $len; read $f, my $h, $n;
+           $h =~ /"\Q$ARGV[1]\E":\{[^}]*"data_offsets":\[(\d+),(\d+)\]/ or die "no $ARGV[1]";
+           seek $f, 8 + $n + $1, 0; print $f pack("f<", $ARGV[2]) x (($2 - $1) / 4);' "$@"
+}
+set_tensor "$work/nan/model.safetensors" model.layers.0.mlp.up_proj.weight nan
+expect_error "tensor 'model.layers.0.mlp.up_proj.weight' holds -*nan at row 0, column 0" \
+  eval --hf-model "$work/nan" --tokens "$toks"
+sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 1/' "$work/nan/config.json"
+expect_error "holds 9 tensors that the model of its config.json does not use (model.layers.1" \
+  eval --hf-model "$work/nan" --tokens "$toks"
+# Finite weights whose forward pass overflows: the loss is refused, not printed as null.
+mkdir "$work/huge" && cp "$gqa/"* "$work/huge/" && chmod u+w "$work/huge/"*
+set_tensor "$work/huge/model.safetensors" model.norm.weight 3e38
+expect_error "eval: the loss of Hugging Face model '.*huge' on '.*' is -*nan" \
+  eval --hf-model "$work/huge" --tokens "$toks"
+
 printf '1 2 3\n4 500 6\n' > "$work/big.txt"
 expect_error "sequence 2: token id 500 is outside the model's vocabulary \[0, 112)" \
   eval --hf-model "$gqa" --tokens "$work/big.txt"
@@ -150,7 +172,7 @@ expect_error "has no tokenizer.model, needed for --prompt" generate --hf-model "
 expect_error "dtype 'f16' is not one of: f32, bf16" export --ckpt "$work/run" --out "$work/x" --dtype f16
 expect_error "--out DIR is required" export --ckpt "$work/run"
 expect_error "holds a sharded model" export --hf-model "$gqa" --out "$work/noshard"
-expect_error "no LATEST found" export --ckpt "$work/data" --out "$work/x"
+expect_error "no LATEST or step directory found" export --ckpt "$work/data" --out "$work/x"
 for cmd in eval generate export; do
   help=$("$frugal" $cmd --help)
   grep -q "usage: frugal $cmd" <<< "$help" || { echo "FAIL: $cmd --help"; exit 1; }

@@ -34,4 +34,18 @@ rc=0
 "$frugal" train "${common[@]}" --model.hf_path="$work/nowhere" --train.out_dir="$work/bad" \
   > "$work/bad.log" 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "nowhere" "$work/bad.log" || { echo "FAIL: a missing hf_path was not reported"; cat "$work/bad.log"; exit 1; }
+# Finite weights whose forward pass overflows (the final norm at 3e38): the run stops at its
+# first validation, naming the loss, instead of writing "val_loss": null.
+mkdir "$work/huge" && cp "$work/hf/"* "$work/huge/"
+perl -e 'open my $f, "+<", $ARGV[0] or die; binmode $f; read $f, my $len, 8;
+         my $n = unpack "Q<", $len; read $f, my $h, $n;
+         $h =~ /"model\.norm\.weight":\{[^}]*"data_offsets":\[(\d+),(\d+)\]/ or die;
+         seek $f, 8 + $n + $1, 0; print $f pack("f<", 3e38) x (($2 - $1) / 4);' \
+  "$work/huge/model.safetensors"
+rc=0
+"$frugal" train "${common[@]}" --model.hf_path="$work/huge" --train.micro_batch_size=2 \
+  --train.steps=2 --train.out_dir="$work/huge-run" > "$work/huge.log" 2>&1 || rc=$?
+[ "$rc" -eq 1 ] && grep -q "the validation loss is -*nan" "$work/huge.log" \
+  || { echo "FAIL: a NaN validation loss gave exit $rc"; cat "$work/huge.log"; exit 1; }
+! grep -q null "$work/huge-run/metrics.jsonl" || { echo "FAIL: metrics.jsonl holds a null loss"; exit 1; }
 echo "integration hf_finetune: ok"

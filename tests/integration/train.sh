@@ -105,6 +105,30 @@ rc=0
 "$frugal" ckpt ls "$work/nowhere" > "$work/ls.log" 2>&1 || rc=$?
 [ "$rc" -eq 1 ] && grep -q "holds no committed checkpoint" "$work/ls.log" || { echo "FAIL: ckpt ls of nothing"; exit 1; }
 
+# LATEST deleted: the committed steps are found from their directories; the resume says
+# LATEST is missing and continues exactly from the newest step.
+# (Synchronous saves: the step-20 checkpoint is committed when the exit at 21 hits.)
+FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --ckpt.async=false --train.steps=30 \
+  --ckpt.every=10 --train.out_dir="$work/h" >/dev/null 2>&1 || true
+rm "$work/h/ckpt/LATEST"
+"$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 --train.resume=true \
+  --train.out_dir="$work/h" > "$work/h.log" 2>&1 || { echo "FAIL: resume without LATEST"; cat "$work/h.log"; exit 1; }
+grep -q "LATEST' is missing" "$work/h.log" && grep -q "resumed from step 20" "$work/h.log" \
+  || { echo "FAIL: resume without LATEST"; cat "$work/h.log"; exit 1; }
+cmp <(losses "$work/h/metrics.jsonl") <(losses "$work/f/metrics.jsonl") \
+  || { echo "FAIL: after a resume without LATEST the losses differ from a straight run"; exit 1; }
+# A run that does not resume, in that directory: the earlier run's steps are moved aside,
+# byte for byte, not overwritten or pruned by the new run's.
+cp "$work/h/ckpt/step_00000030/rank_00000.h5" "$work/h-step30.h5"
+"$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 --train.seed=7 \
+  --train.out_dir="$work/h" > "$work/h2.log" 2>&1 || { echo "FAIL: fresh run"; cat "$work/h2.log"; exit 1; }
+grep -q "held checkpoints of an earlier run: they are moved to '.*earlier_run_1'" "$work/h2.log" \
+  || { echo "FAIL: the earlier checkpoints were not set aside"; cat "$work/h2.log"; exit 1; }
+cmp "$work/h/ckpt/earlier_run_1/step_00000030/rank_00000.h5" "$work/h-step30.h5" \
+  || { echo "FAIL: the earlier run's step 30 was changed"; exit 1; }
+[ -f "$work/h/ckpt/earlier_run_1/step_00000020/rank_00000.h5" ] || { echo "FAIL: earlier step 20 lost"; exit 1; }
+"$frugal" ckpt verify "$work/h" > "$work/verify-h.log" || { echo "FAIL: verify after a fresh run"; cat "$work/verify-h.log"; exit 1; }
+
 # Bad input: a clear message and a non-zero exit, never a crash.
 expect_error() {
   local pattern=$1

@@ -60,7 +60,22 @@ grep -q "another rank runs a different configuration" "$work/mismatch.out" \
   || { echo "FAIL: rank 0 did not report the mismatch"; cat "$work/mismatch.out"; exit 1; }
 expect_failure dead-rank "injected fault 'exit'" env FRUGAL_INJECT_FAULT=exit:1:3 \
   "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.micro_batch_size=2 --train.out_dir="$work/x"
-expect_failure hung-rank "waited .* s for the other ranks" env FRUGAL_INJECT_FAULT=hang:1:3 \
-  "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.micro_batch_size=2 \
-  --parallel.timeout_s=5 --train.out_dir="$work/y"
+# A hung rank: the others stop after parallel.timeout_s, once (not once per operation still in
+# flight): the time from the hang to the report, each line stamped as it arrives, is the
+# timeout (0.9 x, for the ranks' skew) and below 1.5 times it.
+timeout_s=5
+stamped() { while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done; }
+{ rc=0; FRUGAL_INJECT_FAULT=hang:1:3 timeout 120 "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" \
+    --train.micro_batch_size=2 --parallel.timeout_s=$timeout_s --train.out_dir="$work/y" 2>&1 \
+    || rc=$?; echo "- exit $rc"; } | stamped > "$work/hung-rank.out"
+rc=$(sed -n 's/^[0-9.]* - exit //p' "$work/hung-rank.out")
+hung_at=$(grep -m1 "injected fault 'hang'" "$work/hung-rank.out" | cut -d' ' -f1)
+told_at=$(grep -m1 "waited .* s for the other ranks" "$work/hung-rank.out" | cut -d' ' -f1)
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ -z "$hung_at" ] || [ -z "$told_at" ]; then
+  echo "FAIL: hung-rank exited $rc"; cat "$work/hung-rank.out"; exit 1
+fi
+awk -v a="$hung_at" -v b="$told_at" -v t=$timeout_s 'BEGIN { d = b - a; exit !(d >= 0.9 * t && d < 1.5 * t) }' \
+  || { echo "FAIL: a hung rank was reported $(awk -v a="$hung_at" -v b="$told_at" 'BEGIN { print b - a }') s after it hung, with parallel.timeout_s = $timeout_s"
+       cat "$work/hung-rank.out"; exit 1; }
+echo "hung-rank: reported $(awk -v a="$hung_at" -v b="$told_at" 'BEGIN { printf "%.1f", b - a }') s after the hang (parallel.timeout_s = $timeout_s), exit $rc"
 echo "integration zero3: ok"

@@ -3,17 +3,23 @@
 // unusable newest step (a damaged file, a part that refuses its values) to the newest usable
 // one, or says none can be read.
 #include <hdf5.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "catch_compat.h"
 #include "ckpt/checkpoint_index.h"
 #include "ckpt/checkpoint_manager.h"
+#include "ckpt/step_check.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "optim/adamw.h"
@@ -304,4 +310,154 @@ TEST_CASE("checkpoint manager: a save in flight when the manager goes is never c
   part.set(0);
   CHECK(manager.resume() == 1);
   expect_values_of(part, 10);
+}
+
+TEST_CASE("checkpoint manager: committed steps come from their directories, not from LATEST",
+          "[ckpt]") {
+  TempDir tmp;
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 3);
+  for (int step = 1; step <= 3; ++step) {
+    part.set(float(step * 100));
+    manager.save(step);
+  }
+  // A save that died before its commit: rank files without COMMITTED, never resumed.
+  part.set(400);
+  manager.dir().save_rank(4, 0, {{"fake/shard", part.shard}, {"fake/shared", part.shared}},
+                          {{"format", "frugal-checkpoint-2"}, {"step", 4}, {"world_size", 1}});
+  const fs::path latest = fs::path(manager.dir().root()) / "LATEST";
+  SECTION("LATEST deleted: the newest committed step, and LATEST named missing") {
+    fs::remove(latest);
+    CHECK(contains(manager.dir().latest_problem(), "LATEST' is missing"));
+    part.set(0);
+    CHECK(manager.resume() == 3);
+    expect_values_of(part, 300);
+    CHECK(manager.dir().committed_steps() == std::vector<int64_t>{3, 2, 1});
+  }
+  SECTION("LATEST empty or garbage: the newest committed step") {
+    for (const char* text : {"", "step_0000\x01garbage\n"}) {
+      std::ofstream(latest, std::ios::trunc) << text;
+      CHECK(contains(manager.dir().latest_problem(), "not a step name"));
+      part.set(0);
+      CHECK(manager.resume() == 3);
+      expect_values_of(part, 300);
+    }
+  }
+  SECTION("the newest step directory deleted: the one before it") {
+    fs::remove_all(manager.dir().step_dir(3));
+    CHECK(
+        contains(manager.dir().latest_problem(), "names step_00000003, which is not a committed"));
+    part.set(0);
+    CHECK(manager.resume() == 2);
+    expect_values_of(part, 200);
+  }
+  SECTION("LATEST behind the newest committed step (a kill between COMMITTED and LATEST)") {
+    std::ofstream(latest, std::ios::trunc) << "step_00000002\n";
+    part.set(0);
+    CHECK(manager.resume() == 3);
+    expect_values_of(part, 300);
+  }
+}
+
+TEST_CASE("checkpoint manager: a run that does not resume keeps an earlier run's steps aside",
+          "[ckpt]") {
+  TempDir tmp;
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2);
+  for (int step = 1; step <= 2; ++step) {
+    part.set(float(step * 100));
+    manager.save(step);
+  }
+  const std::string earlier = manager.dir().rank_file(2, 0);
+  std::ifstream in(earlier, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  manager.start_afresh();
+  CHECK(manager.dir().committed_steps().empty());
+  // The new run's steps neither overwrite nor prune the earlier ones.
+  for (int step = 1; step <= 3; ++step) {
+    part.set(float(step * 1000));
+    manager.save(step);
+  }
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{3, 2});
+  const fs::path aside =
+      fs::path(manager.dir().root()) / "earlier_run_1" / "step_00000002" / "rank_00000.h5";
+  std::ifstream kept(aside, std::ios::binary);
+  CHECK(std::string((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>()) ==
+        bytes);
+  CHECK(fs::exists(fs::path(manager.dir().root()) / "earlier_run_1" / "step_00000001"));
+  part.set(0);
+  CHECK(manager.resume() == 3);
+  expect_values_of(part, 3000);
+}
+
+TEST_CASE("checkpoint manager: a kill while pruning leaves no half-deleted step", "[ckpt]") {
+  // The pruned step is large (many files), so that the kill lands while it is being deleted.
+  int half_deleted = 0;
+  for (int attempt = 0; attempt < 12; ++attempt) {
+    TempDir tmp;
+    FakePart part;
+    CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}},
+                              2);
+    for (int step = 1; step <= 2; ++step) manager.save(step);
+    const fs::path pruned = manager.dir().step_dir(1);
+    constexpr int kFiles = 3000;
+    for (int i = 0; i < kFiles; ++i) std::ofstream(pruned / ("extra_" + std::to_string(i)));
+    auto files_in = [](const fs::path& dir) {
+      int64_t files = 0;
+      for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+      return files;
+    };
+    const int64_t whole = files_in(pruned);  // the extras, the rank file, COMMITTED, index.h5
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      manager.save(3);  // commits 3 and prunes 1
+      _exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(2000 + attempt * 2500));
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    // step_00000001 is whole or gone, never half there.
+    if (fs::exists(pruned)) half_deleted += files_in(pruned) != whole;
+    // Whatever the kill left, the committed steps read back, and the next commit cleans up.
+    for (int64_t step : manager.dir().committed_steps())
+      CHECK(check_step(manager.dir(), step).ok());
+    manager.save(4);
+    for (const auto& e : fs::directory_iterator(manager.dir().root()))
+      CHECK(e.path().filename().string().rfind(".pruned.", 0) != 0);
+  }
+  CHECK(half_deleted == 0);
+}
+
+TEST_CASE("checkpoint manager: every rank file's manifest is checked, as verify checks it",
+          "[ckpt]") {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt");
+  for (int step : {4, 5})
+    for (int rank = 1; rank >= 0; --rank) {
+      ShardedPart part(rank, 2);
+      part.fill();
+      part.shard.data<float>()[0] += float(step);  // the steps' values differ
+      CheckpointManager(CheckpointDir(root), rank, 2, one_rank, {{"p", &part}}, 3).save(step);
+    }
+  const CheckpointDir dir(root);
+  SECTION("a rank file of another step in the newest step's directory") {
+    fs::copy_file(dir.rank_file(4, 1), dir.rank_file(5, 1), fs::copy_options::overwrite_existing);
+  }
+  SECTION("a damaged manifest of rank 1") {
+    std::fstream f(dir.rank_file(5, 1), std::ios::in | std::ios::out | std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t at = bytes.find("\"world_size\":2");
+    REQUIRE(at != std::string::npos);
+    f.seekp(std::streamoff(at + 13));
+    f.put('3');
+  }
+  // verify refuses step 5 naming rank 1's file, and a resume falls back to step 4.
+  const StepCheck check = check_step(dir, 5);
+  CHECK(!check.ok());
+  CHECK(contains(check.error, dir.rank_file(5, 1)));
+  ShardedPart part(0, 1);
+  CheckpointManager manager(CheckpointDir(root), 0, 1, one_rank, {{"p", &part}}, 3);
+  CHECK(contains(error_of([&] { manager.load(5); }), dir.rank_file(5, 1)));
+  CHECK(manager.resume() == 4);
 }

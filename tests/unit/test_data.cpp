@@ -2,8 +2,10 @@
 // resume, rank split) and tokenizer training (round trip, determinism).
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -224,6 +226,52 @@ TEST_CASE("token files round-trip and reject damage", "[data][token_file]") {
   CHECK(contains(error_of([&] { TokenFile t(dir.file("missing.tok")); }), "missing.tok"));
   CHECK(contains(error_of([&] { write_token_file(cut, {{512}}, 512, 1, 2); }),
                  "outside the vocabulary"));
+}
+
+TEST_CASE("token files: a header whose byte count overflows is refused, not read",
+          "[data][token_file]") {
+  // 2^63 + 4 two-byte tokens is 2^64 + 8 bytes: wrapped around 64 bits, the header's size
+  // would match a file of 4 tokens, and reading its ids would run past the mapping.
+  TempDir dir;
+  const std::string path = dir.file("huge.tok");
+  write_token_file(path, {{5, 6}}, 512, 1, 2);  // 4 tokens: bos 5 6 eos
+  std::string bytes = read_bytes(path);
+  const uint64_t promised = (uint64_t(1) << 63) + 4;
+  std::memcpy(bytes.data() + 16, &promised, sizeof promised);
+  write_text(path, bytes);
+  for (const std::string& msg :
+       {error_of([&] { TokenFile t(path); }), error_of([&] { read_token_file_header(path); })}) {
+    CHECK(contains(msg, path));
+    CHECK(contains(msg, "num_tokens"));
+    CHECK(contains(msg, "9223372036854775812 x 2 does not fit in uint64"));
+  }
+}
+
+TEST_CASE("sampler and eval iterator: batch sizes that overflow are refused by name",
+          "[data][sampler]") {
+  const auto tokens = ramp_tokens(1000);
+  // 2^62 rows of 16 tokens: the [rows, seq_len] batch has 2^66 elements.
+  const int64_t rows = int64_t(1) << 62;
+  const std::string msg = error_of([&] {
+    BatchSampler s(view_of(tokens), {.seq_len = 16, .micro_batch_size = rows, .seed = 1});
+  });
+  CHECK(contains(msg, "micro_batch_size"));
+  CHECK(contains(msg, "4611686018427387904 x 16 does not fit in int64"));
+  // The global batch (world x micro_batch_size rows) overflows, the rows of one rank do not
+  // (2^61 + 1 rows of one id are 2^63 + 4 bytes).
+  const int64_t quarter = (int64_t(1) << 61) + 1;
+  CHECK(
+      contains(error_of([&] {
+                 BatchSampler s(
+                     view_of(tokens),
+                     {.seq_len = 1, .micro_batch_size = quarter, .seed = 1, .rank = 0, .world = 4});
+               }),
+               "4 x 2305843009213693953 does not fit in int64"));
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  CHECK(contains(error_of([&] { EvalIterator it(view_of(tokens), 8, most, 0, 2); }),
+                 "micro_batch_size"));
+  CHECK(contains(error_of([&] { EvalIterator it(view_of(tokens), 8, int64_t(1) << 61); }),
+                 "2305843009213693952 x 8 does not fit in int64"));
 }
 
 TEST_CASE("seeded permutations are portable and unbiased in shape", "[data][sampler]") {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -235,7 +236,23 @@ TEST_CASE("safetensors: truncated files and bad headers fail naming the file and
     write_raw(
         path,
         R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0);
-    CHECK(contains(error_of([&] { SafetensorsFile f(path); }), "is too large"));
+    CHECK(contains(error_of([&] { SafetensorsFile f(path); }),
+                   "tensor 'w': tensor shape [4294967296, 4294967296]: 4294967296 x 4294967296 "
+                   "does not fit in int64"));
+    // Nor a product of elements and element size that wraps: 2^62 F32 elements are 2^64 bytes.
+    write_raw(path,
+              R"({"w": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})",
+              0);
+    std::string err = error_of([&] { SafetensorsFile f(path); });
+    CHECK(contains(err, "tensor 'w'"));
+    CHECK(contains(err, "4611686018427387904 x 4 does not fit in"));
+    // An element count past int64 (what shapes and tensors count in).
+    write_raw(
+        path,
+        R"({"w": {"dtype": "U8", "shape": [4611686018427387904, 2], "data_offsets": [0, 0]}})", 0);
+    err = error_of([&] { SafetensorsFile f(path); });
+    CHECK(contains(err, "tensor 'w'"));
+    CHECK(contains(err, "4611686018427387904 x 2 does not fit in int64"));
   }
 }
 
@@ -315,6 +332,54 @@ TEST_CASE("HF model directory: wrong shapes and missing tensors are named") {
     fs::remove(copy / "config.json");
     CHECK(contains(error_of([&] { HfModelDir m(copy.string()); }), "has no config.json"));
   }
+  SECTION("tensors the model does not use: config.json declares fewer layers") {
+    nlohmann::json config = read_json(copy / "config.json");
+    config["num_hidden_layers"] = 1;
+    write_json(copy / "config.json", config);
+    const std::string err = error_of([&] { HfModelDir m(copy.string()); });
+    CHECK(contains(err, st));
+    CHECK(contains(err, "holds 9 tensors that the model of its config.json does not use"));
+    CHECK(contains(err, "model.layers.1.input_layernorm.weight"));
+  }
+  SECTION("a rotary inv_freq buffer (older checkpoints) is not a weight: ignored") {
+    tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", Tensor::zeros({8})});
+    write_safetensors(st, tensors, DType::f32);
+    HfModelDir m(copy.string());
+    CHECK(m.config().num_hidden_layers == 2);
+  }
+  SECTION("lm_head.weight in a tied model: refused when it differs from the embedding") {
+    nlohmann::json config = read_json(copy / "config.json");
+    config["tie_word_embeddings"] = true;
+    write_json(copy / "config.json", config);
+    const std::string err = error_of([&] { HfModelDir m(copy.string()); });
+    CHECK(contains(err, "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight'"));
+    CHECK(contains(err, "tie_word_embeddings"));
+    // Equal to the embedding: transformers ignores it, and so does frugal, saying so.
+    Tensor embed;
+    for (auto& [name, t] : tensors)
+      if (name == "model.embed_tokens.weight") embed = t;
+    for (auto& [name, t] : tensors)
+      if (name == "lm_head.weight") t = embed.clone();
+    write_safetensors(st, tensors, DType::f32);
+    HfModelDir m(copy.string());
+    CHECK(m.config().tie_word_embeddings);
+  }
+  SECTION("a non-finite weight is named when it is read") {
+    for (auto& [name, t] : tensors)
+      if (name == k_proj)
+        t.data<float>()[2 * 64 + 5] = std::numeric_limits<float>::infinity();
+      else if (name == "model.norm.weight")
+        t.data<float>()[7] = std::nanf("");
+    write_safetensors(st, tensors, DType::f32);
+    HfModelDir m(copy.string());
+    CHECK(contains(error_of([&] { m.read(k_proj); }),
+                   "tensor '" + k_proj + "' holds inf at row 2, column 5"));
+    CHECK(contains(error_of([&] { m.read_rows(k_proj, 2, 3); }), "holds inf at row 2, column 5"));
+    CHECK(m.read_rows(k_proj, 3, 32).size(0) == 29);  // the rows without it read
+    CHECK(contains(error_of([&] { m.load(); }), "holds"));
+    CHECK(contains(error_of([&] { m.read("model.norm.weight"); }),
+                   "tensor 'model.norm.weight' holds nan at row 7"));
+  }
 }
 
 TEST_CASE("config.json of the Llama family: accepted layouts and refused ones") {
@@ -384,6 +449,13 @@ TEST_CASE("config.json of the Llama family: accepted layouts and refused ones") 
   refused("hidden_act", "gelu", "hidden_act 'gelu' is not supported");
   refused("quantization_config", {{"quant_method", "gptq"}}, "quantized checkpoints");
   refused("hidden_size", "big", "key 'hidden_size'");
+  // A fractional size is refused by name, not truncated (64.7 is no 64); a whole one is fine.
+  refused("hidden_size", 64.7, "key 'hidden_size' has value 64.7, not a whole number");
+  refused("num_hidden_layers", 2.5, "key 'num_hidden_layers' has value 2.5, not a whole number");
+  refused("vocab_size", 1e30, "key 'vocab_size' has value 1e+30, not a whole number");
+  nlohmann::json whole = v4;
+  whole["hidden_size"] = 64.0;
+  CHECK(llama_config_from_hf_json(whole, "cfg.json").hidden_size == 64);
   nlohmann::json bare = v4;
   bare.erase("architectures");
   bare.erase("model_type");

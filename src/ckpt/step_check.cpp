@@ -1,0 +1,98 @@
+// A step's rank files read through in child processes.
+#include "ckpt/step_check.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "ckpt/isolated.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace frugal {
+
+namespace {
+
+double time_limit_s(const std::string& path) {
+  std::error_code ec;
+  const auto bytes = fs::file_size(path, ec);
+  return 60.0 + (ec ? 0.0 : double(bytes) / 20e6);
+}
+
+// The outcome as an error naming the file (the Error's own message already names it).
+std::string describe_failure(const std::string& path, const IsolatedOutcome& outcome) {
+  if (outcome.crashed)
+    return "checkpoint file '" + path + "': damaged: HDF5 " + outcome.text + " reading it";
+  if (outcome.timed_out)
+    return "checkpoint file '" + path + "': damaged: reading it " + outcome.text;
+  return outcome.text;
+}
+
+}  // namespace
+
+StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stride) {
+  FRUGAL_CHECK(stride >= 1 && first >= 0, "check_step of ranks ", first, " + k * ", stride);
+  StepCheck check;
+  check.step = step;
+  // Rank 0's file first: its manifest is what the others must agree with. When it is among the
+  // files to check, one child reads it through and answers its manifest too.
+  const std::string first_file = dir.rank_file(step, 0);
+  const bool check_first = first == 0;
+  const IsolatedOutcome opened = run_isolated(
+      [&] {
+        const nlohmann::json manifest = dir.manifest(step, 0);
+        CheckpointDir::RankSummary s;
+        if (check_first) s = dir.verify_rank(step, 0, manifest);
+        return nlohmann::json{{"manifest", manifest}, {"tensors", s.tensors}, {"bytes", s.bytes}}
+            .dump();
+      },
+      time_limit_s(first_file));
+  if (!opened.ok) {
+    check.error = describe_failure(first_file, opened);
+    if (check_first) check.files.push_back({0, first_file, check.error, 0, 0});
+    return check;
+  }
+  const nlohmann::json answer = nlohmann::json::parse(opened.text);
+  check.manifest = answer.at("manifest");
+  if (check_first)
+    check.files.push_back({0, first_file, "", answer.at("tensors").get<int64_t>(),
+                           answer.at("bytes").get<int64_t>()});
+  const nlohmann::json world = check.manifest.value("world_size", nlohmann::json());
+  if (!world.is_number_integer() || world.get<int64_t>() < 1 || world.get<int64_t>() > (1 << 24)) {
+    check.error = "checkpoint file '" + first_file + "': its manifest has world_size " +
+                  world.dump() + ", not a number of ranks";
+    return check;
+  }
+  check.world_size = world.get<int>();
+  const std::optional<int> committed = dir.committed_world_size(step);
+  if (committed && *committed != check.world_size) {
+    check.error = "checkpoint step " + std::to_string(step) + ": its COMMITTED file names " +
+                  std::to_string(*committed) + " rank files, rank 0's manifest " +
+                  std::to_string(check.world_size);
+    return check;
+  }
+  for (int rank = check_first ? stride : first; rank < check.world_size; rank += stride) {
+    RankFileCheck file;
+    file.rank = rank;
+    file.path = dir.rank_file(step, rank);
+    const IsolatedOutcome read = run_isolated(
+        [&] {
+          const CheckpointDir::RankSummary s = dir.verify_rank(step, rank, check.manifest);
+          return std::to_string(s.tensors) + " " + std::to_string(s.bytes);
+        },
+        time_limit_s(file.path));
+    if (read.ok) {
+      long long tensors = 0, bytes = 0;
+      std::sscanf(read.text.c_str(), "%lld %lld", &tensors, &bytes);
+      file.tensors = tensors;
+      file.bytes = bytes;
+    } else {
+      file.error = describe_failure(file.path, read);
+      if (check.error.empty()) check.error = file.error;
+    }
+    check.files.push_back(file);
+  }
+  return check;
+}
+
+}  // namespace frugal

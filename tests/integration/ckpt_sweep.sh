@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Bit flips in a checkpoint rank file, one at a time (tools/ckpt_sweep, built beside frugal):
+# a sample of the bits of its metadata (the first 2 KiB: superblock, root group, object
+# headers; the last KiB: the group indexes and the manifest) and of its data region. For each,
+# `ckpt verify`'s check and a resume must accept the flip and load the clean values, or refuse
+# it by name and fall back to the older step: never crash, hang or load other values. Then the
+# CLI itself on flips of every outcome the sweep met: `frugal ckpt verify` exits 0 or 1 (not by
+# a signal, not hung) and `frugal train --train.resume=true` continues with exactly the losses
+# of a straight run. The full sweep (every bit of the file; figures in doc/architecture.md):
+#   CKPT_SWEEP_FULL=1 bash tests/integration/ckpt_sweep.sh build/frugal .
+# usage: ckpt_sweep.sh FRUGAL_BINARY REPO_ROOT
+source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
+export OMP_NUM_THREADS=1
+sweep=$(dirname "$frugal_binary")/ckpt_sweep
+[ -x "$sweep" ] || { echo "missing $sweep (it is built with frugal)"; exit 1; }
+
+# A tiny model, so that the file is small: a corpus of 16 words, the smallest vocabulary.
+words=(the cat sat on a mat and dog ran far away from home to see sun)
+for ((i = 0; i < 300; i++)); do
+  line=""
+  for ((j = 0; j < 3 + (i * 7) % 10; j++)); do line+="${words[(i * 13 + j * 5) % 16]} "; done
+  printf '%s\n%%\n' "$line"
+done > "$work/corpus.txt"
+"$frugal" prepare "$work/corpus.txt" --out "$work/data" --vocab-size 320 --val-fraction 0.1 >/dev/null
+common=(--data.dir="$work/data" --model.hidden_size=8 --model.intermediate_size=8
+        --model.num_hidden_layers=1 --model.num_attention_heads=1 --model.num_key_value_heads=1
+        --model.vocab_size=320 --model.max_position_embeddings=16 --model.tie_word_embeddings=true
+        --train.seq_len=8 --train.micro_batch_size=2 --train.lr=5e-3 --train.warmup_steps=1
+        --train.eval_batches=1 --train.sample_tokens=0 --train.steps=8 --ckpt.every=2)
+"$frugal" train "${common[@]}" --train.out_dir="$work/straight" >/dev/null
+# Killed after its step-4 checkpoint: steps 2 and 4 are committed (synchronous saves, so
+# step 4's is when the exit at 5 hits).
+FRUGAL_INJECT_FAULT=exit:0:5 "$frugal" train "${common[@]}" --ckpt.async=false --train.out_dir="$work/run" \
+  >/dev/null 2>&1 || true
+[ -f "$work/run/ckpt/step_00000004/COMMITTED" ] || { echo "FAIL: no step-4 checkpoint"; exit 1; }
+
+start=$SECONDS
+if [ "${CKPT_SWEEP_FULL:-0}" = 1 ]; then
+  # The full sweep: every bit of the file (of the refused flips, one in 16 also resumed).
+  "$sweep" "$work/run/ckpt" 0:0 --jobs "$(getconf _NPROCESSORS_ONLN)" --resume-refused-every 16 \
+    --examples "$work/examples.txt" | tee "$work/sweep.log"
+else
+  "$sweep" "$work/run/ckpt" 0:2048 -1024:0 --every 13 --jobs 2 --examples "$work/examples.txt" \
+    | tee "$work/sweep.log"
+  "$sweep" "$work/run/ckpt" 2048:-1024 --every 4001 --jobs 2 | tee -a "$work/sweep.log"
+fi
+echo "sweep: $((SECONDS - start)) s"
+
+# The CLI on up to 2 flips of each outcome.
+flip() {  # FILE OFFSET BIT
+  local byte
+  byte=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
+  printf "$(printf '\\%03o' $((byte ^ (1 << $3))))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+declare -A tried
+n=0
+while read -r offset bit outcome; do
+  [ "${tried[$outcome]:-0}" -lt 2 ] || continue
+  tried[$outcome]=$(( ${tried[$outcome]:-0} + 1 ))
+  copy=$work/flip-$n
+  n=$((n + 1))
+  cp -r "$work/run" "$copy"
+  flip "$copy/ckpt/step_00000004/rank_00000.h5" "$offset" "$bit"
+  rc=0
+  timeout 60 "$frugal" ckpt verify "$copy" > "$copy.verify" 2>&1 || rc=$?
+  if [ "$rc" -gt 1 ]; then echo "FAIL: verify of flip $offset:$bit ($outcome) exited $rc"; cat "$copy.verify"; exit 1; fi
+  if [[ $outcome == verify:ok* ]]; then want=0 from=4; else want=1 from=2; fi
+  [ "$rc" -eq "$want" ] || { echo "FAIL: verify of flip $offset:$bit ($outcome) exited $rc"; cat "$copy.verify"; exit 1; }
+  rc=0
+  timeout 120 "$frugal" train "${common[@]}" --train.resume=true --train.out_dir="$copy" \
+    > "$copy.resume" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] && grep -q "resumed from step $from" "$copy.resume" \
+    || { echo "FAIL: resume of flip $offset:$bit ($outcome) exited $rc"; cat "$copy.resume"; exit 1; }
+  cmp -s <(losses "$copy/metrics.jsonl") <(losses "$work/straight/metrics.jsonl") \
+    || { echo "FAIL: after flip $offset:$bit ($outcome) the losses differ from a straight run"; exit 1; }
+  echo "CLI, flip $offset:$bit ($outcome): verify exit $want, resumed from step $from, same losses"
+done < "$work/examples.txt"
+[ "$n" -ge 2 ] || { echo "FAIL: the sweep gave no examples"; exit 1; }
+echo "integration ckpt_sweep: ok"

@@ -1,0 +1,48 @@
+// Checked size arithmetic (core/checked.h) and the sizes built on it: a shape's element count
+// and byte size, which every reader of shapes from files uses.
+#include <cstdint>
+#include <limits>
+
+#include "catch_compat.h"
+#include "core/checked.h"
+#include "core/tensor.h"
+#include "test_support.h"
+
+using namespace frugal;
+using namespace frugal::test;
+
+TEST_CASE("checked_mul and checked_add: exact results, and an Error naming the overflow") {
+  const int64_t max64 = std::numeric_limits<int64_t>::max();
+  CHECK(checked_mul<int64_t>(3037000499, 3037000499, "x") == 9223372030926249001);
+  CHECK(checked_add<int64_t>(max64 - 1, 1, "x") == max64);
+  CHECK(checked_mul<uint64_t>(uint64_t(1) << 32, (uint64_t(1) << 32) - 1, "x") ==
+        0xffffffff00000000ull);
+  CHECK(error_of([&] { checked_mul<int64_t>(3037000500, 3037000500, "the rows of ", "w"); }) ==
+        "the rows of w: 3037000500 x 3037000500 does not fit in int64 (at most "
+        "9223372036854775807)");
+  CHECK(error_of([&] { checked_add<int64_t>(max64, 1, "n"); }) ==
+        "n: 9223372036854775807 + 1 does not fit in int64 (at most 9223372036854775807)");
+  CHECK(error_of([&] { checked_mul<uint64_t>(uint64_t(1) << 63, 2, "b"); }) ==
+        "b: 9223372036854775808 x 2 does not fit in uint64 (at most 18446744073709551615)");
+  CHECK(contains(error_of([&] { checked_mul<int32_t>(65536, 32768, "i"); }), "int32"));
+  // Signed products that overflow below the minimum are caught too.
+  CHECK(
+      !error_of([&] { checked_mul<int64_t>(-(int64_t(1) << 32), int64_t(1) << 32, "s"); }).empty());
+}
+
+TEST_CASE("shape sizes: element counts and bytes past 64 bits are Errors naming the shape") {
+  CHECK(shape_numel({}) == 1);
+  CHECK(shape_numel({7, 0, 5}) == 0);
+  CHECK(shape_numel({3037000499, 3037000499}) == 9223372030926249001);
+  CHECK(shape_bytes({1000, 3}, DType::bf16) == 6000);
+  CHECK(error_of([] {
+          shape_numel({int64_t(1) << 32, int64_t(1) << 32});
+        }) ==
+        "tensor shape [4294967296, 4294967296]: 4294967296 x 4294967296 does not fit in int64 "
+        "(at most 9223372036854775807)");
+  // 2^62 f32 elements are 2^64 bytes: wrapped around, that would allocate 0 bytes.
+  const std::string err = error_of([] { Tensor::empty({int64_t(1) << 60, 4}, DType::f32); });
+  CHECK(contains(err, "tensor shape [1152921504606846976, 4] of f32"));
+  CHECK(contains(err, "4611686018427387904 x 4 does not fit in uint64"));
+  CHECK(contains(error_of([] { Tensor::empty({3, -2}); }), "negative dimension"));
+}

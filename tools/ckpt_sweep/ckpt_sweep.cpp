@@ -1,0 +1,298 @@
+// ckpt_sweep: flips bits of a checkpoint rank file, one flip at a time, and checks what frugal
+// makes of each: the check of `frugal ckpt verify` (check_step) and a resume
+// (CheckpointManager::resume, in a child process). Every flip must end in one of: verify
+// accepts it and the resume loads the step with the clean values, or verify refuses it by name
+// and the resume falls back to the older step, again with that step's clean values. Anything
+// else (wrong values, a resume that crashes or errs, verify and resume disagreeing) is a
+// failure, and the exit status is 1.
+//
+// usage: ckpt_sweep CKPT_DIR RANGE... [--every K] [--jobs N] [--examples FILE]
+//   CKPT_DIR  a run's ckpt/ directory, saved by one rank, with two committed steps or more;
+//             the newest step's rank_00000.h5 is swept (and restored after each flip)
+//   RANGE     START:END byte offsets of that file (negative: from its end; END 0: its end)
+//   --every K one bit in K of the ranges (default 1: every bit)
+//   --jobs N  N worker processes, each on its own copy of CKPT_DIR (default 1)
+//   --resume-refused-every K  of the flips verify refuses, resumes only one in K (default 1:
+//             every flip). The resume checks the step with the same function on the same
+//             bytes, so this only saves time; every flip that verify accepts is resumed.
+//   --examples FILE  writes "OFFSET BIT OUTCOME" for up to 5 flips of each outcome
+// tests/integration/ckpt_sweep.sh runs a sample; doc/architecture.md (Checkpoints) has the
+// full sweep's command and figures.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/checkpoint_manager.h"
+#include "ckpt/isolated.h"
+#include "ckpt/step_check.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace fs = std::filesystem;
+using namespace frugal;
+
+namespace {
+
+bool contains_text(const std::string& text, const char* part) {
+  return text.find(part) != std::string::npos;
+}
+
+struct Flip {
+  int64_t offset;
+  int bit;
+};
+
+// Every tensor of a step, as a part that a resume fills (one rank: whole rows).
+struct AllTensors : Stateful {
+  std::vector<std::string> names;
+  std::vector<Tensor> tensors;
+  std::vector<StateTensor> state_tensors() override {
+    std::vector<StateTensor> out;
+    for (size_t i = 0; i < names.size(); ++i)
+      out.push_back({names[i], tensors[i], whole_rows(tensors[i].shape(), false)});
+    return out;
+  }
+};
+
+// The clean contents of one step: its manifest and tensors, by name.
+struct CleanStep {
+  nlohmann::json manifest;
+  std::map<std::string, Tensor> tensors;
+};
+
+CleanStep read_clean(const CheckpointDir& dir, int64_t step) {
+  CleanStep clean;
+  clean.manifest = dir.manifest(step);
+  const H5Reader reader(dir.rank_file(step, 0));
+  for (const std::string& name : reader.tensor_names())
+    clean.tensors.emplace(name, reader.read_tensor(name));
+  return clean;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
+}
+
+// A resume on one rank in this process; returns the step it resumed from, after checking that
+// the part holds exactly that step's clean values (else an Error).
+int64_t resume_and_compare(const CheckpointDir& dir, const std::map<int64_t, CleanStep>& clean) {
+  const CleanStep& newest = clean.rbegin()->second;
+  AllTensors part;
+  for (const auto& [name, t] : newest.tensors) {
+    part.names.push_back(name);
+    part.tensors.push_back(Tensor::zeros(t.shape(), t.dtype()));
+  }
+  CheckpointManager manager(
+      dir, 0, 1, [](bool ok) { return ok; }, {{"all", &part}}, 1 << 20);
+  const int64_t step = manager.resume();
+  auto it = clean.find(step);
+  if (it == clean.end()) fail("resumed from step ", step, ", which is not a clean step");
+  for (size_t i = 0; i < part.names.size(); ++i)
+    if (!same_bits(part.tensors[i], it->second.tensors.at(part.names[i])))
+      fail("WRONG VALUES: step ", step, " tensor ", part.names[i], " differs from the clean one");
+  return step;
+}
+
+void flip_bit(const std::string& path, const Flip& f) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) fail("cannot open ", path);
+  unsigned char byte = 0;
+  if (::pread(fd, &byte, 1, f.offset) != 1) fail("cannot read ", path);
+  byte ^= static_cast<unsigned char>(1u << f.bit);
+  if (::pwrite(fd, &byte, 1, f.offset) != 1) fail("cannot write ", path);
+  ::close(fd);
+}
+
+// One flip: what verify and a resume make of it, as "verify:<v> resume:<r>".
+std::string try_flip(const CheckpointDir& dir, const std::string& path, const Flip& flip,
+                     const std::map<int64_t, CleanStep>& clean, bool resume_this) {
+  const int64_t newest = clean.rbegin()->first;
+  flip_bit(path, flip);
+  const StepCheck check = check_step(dir, newest);
+  std::string verify = "ok";
+  if (!check.ok()) {
+    verify = contains_text(check.error, "crashed")          ? "refused(HDF5 crashed)"
+             : contains_text(check.error, "did not finish") ? "refused(HDF5 hung)"
+                                                            : "refused(error)";
+  }
+  if (verify != "ok" && !resume_this) {
+    flip_bit(path, flip);  // restored
+    return "verify:" + verify + " resume:not run";
+  }
+  const IsolatedOutcome resumed = run_isolated(
+      [&] {
+        // The resume's own messages are not the sweep's.
+        const int null = ::open("/dev/null", O_WRONLY);
+        ::dup2(null, 1);
+        ::dup2(null, 2);
+        return std::to_string(resume_and_compare(dir, clean));
+      },
+      600);
+  flip_bit(path, flip);  // restored
+  std::string resume;
+  if (!resumed.ok)
+    resume = resumed.crashed ? "CRASHED" : resumed.timed_out ? "HUNG" : "ERROR: " + resumed.text;
+  else if (std::stoll(resumed.text) == newest)
+    resume = "newest";
+  else
+    resume = "older";
+  // Verify and resume apply the same rule: a refused step is never resumed, an accepted one is.
+  const bool agree = (verify == "ok") == (resume == "newest");
+  const bool good = agree && (resume == "newest" || resume == "older");
+  return std::string(good ? "" : "BAD ") + "verify:" + verify + " resume:" + resume;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string ckpt, examples_path;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t every = 1;
+  size_t resume_every = 1;
+  int jobs = 1;
+  try {
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == "--every" && i + 1 < args.size()) {
+        every = std::stoll(args[++i]);
+      } else if (args[i] == "--resume-refused-every" && i + 1 < args.size()) {
+        resume_every = std::stoull(args[++i]);
+      } else if (args[i] == "--jobs" && i + 1 < args.size()) {
+        jobs = std::stoi(args[++i]);
+      } else if (args[i] == "--examples" && i + 1 < args.size()) {
+        examples_path = args[++i];
+      } else if (ckpt.empty()) {
+        ckpt = args[i];
+      } else {
+        const size_t colon = args[i].find(':');
+        if (colon == std::string::npos) fail("range '", args[i], "' is not START:END");
+        ranges.emplace_back(std::stoll(args[i].substr(0, colon)),
+                            std::stoll(args[i].substr(colon + 1)));
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt_sweep: " << e.what() << "\n";
+    return 2;
+  }
+  if (ckpt.empty() || ranges.empty() || every < 1 || jobs < 1 || resume_every < 1) {
+    std::cerr << "usage: ckpt_sweep CKPT_DIR START:END... [--every K] [--jobs N] "
+                 "[--resume-refused-every K] [--examples FILE]\n";
+    return 2;
+  }
+  try {
+    set_log_quiet(true);
+    const CheckpointDir dir(ckpt);
+    const std::vector<int64_t> steps = dir.committed_steps();
+    if (steps.size() < 2) fail("'", ckpt, "' needs two committed steps or more");
+    std::map<int64_t, CleanStep> clean;
+    for (int64_t step : steps) clean.emplace(step, read_clean(dir, step));
+    if (clean.rbegin()->second.manifest.value("world_size", 0) != 1)
+      fail("the newest step of '", ckpt, "' was not saved by one rank");
+    const std::string path = dir.rank_file(steps.front(), 0);
+    const auto size = int64_t(fs::file_size(path));
+    std::vector<Flip> flips;
+    int64_t n = 0;
+    for (auto [start, end] : ranges) {
+      if (start < 0) start += size;
+      if (end <= 0) end += size;
+      start = std::max<int64_t>(0, start);
+      end = std::min(size, end);
+      for (int64_t offset = start; offset < end; ++offset)
+        for (int bit = 0; bit < 8; ++bit)
+          if (n++ % every == 0) flips.push_back({offset, bit});
+    }
+    // A clean resume loads the newest step, or the sweep would mean nothing.
+    if (resume_and_compare(dir, clean) != steps.front())
+      fail("a clean resume of '", ckpt, "' does not load its newest step");
+
+    const auto start_time = std::chrono::steady_clock::now();
+    // Workers: each takes flips j, j + jobs, ... on its own copy of the directory and answers
+    // one line per flip, "INDEX OUTCOME".
+    std::vector<std::string> outcomes(flips.size());
+    std::vector<fs::path> copies;
+    for (int j = 0; j < jobs; ++j) {
+      const fs::path copy = fs::temp_directory_path() /
+                            ("ckpt_sweep_" + std::to_string(::getpid()) + "_" + std::to_string(j));
+      fs::remove_all(copy);
+      fs::copy(ckpt, copy, fs::copy_options::recursive);
+      copies.push_back(copy);
+    }
+    std::vector<IsolatedOutcome> results(static_cast<size_t>(jobs));
+    {
+      // The workers run side by side: each is a child of its own thread here.
+      std::vector<std::thread> threads;
+      for (int j = 0; j < jobs; ++j)
+        threads.emplace_back([&, j] {
+          results[size_t(j)] = run_isolated(
+              [&] {
+                const CheckpointDir copy_dir(copies[size_t(j)].string());
+                const std::string copy_path = copy_dir.rank_file(steps.front(), 0);
+                std::string lines;
+                for (size_t i = size_t(j); i < flips.size(); i += size_t(jobs)) {
+                  if (j == 0 && i > 0 && i % 20000 < size_t(jobs))
+                    std::fprintf(stderr, "ckpt_sweep: %zu of %zu flips\n", i, flips.size());
+                  lines += std::to_string(i) + " " +
+                           try_flip(copy_dir, copy_path, flips[i], clean, i % resume_every == 0) +
+                           "\n";
+                }
+                return lines;
+              },
+              1e9);
+        });
+      for (std::thread& t : threads) t.join();
+    }
+    for (const fs::path& copy : copies) fs::remove_all(copy);
+    for (int j = 0; j < jobs; ++j) {
+      if (!results[size_t(j)].ok) fail("worker ", j, " failed: ", results[size_t(j)].text);
+      std::istringstream in(results[size_t(j)].text);
+      std::string line;
+      while (std::getline(in, line)) {
+        const size_t space = line.find(' ');
+        outcomes.at(std::stoull(line.substr(0, space))) = line.substr(space + 1);
+      }
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+
+    std::map<std::string, int64_t> counts;
+    std::map<std::string, std::vector<size_t>> examples;
+    int64_t bad = 0;
+    for (size_t i = 0; i < flips.size(); ++i) {
+      ++counts[outcomes[i]];
+      if (examples[outcomes[i]].size() < 5) examples[outcomes[i]].push_back(i);
+      if (outcomes[i].rfind("BAD", 0) == 0) ++bad;
+    }
+    std::printf("ckpt_sweep: %zu flips of %s (%lld bytes) in %.1f s (%d job(s))\n", flips.size(),
+                path.c_str(), static_cast<long long>(size), seconds, jobs);
+    for (const auto& [outcome, count] : counts) {
+      std::printf("  %8lld  %s   e.g.", static_cast<long long>(count), outcome.c_str());
+      for (size_t i : examples[outcome])
+        std::printf(" %lld:%d", static_cast<long long>(flips[i].offset), flips[i].bit);
+      std::printf("\n");
+    }
+    if (!examples_path.empty()) {
+      std::ofstream out(examples_path);
+      for (const auto& [outcome, list] : examples)
+        for (size_t i : list)
+          out << flips[i].offset << " " << flips[i].bit << " " << outcome << "\n";
+    }
+    std::printf("ckpt_sweep: %s\n", bad ? "FAILED (see the BAD lines)" : "every flip handled");
+    return bad ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt_sweep: " << e.what() << "\n";
+    return 1;
+  }
+}
