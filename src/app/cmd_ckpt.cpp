@@ -8,6 +8,7 @@
 
 #include "app/commands.h"
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/checkpoint_index.h"
 #include "ckpt/step_check.h"
 #include "core/error.h"
 
@@ -43,9 +44,56 @@ nlohmann::ordered_json verify_step(const CheckpointDir& dir, int64_t step) {
     if (!f.error.empty()) damaged.push_back(f.path);
   }
   if (!damaged.empty()) report["damaged_files"] = damaged;
+  // index.h5's virtual datasets read zeros where a rank file is missing: every source must be.
+  const fs::path index = fs::path(dir.step_dir(step)) / "index.h5";
+  if (fs::exists(index)) {
+    std::string missing;
+    try {
+      for (const std::string& source : checkpoint_index_sources(index.string()))
+        if (!fs::exists(fs::path(dir.step_dir(step)) / source)) missing += " " + source;
+    } catch (const Error& e) {
+      missing = std::string(" (") + e.what() + ")";
+    }
+    report["index"] = missing.empty() ? "ok" : "reads missing files:" + missing;
+    if (!missing.empty()) {
+      report["ok"] = false;
+      if (!report.contains("error")) report["error"] = "index.h5 reads missing files:" + missing;
+    }
+  }
   report["tensors"] = tensors;
   report["bytes"] = bytes;
   return report;
+}
+
+// Step directories that are not committed (a save being written, or one whose writer was
+// stopped before every rank's file was on disk), with their temporary files: one JSON line each.
+std::vector<nlohmann::ordered_json> uncommitted_steps(const CheckpointDir& dir,
+                                                      const std::vector<int64_t>& known) {
+  std::vector<nlohmann::ordered_json> lines;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir.root(), ec)) {
+    long long step = -1;
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || std::sscanf(name.c_str(), "step_%lld", &step) != 1 ||
+        name != fs::path(dir.step_dir(step)).filename().string() ||
+        std::find(known.begin(), known.end(), step) != known.end())
+      continue;
+    int64_t temporary = 0, files = 0;
+    for (const auto& f : fs::directory_iterator(entry.path(), ec)) {
+      files += f.is_regular_file();
+      temporary += f.path().extension() == ".tmp";
+    }
+    lines.push_back({{"step", step},
+                     {"committed", false},
+                     {"files", files},
+                     {"temporary_files", temporary},
+                     {"note",
+                      "a save still being written, or abandoned by a writer that stopped "
+                      "(not used by resume; the next run removes its temporary files)"}});
+  }
+  std::sort(lines.begin(), lines.end(),
+            [](const auto& a, const auto& b) { return a["step"] > b["step"]; });
+  return lines;
 }
 
 }  // namespace
@@ -72,11 +120,14 @@ int cmd_ckpt(const std::vector<std::string>& args) {
     fail("ckpt: ", e.what(), " (see 'frugal ckpt --help')");
   }
   if (vm.count("help") || action.empty()) {
-    std::cout << "usage: frugal ckpt ls RUN_DIR       the committed steps, newest first\n"
-                 "       frugal ckpt verify RUN_DIR   read every tensor of every rank file back,\n"
-                 "                                    checking its checksums; exit 1 on damage\n\n"
-                 "RUN_DIR is a run's out_dir or its ckpt/ directory. One JSON line per step.\n\n"
-              << named << "\n";
+    std::cout
+        << "usage: frugal ckpt ls RUN_DIR       the committed steps, newest first (and any step\n"
+           "                                    not committed: a save being written, or\n"
+           "                                    abandoned)\n"
+           "       frugal ckpt verify RUN_DIR   read every tensor of every rank file back,\n"
+           "                                    checking its checksums; exit 1 on damage\n\n"
+           "RUN_DIR is a run's out_dir or its ckpt/ directory. One JSON line per step.\n\n"
+        << named << "\n";
     return vm.count("help") ? 0 : 2;
   }
   if (action != "ls" && action != "verify")
@@ -103,6 +154,12 @@ int cmd_ckpt(const std::vector<std::string>& args) {
     std::cerr << "frugal: warning: " << pointer << "; the committed steps are found from their "
               << "directories\n";
   bool all_ok = true;
+  if (only_step < 0) {
+    std::vector<int64_t> known = dir.committed_steps();
+    for (const auto& [step, problem] : dir.incomplete_steps()) known.push_back(step);
+    for (const nlohmann::ordered_json& line : uncommitted_steps(dir, known))
+      std::cout << line.dump() << std::endl;
+  }
   for (int64_t step : steps) {
     nlohmann::ordered_json line;
     if (action == "verify" && incomplete.count(step)) {

@@ -75,6 +75,9 @@ for i in $(seq 1 "$kills"); do
   [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null || true
   wait "$launcher" 2>/dev/null || true
   tmp_files=$(find "$out/ckpt" -name '*.tmp' | wc -l)
+  "$frugal" ckpt ls "$out" > "$out.ls" 2>&1 || { echo "FAIL: kill $i: ckpt ls"; cat "$out.ls"; exit 1; }
+  [ "$tmp_files" -eq 0 ] || grep -q '"committed":false,.*"temporary_files":[1-9]' "$out.ls" \
+    || { echo "FAIL: kill $i: ckpt ls does not report the abandoned save"; cat "$out.ls"; exit 1; }
   "$frugal" ckpt verify "$out" > "$out.verify" 2>&1 \
     || { echo "FAIL: kill $i: the committed checkpoints do not verify"; cat "$out.verify"; exit 1; }
   "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" "${big[@]}" --train.resume=true \
