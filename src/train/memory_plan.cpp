@@ -59,7 +59,10 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
 
 std::string gib(size_t bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / 1073741824.0);
+  if (bytes >= (size_t(1) << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / 1073741824.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / 1048576.0);
   return buf;
 }
 

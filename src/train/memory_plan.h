@@ -37,6 +37,6 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
 
 // "parameters 1.20 GiB, gradients ..., optimizer ..." of the non-zero kinds.
 std::string describe(const MemoryPlan& plan);
-std::string gib(size_t bytes);  // "1.20 GiB"
+std::string gib(size_t bytes);  // "1.20 GiB", or "3.00 MiB" below a GiB
 
 }  // namespace frugal
