@@ -1,6 +1,6 @@
 // Causal attention with grouped-query heads on the GPU: the launchers, which send head dims 64
 // and 128 to the tensor-core kernels (on compute capability 9.0 the Hopper ones of
-// flash_attention_sm90.cu unless FRUGAL_ATTENTION_SM90=0, else flash_attention.cu's), and the
+// flash_attention_sm90.cu unless the caller says no, else flash_attention.cu's), and the
 // simple kernels that take the other head dims (16 and 32, tiny test models) and unaligned
 // pointers: a fused forward (online softmax, K/V tiles in shared memory) and a two-kernel backward
 // (dK/dV per key tile, dQ per query tile).
@@ -361,10 +361,10 @@ int64_t attention_backward_scratch_floats(const AttentionShape& s) {
 
 void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* v, const AttentionShape& s,
-                       cudaStream_t stream) {
+                       bool allow_sm90, cudaStream_t stream) {
   check_shape(s);
   if (s.batch == 0 || s.q_len == 0) return;
-  if (flash_attention_sm90_enabled() && flash_attention_sm90_supports(s, {out, q, k, v}, {}))
+  if (allow_sm90 && flash_attention_sm90_supports(s, {out, q, k, v}, {}))
     return flash_attention_sm90_forward(out, lse, q, k, v, s, stream);
   if (flash_attention_supports(s, {out, q, k, v}, {}))
     return flash_attention_forward(out, lse, q, k, v, s, stream);
@@ -383,11 +383,10 @@ void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
 void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                         const __nv_bfloat16* out, const float* lse, const AttentionShape& s,
-                        float* scratch, cudaStream_t stream) {
+                        float* scratch, bool allow_sm90, cudaStream_t stream) {
   check_shape(s);
   if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return;
-  if (flash_attention_sm90_enabled() &&
-      flash_attention_sm90_supports(s, {dout, q, k, v, out}, {dq, dk, dv}))
+  if (allow_sm90 && flash_attention_sm90_supports(s, {dout, q, k, v, out}, {dq, dk, dv}))
     return flash_attention_sm90_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
   if (flash_attention_supports(s, {dout, q, k, v, out}, {dq, dk, dv}))
     return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);

@@ -23,9 +23,12 @@ bool attention_supports_head_dim(int64_t head_dim);
 // q: [batch, q_len, n_heads, head_dim]; k, v: [batch, kv_len, n_kv_heads, head_dim] (bf16)
 // out: [batch, q_len, n_heads, head_dim] (bf16, overwritten); lse: [batch, n_heads, q_len]
 // (fp32, overwritten). A row that sees no key gets out = 0 and lse = -inf.
+// allow_sm90: on a compute capability 9.0 GPU, the Hopper kernels (flash_attention_sm90.h) take
+// the shapes they support; false keeps the FlashAttention-2 ones (to compare them, or to rule a
+// kernel out). The caller decides: kernels read no environment.
 void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* v, const AttentionShape& s,
-                       cudaStream_t stream);
+                       bool allow_sm90, cudaStream_t stream);
 
 // Floats of device scratch attention_backward needs for this shape (2 per query row and head).
 int64_t attention_backward_scratch_floats(const AttentionShape& s);
@@ -35,10 +38,10 @@ int64_t attention_backward_scratch_floats(const AttentionShape& s);
 // of the whole row, as for the CPU kernel). scratch: attention_backward_scratch_floats(s)
 // floats of device memory, overwritten (free again when the stream reaches the end of the
 // call). Deterministic: every gradient element is summed by one thread in a fixed order, no
-// atomics.
+// atomics. allow_sm90 as for attention_forward.
 void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                         const __nv_bfloat16* out, const float* lse, const AttentionShape& s,
-                        float* scratch, cudaStream_t stream);
+                        float* scratch, bool allow_sm90, cudaStream_t stream);
 
 }  // namespace frugal::cuda

@@ -55,8 +55,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention.h"
@@ -966,15 +964,6 @@ void backward_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16*
 }
 
 }  // namespace
-
-bool flash_attention_sm90_enabled() {
-  const char* value = std::getenv("FRUGAL_ATTENTION_SM90");
-  if (value == nullptr || std::strcmp(value, "1") == 0) return true;
-  if (std::strcmp(value, "0") == 0) return false;
-  fail("FRUGAL_ATTENTION_SM90 is '", value,
-       "': 1 (the default) lets Hopper GPUs use the sm90 attention kernels, 0 keeps the "
-       "FlashAttention-2 ones");
-}
 
 bool flash_attention_sm90_supports(const AttentionShape& s,
                                    std::initializer_list<const void*> bf16_tensors,

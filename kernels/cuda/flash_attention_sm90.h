@@ -1,7 +1,8 @@
 // Causal GQA attention on Hopper's tensor cores (sm_90a), FlashAttention-3 style, head dims 64
 // and 128: wgmma, TMA tile loads, one producer and two consumer warpgroups per block.
 // Same contract as flash_attention.h; attention.h's launchers take it on a compute capability
-// 9.0 device unless FRUGAL_ATTENTION_SM90=0 sends them to the FlashAttention-2 kernels.
+// 9.0 device unless their caller says no (allow_sm90 = false: FRUGAL_ATTENTION_SM90=0, read by
+// the app at start-up), which sends them to the FlashAttention-2 kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,15 +15,10 @@
 
 namespace frugal::cuda {
 
-// Whether the environment lets attention.h's launchers use these kernels: yes unless
-// FRUGAL_ATTENTION_SM90=0 (measured 1.7x the FlashAttention-2 kernels forward + backward on an
-// H200, doc/benchmarks.md; the switch is there to compare them and to rule a kernel out). Any
-// value but 0 and 1 is an error that names it.
-bool flash_attention_sm90_enabled();
-
-// Whether they take this call: the build has the sm_90a kernels, the current device has
-// compute capability 9.0, head dim 64 or 128, bf16 tensors 16-byte aligned (TMA needs it),
-// fp32 gradients 8-byte aligned (null pointers are ignored), lengths that fit an int.
+// Whether they take this call (measured 1.7x the FlashAttention-2 kernels forward + backward on
+// an H200, doc/benchmarks.md, so the launchers prefer them): the build has the sm_90a kernels, the
+// current device has compute capability 9.0, head dim 64 or 128, bf16 tensors 16-byte aligned (TMA
+// needs it), fp32 gradients 8-byte aligned (null pointers are ignored), lengths that fit an int.
 bool flash_attention_sm90_supports(const ::frugal::cpu::AttentionShape& s,
                                    std::initializer_list<const void*> bf16_tensors,
                                    std::initializer_list<const void*> fp32_tensors);

@@ -5,6 +5,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/log.h"
+#include "train/config_keys.h"
 #include "train/trainer.h"
 
 namespace frugal {
@@ -15,9 +16,16 @@ int cmd_train(const std::vector<std::string>& args) {
     std::cout << train_options_help();
     return 0;
   }
+  if (options.help_keys_markdown) {
+    std::cout << config_keys_markdown();
+    return 0;
+  }
+  // From here on SIGUSR1 and SIGTERM stop the run after a step, with a checkpoint.
+  const std::atomic<int>& stop_signal = install_stop_signal_handlers();
   // Environment switches are read here, once, into the run's options.
-  run_training(options.config, parse_fault_injection(std::getenv("FRUGAL_INJECT_FAULT")));
-  return 0;
+  const TrainSummary summary = run_training(
+      options.config, parse_fault_injection(std::getenv("FRUGAL_INJECT_FAULT")), &stop_signal);
+  return summary.stopped_by_signal ? kStoppedBySignalExitCode : 0;
 }
 
 }  // namespace frugal

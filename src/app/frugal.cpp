@@ -2,6 +2,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "app/commands.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "ops/ops.h"
 
 namespace frugal {
 
@@ -82,6 +84,9 @@ int run_frugal(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   int code = 0;
   try {
+    // Environment switches are read here, once, and handed down; nothing below reads them.
+    ops::set_kernel_options(
+        ops::kernel_options_from_environment(std::getenv("FRUGAL_ATTENTION_SM90")));
     code = it->second.run(args);
   } catch (const Error& e) {
     std::fprintf(stderr, "frugal: %s\n", e.what());

@@ -357,4 +357,15 @@ CheckpointDir::RankSummary CheckpointDir::verify_rank(int64_t step, int rank,
   return summary;
 }
 
+std::vector<std::string> CheckpointDir::temporary_files() const {
+  std::vector<std::string> found;
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return found;
+  for (const auto& entry : fs::recursive_directory_iterator(root_, ec))
+    if (entry.is_regular_file() && entry.path().extension() == ".tmp")
+      found.push_back(entry.path().string());
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
 }  // namespace frugal

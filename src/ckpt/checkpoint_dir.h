@@ -89,6 +89,10 @@ class CheckpointDir {
   // before COMMITTED existed (or without a readable one).
   std::optional<int> committed_world_size(int64_t step) const;
 
+  // The temporary files (*.tmp) of saves that never finished, e.g. of a writer killed mid-file:
+  // the paths of those under the root and its step directories.
+  std::vector<std::string> temporary_files() const;
+
  private:
   std::string root_;
   double check_time_limit_s_ = 0;

@@ -1,8 +1,12 @@
 // Save with commit by agreement, load by rows, resume with fallback.
 #include "ckpt/checkpoint_manager.h"
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
+#include "ckpt/checkpoint_index.h"
 #include "ckpt/sharded_reader.h"
 #include "ckpt/step_check.h"
 #include "core/log.h"
@@ -10,46 +14,174 @@
 
 namespace frugal {
 
+// One rank file on its way to disk: host fp32 tensors, the manifest, and what writing made of
+// them. An asynchronous save writes it on `thread`; `done` says so to the polling loop.
+struct CheckpointManager::Write {
+  int64_t step = 0;
+  std::vector<NamedTensor> tensors;
+  nlohmann::json manifest;
+  std::vector<IndexEntry> index;  // rank 0: what index.h5 maps, written after its rank file
+  int world_size = 1;
+  size_t bytes = 0;
+  double stage_seconds = 0;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  std::string error;  // set before done
+  double seconds = 0;
+
+  void write(const CheckpointDir& dir, int rank) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      dir.save_rank(step, rank, tensors, manifest);
+      if (rank == 0) write_checkpoint_index(dir.step_dir(step), world_size, index);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    done = true;
+  }
+};
+
 CheckpointManager::CheckpointManager(CheckpointDir dir, int rank, int world_size,
-                                     AllRanksAgree agree, std::vector<Part> parts, int64_t keep)
+                                     AllRanksAgree agree, std::vector<Part> parts, int64_t keep,
+                                     Arena* staging)
     : dir_(std::move(dir)),
       rank_(rank),
       world_size_(world_size),
       agree_(std::move(agree)),
       parts_(std::move(parts)),
-      keep_(keep) {}
+      keep_(keep),
+      staging_(staging) {
+  // The staging buffers up front: pinning ~13 GB of host memory takes seconds, which the first
+  // save would otherwise stall for.
+  if (staging_)
+    for (Part& p : parts_)
+      for (const StateTensor& t : p.state->state_tensors())
+        if (!t.rows.replicated || rank_ == 0)
+          staging_buffers_[t.name] = Tensor::empty(t.tensor.shape(), DType::f32, *staging_);
+  // A save that was killed mid-file left its temporary file: never part of a committed step.
+  if (rank_ != 0) return;
+  const std::vector<std::string> leftovers = dir_.temporary_files();
+  if (leftovers.empty()) return;
+  std::string names;
+  for (const std::string& path : leftovers) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    names += " " + path;
+  }
+  log_warn("checkpoint: removed ", leftovers.size(),
+           " temporary file(s) of an abandoned save (a writer stopped before it finished):", names);
+}
 
-void CheckpointManager::save(int64_t step) {
-  // Every part first settles (a host optimizer may still be updating the weights and moments
-  // it shares with other parts), then any part's tensors are read.
-  for (Part& p : parts_) p.state->before_save();
-  std::vector<NamedTensor> tensors;
-  nlohmann::json manifest = {
+CheckpointManager::~CheckpointManager() {
+  if (!in_flight_) return;
+  // No collective here (this may run while an error unwinds): the step stays uncommitted, and
+  // the previous committed one is what a resume finds.
+  in_flight_->thread.join();
+  if (!in_flight_->error.empty())
+    log_warn("checkpoint of step ", in_flight_->step, " failed: ", in_flight_->error);
+}
+
+bool CheckpointManager::in_flight() const { return in_flight_ != nullptr; }
+
+void CheckpointManager::stage(int64_t step, Write& write) {
+  write.step = step;
+  write.world_size = world_size_;
+  write.manifest = {
       {"format", "frugal-checkpoint-2"},
       {"step", step},
       {"world_size", world_size_},
       {"rank", rank_},
       {"layout", "rows of each tensor split over the ranks in blocks of ceil(rows / world_size)"}};
+  std::vector<ops::SideCopy> copies;
   for (Part& p : parts_) {
     const nlohmann::json values = p.state->state_values();
-    if (!values.is_null()) manifest[p.name] = values;
-    for (const StateTensor& t : p.state->state_tensors())
+    if (!values.is_null()) write.manifest[p.name] = values;
+    for (const StateTensor& t : p.state->state_tensors()) {
       // A replicated tensor is the same on every rank: rank 0's file holds it.
-      if (!t.rows.replicated || rank_ == 0)
-        tensors.push_back({t.name, ops::to_host_f32(t.tensor)});  // fp32 host copies
+      if (t.rows.replicated && rank_ != 0) continue;
+      Tensor host;
+      if (!staging_) {
+        host = ops::to_host_f32(t.tensor);  // on the CPU backend: the tensor itself
+      } else {
+        // Into this tensor's buffer of the last save: the copy is all the training waits for.
+        Tensor& buffer = staging_buffers_[t.name];
+        if (!buffer.defined() || buffer.shape() != t.tensor.shape())
+          buffer = Tensor::empty(t.tensor.shape(), DType::f32, *staging_);
+        host = buffer;
+        if (t.tensor.dtype() == DType::f32)
+          copies.emplace_back(host, t.tensor);  // beside the compute stream on a GPU
+        else
+          ops::copy(host, ops::to_host_f32(t.tensor));  // a bf16 run: widened as it comes down
+      }
+      write.bytes += host.bytes();
+      write.tensors.push_back({t.name, host});
+      if (rank_ == 0) write.index.push_back({t.name, t.rows.full_shape, t.rows.replicated});
+    }
   }
-  std::string error;
-  try {
-    dir_.save_rank(step, rank_, tensors, manifest);
-  } catch (const Error& e) {
-    error = e.what();
+  for (ops::SideCopy& copy : copies) copy.done();
+}
+
+void CheckpointManager::save(int64_t step) {
+  if (in_flight_) {
+    log_info("checkpoint: step ", in_flight_->step, " is still being written; step ", step,
+             " waits for it");
+    finish();
   }
+  // Every part first settles (a host optimizer may still be updating the weights and moments
+  // it shares with other parts), then any part's tensors are read.
+  for (Part& p : parts_) p.state->before_save();
+  auto write = std::make_unique<Write>();
+  const auto stage_start = std::chrono::steady_clock::now();
+  stage(step, *write);
+  write->stage_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stage_start).count();
+  if (!staging_) {
+    write->write(dir_, rank_);
+    commit(*write);
+    return;
+  }
+  Write* w = write.get();
+  w->thread = std::thread([this, w] { w->write(dir_, rank_); });
+  in_flight_ = std::move(write);
+}
+
+void CheckpointManager::poll() {
+  if (!in_flight_) return;
+  if (!agree_(in_flight_->done.load())) return;  // some rank is still writing
+  finish();
+}
+
+void CheckpointManager::finish() {
+  if (!in_flight_) return;
+  const std::unique_ptr<Write> write = std::move(in_flight_);
+  write->thread.join();
+  commit(*write);
+}
+
+void CheckpointManager::commit(Write& write) {
   // Commit only when every rank has its file on disk; otherwise the previous step stays.
-  const bool all_saved = agree_(error.empty());
-  if (!error.empty()) fail("checkpoint of step ", step, " failed: ", error);
-  if (!all_saved) fail("checkpoint of step ", step, " failed on another rank (see its message)");
-  if (rank_ == 0) dir_.commit(step, world_size_, keep_);
+  const bool all_written = agree_(write.error.empty());
+  if (!write.error.empty()) fail("checkpoint of step ", write.step, " failed: ", write.error);
+  if (!all_written)
+    fail("checkpoint of step ", write.step, " failed on another rank (see its message)");
+  if (rank_ == 0) dir_.commit(write.step, world_size_, keep_);
   agree_(true);  // no rank goes on (and may save again) before the commit
+  committed_ = Committed{write.step, write.bytes, write.stage_seconds, write.seconds};
+}
+
+std::optional<CheckpointManager::Committed> CheckpointManager::take_committed() {
+  std::optional<Committed> out = committed_;
+  committed_.reset();
+  return out;
+}
+
+size_t CheckpointManager::state_bytes(const std::vector<Part>& parts, int rank) {
+  size_t bytes = 0;
+  for (const Part& p : parts)
+    for (const StateTensor& t : p.state->state_tensors())
+      if (!t.rows.replicated || rank == 0) bytes += size_t(t.tensor.numel()) * sizeof(float);
+  return bytes;
 }
 
 void CheckpointManager::load(int64_t step) {

@@ -8,7 +8,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,12 +32,44 @@ class CheckpointManager {
     Stateful* state;
   };
   // Every rank builds the same parts in the same order. `keep`: committed steps kept.
+  // `staging`: where the host copies of an asynchronous save live (pinned host memory on a GPU),
+  // allocated here and reused by every save; null: saves are synchronous. Every rank must choose
+  // alike.
   CheckpointManager(CheckpointDir dir, int rank, int world_size, AllRanksAgree agree,
-                    std::vector<Part> parts, int64_t keep);
+                    std::vector<Part> parts, int64_t keep, Arena* staging = nullptr);
+  ~CheckpointManager();  // a save still in flight is waited for (its error is only logged)
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
 
-  // Writes this rank's file of `step`; once every rank has, rank 0 commits it (LATEST) and
-  // prunes. An Error on any rank is an Error on every rank, and the previous step stays.
+  // Saves `step`: every part's tensors copied into host memory, then this rank's file written,
+  // and once every rank's is on disk, rank 0 commits the step (LATEST) and prunes. Synchronous:
+  // all of it before returning. Asynchronous: returns once the copies are made; a thread of its
+  // own writes the file and a later poll() or finish() commits. One save at a time: a save while
+  // the previous one is in flight waits for it first, and says so. An Error on any rank is an
+  // Error on every rank (at the save, or at the poll that finds it), and the previous committed
+  // step stays.
   void save(int64_t step);
+  // Every step, on every rank: commits an asynchronous save that every rank has written (a
+  // collective while one is in flight, nothing otherwise).
+  void poll();
+  // Waits for the save in flight and commits it: at the end of a run and before it stops.
+  void finish();
+  bool in_flight() const;
+
+  // What the last commit took, once, for the metrics: the step, this rank's bytes, the seconds
+  // of the copies into host memory (what an asynchronous save costs the training), and those
+  // from the end of the copies to the file on disk.
+  struct Committed {
+    int64_t step = 0;
+    size_t bytes = 0;
+    double stage_seconds = 0;
+    double write_seconds = 0;
+  };
+  std::optional<Committed> take_committed();
+  // This rank's bytes of state (as fp32): what a save writes and an asynchronous one stages.
+  static size_t state_bytes(const std::vector<Part>& parts, int rank);
+  bool asynchronous() const { return staging_ != nullptr; }
+
   // Loads `step` into the parts (an Error when this rank cannot: a missing or damaged file,
   // a tensor of another shape, a part's values refused). It trusts HDF5 with the files:
   // resume() checks them in child processes first.
@@ -54,11 +89,22 @@ class CheckpointManager {
   const CheckpointDir& dir() const { return dir_; }
 
  private:
+  struct Write;  // one rank file on its way to disk
+  // Host fp32 copies of every part's tensors (into the reused staging buffers when asynchronous)
+  // and the manifest.
+  void stage(int64_t step, Write& write);
+  // Every rank's file is on disk (or not): commit by agreement, or an Error on every rank.
+  void commit(Write& write);
+
   CheckpointDir dir_;
   int rank_, world_size_;
   AllRanksAgree agree_;
   std::vector<Part> parts_;
   int64_t keep_;
+  Arena* staging_;
+  std::map<std::string, Tensor> staging_buffers_;  // by state tensor name
+  std::unique_ptr<Write> in_flight_;
+  std::optional<Committed> committed_;
 };
 
 }  // namespace frugal

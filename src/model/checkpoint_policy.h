@@ -6,11 +6,21 @@
 
 #include <string>
 
+#include "core/enum_names.h"
+
 namespace frugal {
 
 enum class CheckpointPolicy { none, selective, full };
 
-CheckpointPolicy checkpoint_policy_from_name(const std::string& name);  // throws Error
-std::string checkpoint_policy_name(CheckpointPolicy policy);
+inline std::span<const EnumName<CheckpointPolicy>> enum_names(CheckpointPolicy) {
+  static constexpr EnumName<CheckpointPolicy> names[] = {{CheckpointPolicy::none, "none"},
+                                                         {CheckpointPolicy::selective, "selective"},
+                                                         {CheckpointPolicy::full, "full"}};
+  return names;
+}
+
+inline std::string checkpoint_policy_name(CheckpointPolicy policy) {
+  return std::string(enum_name(policy));
+}
 
 }  // namespace frugal

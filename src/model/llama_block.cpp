@@ -5,25 +5,6 @@
 
 namespace frugal {
 
-CheckpointPolicy checkpoint_policy_from_name(const std::string& name) {
-  if (name == "none") return CheckpointPolicy::none;
-  if (name == "selective") return CheckpointPolicy::selective;
-  if (name == "full") return CheckpointPolicy::full;
-  fail("activation checkpoint policy '", name, "' is not one of none, selective, full");
-}
-
-std::string checkpoint_policy_name(CheckpointPolicy policy) {
-  switch (policy) {
-    case CheckpointPolicy::none:
-      return "none";
-    case CheckpointPolicy::selective:
-      return "selective";
-    case CheckpointPolicy::full:
-      return "full";
-  }
-  return "?";
-}
-
 BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraConfig* lora) {
   const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
   FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),

@@ -65,4 +65,15 @@ size_t peak_resident_bytes() {
   return size_t(usage.ru_maxrss) * 1024;  // Linux counts kibibytes
 }
 
+size_t available_host_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (meminfo >> key) {
+    if (key == "MemAvailable:" && meminfo >> kib) return kib * 1024;
+    meminfo.ignore(256, '\n');
+  }
+  return 0;
+}
+
 }  // namespace frugal

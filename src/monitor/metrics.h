@@ -40,4 +40,8 @@ double now_seconds();
 // pinned buffers, the heap, the libraries), in bytes.
 size_t peak_resident_bytes();
 
+// The host memory the kernel says is available to new allocations (MemAvailable), in bytes;
+// 0 when it cannot tell.
+size_t available_host_bytes();
+
 }  // namespace frugal

@@ -218,7 +218,8 @@ Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,
   expect(k, DType::bf16, "attention key");
   expect(v, DType::bf16, "attention value");
   Attention a{empty(q.shape(), DType::bf16), empty({s.batch, s.n_heads, s.q_len}, DType::f32)};
-  cuda::attention_forward(bf(a.out), f32(a.lse), bf(q), bf(k), bf(v), s, stream());
+  cuda::attention_forward(bf(a.out), f32(a.lse), bf(q), bf(k), bf(v), s,
+                          kernel_options().attention_sm90, stream());
   return a;
 }
 
@@ -243,7 +244,7 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
   Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
                          DType::f32);
   cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(out),
-                           f32(lse), s, f32(scratch), stream());
+                           f32(lse), s, f32(scratch), kernel_options().attention_sm90, stream());
 }
 
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch) {

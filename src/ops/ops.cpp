@@ -66,6 +66,25 @@ void bind_device(DeviceContext* context) {
 
 DType compute_dtype(Device device) { return device == Device::cuda ? DType::bf16 : DType::f32; }
 
+namespace {
+KernelOptions g_kernel_options;  // written at start-up only, before any operation
+}  // namespace
+
+void set_kernel_options(const KernelOptions& options) { g_kernel_options = options; }
+
+const KernelOptions& kernel_options() { return g_kernel_options; }
+
+KernelOptions kernel_options_from_environment(const char* attention_sm90) {
+  KernelOptions options;
+  const std::string value = attention_sm90 ? attention_sm90 : "1";
+  if (value != "0" && value != "1")
+    fail("FRUGAL_ATTENTION_SM90 is '", value,
+         "': 1 (the default) lets Hopper GPUs use the sm90 attention kernels, 0 keeps the "
+         "FlashAttention-2 ones");
+  options.attention_sm90 = value == "1";
+  return options;
+}
+
 Tensor empty_like(const Tensor& like, const Shape& shape, DType dtype) {
   return Tensor::empty(shape, dtype, compute_arena(like));
 }
@@ -387,7 +406,9 @@ void zero(Tensor& t) {
 }
 
 double sum_squares(const std::vector<Tensor>& xs) {
-  if (!xs.empty()) FRUGAL_ON_GPU(xs.front(), sum_squares(xs));
+  if (!xs.empty()) {
+    FRUGAL_ON_GPU(xs.front(), sum_squares(xs));
+  }
   double sum = 0;
   for (const Tensor& x : xs) {
     expect_cpu_f32(x, "norm input");

@@ -28,6 +28,20 @@ void bind_device(DeviceContext* context);
 // The dtype of activations and of gathered weights on a device: f32 on the CPU, bf16 on a GPU.
 DType compute_dtype(Device device);
 
+// Choices between kernels, set once at start-up before any operation runs and handed to the
+// kernels as arguments: kernels/ reads no environment. The app reads them from the environment
+// (kernel_options_from_environment); tests and tools may set them directly.
+struct KernelOptions {
+  // GPU attention on the Hopper kernels (kernels/cuda/flash_attention_sm90.cu) where they
+  // apply; false keeps the FlashAttention-2 ones, e.g. to compare them.
+  bool attention_sm90 = true;
+};
+void set_kernel_options(const KernelOptions& options);
+const KernelOptions& kernel_options();
+// The options the environment asks for, given FRUGAL_ATTENTION_SM90's value (nullptr: unset):
+// 0 or 1 (the default); any other value is an Error naming the variable.
+KernelOptions kernel_options_from_environment(const char* attention_sm90);
+
 // A tensor in the compute memory of `like`'s device (its arena when that is the CPU's).
 Tensor empty_like(const Tensor& like, const Shape& shape, DType dtype);
 // Zeros in any arena (device memory is cleared on the compute stream).

@@ -6,40 +6,29 @@
 #include <cmath>
 
 #include "core/log.h"
-#include "ops/ops.h"
-#include "quant/hqq.h"
-#include "quant/nf4.h"
+#include "parallel/hqq_encoding.h"
+#include "parallel/nf4_encoding.h"
 
 namespace frugal {
 
-Shape ShardLayout::shard_shape() const {
-  Shape s = shape.empty() ? Shape{1} : shape;
-  s[0] = shard_rows;
-  return s;
+namespace {
+
+// The encoding a parameter is kept in, or null (trainable ones never are).
+std::unique_ptr<WeightEncoding> encoding_for(const ParamSpec& spec, const Zero3Init& init) {
+  if (spec.trainable) return nullptr;
+  if (init.nf4 && init.nf4(spec)) return std::make_unique<Nf4Encoding>();
+  if (init.hqq && init.hqq(spec)) return std::make_unique<HqqEncoding>();
+  return init.encoding ? init.encoding(spec) : nullptr;
 }
 
-Shape ShardLayout::padded_shape() const {
-  Shape s = shape.empty() ? Shape{1} : shape;
-  s[0] = rows_padded;
-  return s;
-}
-
-ShardLayout shard_layout(const ParamSpec& spec, int ranks) {
-  ShardLayout l;
-  l.name = spec.name;
-  l.shape = spec.shape;
-  l.rows = spec.shape.empty() ? 1 : spec.shape[0];
-  l.row_len = l.rows ? shape_numel(spec.shape) / l.rows : 0;
-  l.shard_rows = (l.rows + ranks - 1) / ranks;
-  l.rows_padded = l.shard_rows * ranks;
-  return l;
-}
+}  // namespace
 
 Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
                                  uint64_t seed, float init_std, bool with_grads,
                                  const Zero3Init& init_from)
-    : units_(std::move(units)), comm_(comm), arenas_(arenas) {
+    : units_(std::move(units)), comm_(comm), arenas_(arenas), placement_(arenas) {
   const int rank = comm_.rank(), ranks = comm_.size();
+  const EncodingContext encoding_context{comm_, *arenas_.gathered, placement_.encoded_store()};
   // A 70B model takes minutes to initialise and quantize: a progress line every 15 s.
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
@@ -48,12 +37,12 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     if (clock::now() - last_report > std::chrono::seconds(15)) {
       last_report = clock::now();
       log_info("parameters: ", layouts_.size(), " of ", units_.size(), " units initialised",
-               init_from.nf4 || init_from.hqq ? " and quantized" : "", " (",
+               init_from.nf4 || init_from.hqq || init_from.encoding ? " and quantized" : "", " (",
                std::lround(std::chrono::duration<double>(last_report - start).count()), " s)");
     }
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;
-    std::vector<std::optional<QuantShard>> quantized;
+    std::vector<std::unique_ptr<WeightEncoding>> encoded;
     for (const ParamSpec& spec : unit.params) {
       ShardLayout l = shard_layout(spec, ranks);
       // Initialised in host memory (the same numbers whatever the device), then moved.
@@ -64,18 +53,18 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
         if (!init_from.load_rows || !init_from.load_rows(spec.name, first, last, real_rows))
           init_parameter_rows(real_rows, spec.name, first, seed, init_std);
       }
-      // Frozen 4-bit rows: the fp32 rows go with `init`, one tensor's at a time.
-      const bool nf4 = !spec.trainable && init_from.nf4 && init_from.nf4(spec);
-      const bool hqq = !spec.trainable && !nf4 && init_from.hqq && init_from.hqq(spec);
-      if (nf4 || hqq) {
-        quantized.push_back(nf4 ? quantize_nf4(l, init) : quantize_hqq(l, init));
+      // An encoded weight keeps its parts only: the fp32 rows go with `init`, one tensor's at
+      // a time.
+      std::unique_ptr<WeightEncoding> encoding = encoding_for(spec, init_from);
+      if (encoding) {
+        encoding->encode(l, init, encoding_context);
         shards.push_back(Tensor());
       } else {
         Tensor shard = Tensor::empty(l.shard_shape(), arenas_.master, *arenas_.params);
         ops::assign(shard, init);
         shards.push_back(shard);
-        quantized.push_back(std::nullopt);
       }
+      encoded.push_back(std::move(encoding));
       // A frozen parameter (LoRA's base) has no gradient shard and no optimizer state.
       if (with_grads)
         grads.push_back(spec.trainable ? ops::zeros(l.shard_shape(), arenas_.master, *arenas_.grads)
@@ -85,144 +74,29 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     layouts_.push_back(std::move(layouts));
     shards_.push_back(std::move(shards));
     grad_shards_.push_back(std::move(grads));
-    quant_.push_back(std::move(quantized));
+    encoded_.push_back(std::move(encoded));
   }
   refresh_copies();
   // On a GPU a frozen weight needs only its bf16 copy (or its host staging copy): its fp32
   // master would never change, so it goes (4 bytes per frozen weight).
-  if (arenas_.copies)
+  if (placement_.has_copies())
     for (size_t u = 0; u < units_.size(); ++u)
       for (size_t i = 0; i < units_[u].params.size(); ++i)
         if (!units_[u].params[i].trainable) shards_[u][i] = Tensor();
 }
 
-Zero3Parameters::QuantShard Zero3Parameters::quantize_nf4(const ShardLayout& l, const Tensor& rows) {
-  const int rank = comm_.rank();
-  if (l.shape.size() != 2 || l.row_len % kNf4BlockSize != 0)
-    fail("nf4: tensor '", l.name, "' of shape ", shape_string(l.shape),
-         " cannot be stored in NF4: its rows must be a multiple of ", kNf4BlockSize, " long");
-  const int64_t per_row = l.row_len / kNf4BlockSize;
-  const int64_t mine = (l.last_row(rank) - l.first_row(rank)) * per_row;
-  // First level, on this rank's rows.
-  Tensor codes = Tensor::zeros({l.shard_rows * l.row_len / 2}, DType::u8);
-  Tensor absmax = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
-  nf4_quantize_blocks(rows.data<float>(), mine, l.row_len, codes.data<uint8_t>(),
-                      absmax.data<float>(), l.name);
-  // Every rank's absmax (one float per 64 weights), in the memory the communicator moves.
-  Tensor all = absmax;
-  if (!alone()) {
-    Tensor local = ops::convert(absmax, DType::f32, *arenas_.gathered);
-    Tensor gathered = Tensor::empty({l.rows_padded * per_row}, DType::f32, *arenas_.gathered);
-    comm_.all_gather(local, gathered)->wait_host();
-    all = ops::to_host_f32(gathered);
-  }
-  // Second level over the real blocks (the padding rows come last), the same on every rank.
-  const int64_t blocks = l.rows * per_row;
-  Tensor absmax_codes = Tensor::empty({blocks}, DType::u8);
-  Tensor scales =
-      Tensor::empty({(blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize}, DType::f32);
-  QuantShard s;
-  nf4_double_quantize(all.data<float>(), blocks, absmax_codes.data<uint8_t>(),
-                      scales.data<float>(), &s.offset);
-  Tensor my_codes = Tensor::zeros({l.shard_rows * per_row}, DType::u8);
-  if (mine > 0)
-    my_codes.rows(0, mine).copy_from(absmax_codes.rows(l.first_row(rank) * per_row,
-                                                       l.first_row(rank) * per_row + mine));
-  // Kept where the gathers run: the GPU (with the bf16 copies), or host memory.
-  Arena& store = arenas_.copies && arenas_.copies->device() == Device::cuda ? *arenas_.copies
-                                                                            : *arenas_.params;
-  s.codes = ops::convert(codes, DType::u8, store);
-  s.absmax_codes = ops::convert(my_codes, DType::u8, store);
-  s.scales = ops::convert(scales, DType::f32, store);
-  return s;
-}
-
-Zero3Parameters::QuantShard Zero3Parameters::quantize_hqq(const ShardLayout& l, const Tensor& rows) {
-  const int rank = comm_.rank();
-  if (l.shape.size() != 2 || l.row_len % kHqqGroupSize != 0)
-    fail("hqq: tensor '", l.name, "' of shape ", shape_string(l.shape),
-         " cannot be stored in HQQ: its rows must be a multiple of ", kHqqGroupSize, " long");
-  // Every group is row-local; only the early stop looks at the whole matrix's error.
-  const int64_t real = l.last_row(rank) - l.first_row(rank);
-  HqqOptions options;
-  if (!alone()) options.global_sum = [this](double local) { return comm_.all_reduce_sum(local); };
-  const HqqWeight q = hqq_quantize(rows.data<float>(), {real, l.row_len}, l.name, options);
-  const int64_t per_row = l.row_len / kHqqGroupSize;
-  Tensor codes = Tensor::zeros({l.shard_rows * l.row_len / 2}, DType::u8);
-  Tensor scales = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
-  Tensor zeros = Tensor::zeros({l.shard_rows * per_row}, DType::f32);
-  if (real > 0) {
-    codes.rows(0, real * l.row_len / 2).copy_from(q.codes);
-    scales.rows(0, real * per_row).copy_from(q.scales);
-    zeros.rows(0, real * per_row).copy_from(q.zeros);
-  }
-  Arena& store = arenas_.copies && arenas_.copies->device() == Device::cuda ? *arenas_.copies
-                                                                            : *arenas_.params;
-  QuantShard s;
-  s.hqq = true;
-  s.codes = ops::convert(codes, DType::u8, store);
-  s.scales = ops::convert(scales, DType::f32, store);
-  s.zeros = ops::convert(zeros, DType::f32, store);
-  return s;
-}
+Zero3Parameters::~Zero3Parameters() = default;
 
 void Zero3Parameters::refresh_copies() {
   updates_.wait_all();
-  if (!arenas_.copies) return;
-  copies_.resize(shards_.size());
-  staging_.resize(shards_.size());
-  stale_.assign(shards_.size(), {});
-  fresh_.assign(shards_.size(), true);
-  for (size_t u = 0; u < shards_.size(); ++u) {
-    copies_[u].resize(shards_[u].size());
-    staging_[u].resize(shards_[u].size());
-    stale_[u].assign(shards_[u].size(), true);
-    for (size_t i = 0; i < shards_[u].size(); ++i) {
-      const Tensor& master = shards_[u][i];
-      // 4-bit (gathered and dequantized as such), or frozen on a GPU: its copy stays as it is.
-      if (!master.defined()) continue;
-      if (master.dtype() == DType::bf16) {  // a bf16 run: the master is the copy
-        copies_[u][i] = master;
-        continue;
-      }
-      // Into the existing tensors: the optimizer holds them (TrainableShard::param_copy).
-      auto make = [](Tensor& slot, const Tensor& value) {
-        if (slot.defined())
-          ops::copy(slot, value);
-        else
-          slot = value;
-      };
-      if (host_state()) {
-        // Rounded on the host, where the optimizer will round them from now on; copies on
-        // the GPU are uploaded from there when next gathered (stale_).
-        Tensor& staging = arenas_.copies->device() == Device::cpu ? copies_[u][i] : staging_[u][i];
-        make(staging, ops::convert(master, DType::bf16, *arenas_.params));
-        if (arenas_.copies->device() != Device::cpu && !copies_[u][i].defined())
-          copies_[u][i] = Tensor::empty(master.shape(), DType::bf16, *arenas_.copies);
-      } else {
-        make(copies_[u][i], ops::convert(master, DType::bf16, *arenas_.copies));
-      }
-    }
-  }
+  placement_.make_copies(shards_);
 }
 
-Tensor Zero3Parameters::copy_for_optimizer(size_t u, size_t i) const {
-  if (copies_.empty() || arenas_.master == DType::bf16) return Tensor();
-  // A host optimizer writes host memory; the GPU's writes the GPU's copies.
-  if (host_state() && arenas_.copies->device() != Device::cpu) return staging_[u][i];
-  return copies_[u][i];
-}
-
-void Zero3Parameters::weights_updated() {
-  // The trainable ones changed; a frozen weight's copy on the GPU is still what it was.
-  if (!host_state()) return;
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (size_t i = 0; i < units_[u].params.size(); ++i)
-      if (units_[u].params[i].trainable) stale_[u][i] = true;
-}
+void Zero3Parameters::weights_updated() { placement_.weights_updated(units_); }
 
 void Zero3Parameters::apply_update(size_t n_slices, std::function<void(size_t)> update_slice) {
-  if (!host_state()) return ParameterProvider::apply_update(n_slices, std::move(update_slice));
+  if (!placement_.host_state())
+    return ParameterProvider::apply_update(n_slices, std::move(update_slice));
   // The slices of each unit, numbered as trainable() numbers them.
   std::vector<std::vector<size_t>> unit_slices(units_.size());
   size_t k = 0;
@@ -242,7 +116,7 @@ void Zero3Parameters::apply_update(size_t n_slices, std::function<void(size_t)> 
 
 void Zero3Parameters::wait_for_updates() { updates_.wait_all(); }
 
-Zero3Parameters::~Zero3Parameters() = default;
+// --- gathers -------------------------------------------------------------------------------
 
 Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   FRUGAL_CHECK(unit >= 0 && unit < int64_t(units_.size()), "unit ", unit);
@@ -250,66 +124,50 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   auto it = gathered_.find(unit);
   if (it != gathered_.end()) return it->second;
   Gathered& g = gathered_[unit];
-  std::vector<Tensor> source = arenas_.copies ? copies_[unit] : shards_[unit];
-  if (host_state()) {
-    // The host optimizer wrote the bf16 copies in host memory: up they go, beside the
-    // compute stream, once per update (copies kept on the GPU) or every time (offloaded).
-    const bool kept_on_gpu = arenas_.copies->device() != Device::cpu;
-    for (size_t i = 0; i < source.size(); ++i) {
-      if ((kept_on_gpu && !stale_[unit][i]) || quant_[unit][i]) continue;
-      const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
-      if (!kept_on_gpu)
-        source[i] = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
-      g.uploads.emplace_back(source[i], host);
-      stale_[unit][i] = false;
-    }
-  }
-  // 4-bit rows: their bytes are gathered (on one rank: taken as they are), after going up
-  // beside the compute stream when offloaded to pinned host memory (offload = params; the
-  // gathers follow the uploads on the same stream). The whole weight in the compute dtype is
-  // made from them only when asked for (gather: at once; gather_compressed: one weight at a
-  // time, by materialize).
-  g.quant.resize(layouts_[unit].size());
-  auto on_gathering_device = [&](const Tensor& part) {
-    if (!part.defined() || part.device() == arenas_.gathered->device()) return part;
-    Tensor up = Tensor::empty(part.shape(), part.dtype(), *arenas_.gathered);
-    g.uploads.emplace_back(up, part);
-    return up;
+  const size_t n = layouts_[unit].size();
+  // What the gathers read, on the gathering device: the plain weights' shards or copies (which
+  // the placement uploads first when they are in host memory), the encoded weights' parts
+  // (likewise: offload = params keeps them in pinned host memory; the gathers follow the
+  // uploads on the same stream).
+  std::vector<Tensor> source(n);
+  for (size_t i = 0; i < n; ++i)
+    if (!encoded_[unit][i])
+      source[i] = placement_.gather_source(unit, i, shards_[unit][i], g.uploads);
+  auto local_parts = [&](size_t i) {
+    std::vector<Tensor> parts;
+    for (const EncodedPart& part : encoded_[unit][i]->parts())
+      parts.push_back(placement_.on_gathering_device(part.data, g.uploads));
+    return parts;
   };
-  auto uploaded = [&](QuantShard q) {
-    for (Tensor* t : {&q.codes, &q.absmax_codes, &q.scales, &q.zeros}) *t = on_gathering_device(*t);
-    return q;
-  };
+  // An encoded weight's parts are gathered (on one rank: taken as they are); the whole weight
+  // in the compute dtype is decoded from them only when asked for (gather: at once;
+  // gather_compressed: one weight at a time, by materialize).
+  g.parts.resize(n);
   if (alone()) {
     g.full = source;
-    for (size_t i = 0; i < source.size(); ++i)
-      if (quant_[unit][i]) g.quant[i] = uploaded(*quant_[unit][i]);
+    for (size_t i = 0; i < n; ++i)
+      if (encoded_[unit][i]) g.parts[i] = local_parts(i);
     return g;
   }
-  // One all-gather per parameter, posted together as one group: each lands a contiguous
-  // full matrix, because a shard is a contiguous block of rows.
+  // One all-gather per parameter (per row-sharded part of an encoded one), posted together as
+  // one group: each lands a contiguous full matrix, because a shard is a contiguous block of rows.
   CommGroup group(comm_);
-  for (size_t i = 0; i < layouts_[unit].size(); ++i) {
-    const ShardLayout& l = layouts_[unit][i];
-    if (quant_[unit][i]) {
-      const QuantShard mine = uploaded(*quant_[unit][i]);
-      QuantShard whole = mine;  // NF4's scales and offset are already the whole tensor's
-      auto gather_rows = [&](const Tensor& part, Tensor& all) {
-        all = Tensor::empty({part.numel() * comm_.size()}, part.dtype(), *arenas_.gathered);
-        g.ops.push_back(comm_.all_gather(part, all));
-      };
-      gather_rows(mine.codes, whole.codes);
-      if (mine.hqq) {
-        gather_rows(mine.scales, whole.scales);
-        gather_rows(mine.zeros, whole.zeros);
-      } else {
-        gather_rows(mine.absmax_codes, whole.absmax_codes);
+  for (size_t i = 0; i < n; ++i) {
+    if (encoded_[unit][i]) {
+      const std::vector<EncodedPart> parts = encoded_[unit][i]->parts();
+      std::vector<Tensor> whole = local_parts(i);  // replicated parts: already whole
+      for (size_t k = 0; k < parts.size(); ++k) {
+        if (parts[k].split != PartSplit::rows) continue;
+        const Tensor mine = whole[k];
+        whole[k] = Tensor::empty({mine.numel() * comm_.size()}, mine.dtype(), *arenas_.gathered);
+        g.ops.push_back(comm_.all_gather(mine, whole[k]));
       }
-      g.quant[i] = whole;
+      g.parts[i] = std::move(whole);
       g.full.push_back(Tensor());
       continue;
     }
-    g.full.push_back(Tensor::empty(l.padded_shape(), source[i].dtype(), *arenas_.gathered));
+    g.full.push_back(
+        Tensor::empty(layouts_[unit][i].padded_shape(), source[i].dtype(), *arenas_.gathered));
     g.ops.push_back(comm_.all_gather(source[i], g.full.back()));
   }
   group.end();
@@ -338,23 +196,19 @@ Zero3Parameters::Gathered& Zero3Parameters::wait_gathered(int64_t unit) {
   return g;
 }
 
-Tensor Zero3Parameters::dequantize(int64_t unit, size_t i, const QuantShard& q) const {
+Tensor Zero3Parameters::decode(int64_t unit, size_t i, const Gathered& g) const {
   const ShardLayout& l = layouts_[unit][i];
   Tensor full = Tensor::empty(l.padded_shape(), ops::compute_dtype(arenas_.gathered->device()),
                               *arenas_.gathered);
   Tensor real = full.rows(0, l.rows);
-  if (q.hqq)
-    ops::dequantize_hqq(real, q.codes, q.scales, q.zeros);
-  else
-    ops::dequantize_nf4(real, q.codes, q.absmax_codes, q.scales, q.offset, nf4_values().data(),
-                        dynamic_map_values().data());
+  encoded_[unit][i]->decode(g.parts[i], real);
   return full;
 }
 
 std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
   Gathered& g = wait_gathered(unit);
-  for (size_t i = 0; i < g.quant.size(); ++i)
-    if (g.quant[i] && !g.full[i].defined()) g.full[i] = dequantize(unit, i, *g.quant[i]);
+  for (size_t i = 0; i < g.full.size(); ++i)
+    if (encoded_[unit][i] && !g.full[i].defined()) g.full[i] = decode(unit, i, g);
   return unpadded(unit, g.full);
 }
 
@@ -364,13 +218,13 @@ std::vector<Tensor> Zero3Parameters::gather_compressed(int64_t unit) {
 
 Tensor Zero3Parameters::materialize(int64_t unit, size_t i) {
   auto it = gathered_.find(unit);
-  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0 && i < it->second.quant.size() &&
-                   it->second.quant[i],
+  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0 && i < encoded_[unit].size() &&
+                   encoded_[unit][i],
                "materialize of parameter ", i, " of unit ", unit,
-               ", which is not a gathered 4-bit weight");
+               ", which is not a gathered encoded weight");
   const ShardLayout& l = layouts_[unit][i];
   const Tensor full = it->second.full[i].defined() ? it->second.full[i]  // gather made it
-                                                   : dequantize(unit, i, *it->second.quant[i]);
+                                                   : decode(unit, i, it->second);
   return full.rows(0, l.rows).view(l.shape);
 }
 
@@ -381,6 +235,8 @@ void Zero3Parameters::release(int64_t unit) {
   if (--it->second.users == 0) gathered_.erase(it);
 }
 
+// --- gradients -----------------------------------------------------------------------------
+
 std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
   FRUGAL_CHECK(!grad_shards_.at(unit).empty(), "gradients asked of inference-only parameters");
   if (direct_grads()) return unpadded(unit, grad_shards_[unit]);  // accumulate straight into them
@@ -388,94 +244,22 @@ std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
   if (it == full_grads_.end()) {
     std::vector<Tensor> full;
     for (size_t i = 0; i < layouts_[unit].size(); ++i)
-      full.push_back(grad_shards_[unit][i].defined()
-                         ? ops::zeros(layouts_[unit][i].padded_shape(), DType::f32, *arenas_.gathered)
-                         : Tensor());
+      full.push_back(grad_shards_[unit][i].defined() ? ops::zeros(layouts_[unit][i].padded_shape(),
+                                                                  DType::f32, *arenas_.gathered)
+                                                     : Tensor());
     it = full_grads_.emplace(unit, std::move(full)).first;
   }
   return unpadded(unit, it->second);
 }
 
-void Zero3Parameters::complete_reduction() {
-  if (!in_flight_) return;
-  for (Pending& op : in_flight_->ops) op->wait();
-  // (Gradient shards in host memory while the GPU computes go through downloads instead.)
-  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
-    if (in_flight_->shard_sum[i].defined())  // not frozen
-      ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
-  in_flight_.reset();
-}
-
-void Zero3Parameters::complete_download() {
-  if (!downloading_) return;
-  Download& d = *downloading_;
-  // The copies follow the reduce-scatters on the communication stream: once they are done,
-  // so are those, and the device buffers can go.
-  for (ops::SideCopy& copy : d.copies) copy.done();
-  d.reductions.clear();
-  for (size_t i = 0; i < d.landing.size(); ++i)
-    if (d.landing[i].defined()) ops::add_inplace(grad_shards_[d.unit][i], d.landing[i]);
-  downloading_.reset();
-}
-
-void Zero3Parameters::grads_done(int64_t unit) {
-  if (direct_grads()) return;
-  updates_.wait(unit);  // its gradient shards are about to be written
-  auto it = full_grads_.find(unit);
-  FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
-  if (alone() && !host_state()) {
-    // One rank with bf16 shards: the unit's fp32 sums go in, rounded once per micro-batch.
-    for (size_t i = 0; i < it->second.size(); ++i)
-      if (it->second[i].defined()) ops::add_inplace(grad_shards_[unit][i], it->second[i]);
-    full_grads_.erase(it);
-    return;
-  }
-  if (host_state()) {
-    // One unit on its way down at a time (bounding whole-size gradients on the GPU to two
-    // units); the previous one's copies ran beside this unit's backward.
-    complete_download();
-    Download d;
-    d.unit = unit;
-    d.device = std::move(it->second);
-    full_grads_.erase(it);
-    if (!alone()) {
-      std::vector<Tensor> sums;
-      CommGroup group(comm_);
-      for (size_t i = 0; i < d.device.size(); ++i) {
-        if (!d.device[i].defined()) {  // frozen
-          sums.push_back(Tensor());
-          continue;
-        }
-        sums.push_back(
-            Tensor::empty(layouts_[unit][i].shard_shape(), DType::f32, *arenas_.gathered));
-        d.reductions.push_back(comm_.reduce_scatter_sum(d.device[i], sums.back()));
-      }
-      group.end();
-      d.device.insert(d.device.end(), sums.begin(), sums.end());
-    }
-    // The reduce-scatter and the copies both run on the communication stream, in order.
-    const size_t first = alone() ? 0 : d.device.size() / 2;
-    for (size_t i = 0; i < grad_shards_[unit].size(); ++i) {
-      Tensor& shard = grad_shards_[unit][i];
-      if (!shard.defined()) {  // frozen
-        d.landing.push_back(Tensor());
-        continue;
-      }
-      Tensor landing = fresh_[unit] ? Tensor() : Tensor::empty(shard.shape(), DType::f32, *arenas_.grads);
-      d.landing.push_back(landing);
-      d.copies.emplace_back(fresh_[unit] ? shard : d.landing.back(), d.device[first + i]);
-    }
-    fresh_[unit] = false;
-    downloading_ = std::move(d);
-    return;
-  }
-  // One reduction in flight at a time: the previous unit's finishes while this one's
-  // backward ran; finishing it now bounds whole-size gradients to two units.
-  complete_reduction();
-  Reduction r;
+GradReduction Zero3Parameters::post_reduce_scatter(int64_t unit, std::vector<Tensor> full) {
+  GradReduction r;
   r.unit = unit;
-  r.full = std::move(it->second);
-  full_grads_.erase(it);
+  r.full = std::move(full);
+  if (alone()) {  // the whole unit is this rank's shard
+    r.shard_sum = r.full;
+    return r;
+  }
   CommGroup group(comm_);
   for (size_t i = 0; i < r.full.size(); ++i) {
     if (!r.full[i].defined()) {  // frozen
@@ -487,35 +271,53 @@ void Zero3Parameters::grads_done(int64_t unit) {
     r.ops.push_back(comm_.reduce_scatter_sum(r.full[i], r.shard_sum[i]));
   }
   group.end();
-  in_flight_ = std::move(r);
+  return r;
+}
+
+void Zero3Parameters::complete_reduction() {
+  placement_.complete_download(grad_shards_);
+  if (!in_flight_) return;
+  for (Pending& op : in_flight_->ops) op->wait();
+  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
+    if (in_flight_->shard_sum[i].defined())  // not frozen
+      ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
+  in_flight_.reset();
+}
+
+void Zero3Parameters::grads_done(int64_t unit) {
+  if (direct_grads()) return;
+  updates_.wait(unit);  // its gradient shards are about to be written
+  auto it = full_grads_.find(unit);
+  FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
+  std::vector<Tensor> full = std::move(it->second);
+  full_grads_.erase(it);
+  if (alone() && !placement_.host_state()) {
+    // One rank with bf16 shards: the unit's fp32 sums go in, rounded once per micro-batch.
+    for (size_t i = 0; i < full.size(); ++i)
+      if (full[i].defined()) ops::add_inplace(grad_shards_[unit][i], full[i]);
+    return;
+  }
+  // One unit's gradients in flight at a time: the previous unit's reduce-scatter (or download)
+  // ran beside this unit's backward; finishing it now bounds whole-size gradients to two units.
+  complete_reduction();
+  GradReduction r = post_reduce_scatter(unit, std::move(full));
+  if (placement_.host_state())
+    placement_.download(std::move(r), grad_shards_[unit]);  // the shards are in host memory
+  else
+    in_flight_ = std::move(r);
 }
 
 void Zero3Parameters::finish_backward() {
   complete_reduction();
-  complete_download();
-  if (host_state())
-    for (size_t u = 0; u < grad_shards_.size(); ++u)
-      if (fresh_[u] && !grad_shards_[u].empty()) {
-        for (Tensor& g : grad_shards_[u])
-          if (g.defined()) ops::zero(g);  // no gradient reached this unit
-        fresh_[u] = false;
-      }
+  placement_.finish_backward(grad_shards_);
   FRUGAL_CHECK(full_grads_.empty(), full_grads_.size(),
                " units still hold whole gradients at the end of the backward");
 }
 
 void Zero3Parameters::zero_grads() {
-  // (No wait for apply_update's thread: with it, this only marks the shards; the gradients
-  // land in them after the forward has waited for every unit's update.)
-  if (host_state()) {
-    // The first gradients of each unit overwrite its shards instead of adding to them (no
-    // pass over host memory to clear them); finish_backward clears those that got none.
-    fresh_.assign(shards_.size(), true);
-    return;
-  }
-  for (auto& unit : grad_shards_)
-    for (Tensor& g : unit)
-      if (g.defined()) ops::zero(g);
+  // (No wait for apply_update's thread: with it, the placement only marks the shards; the
+  // gradients land in them after the forward has waited for every unit's update.)
+  placement_.zero_grads(grad_shards_);
 }
 
 std::vector<TrainableShard> Zero3Parameters::trainable() {
@@ -526,7 +328,7 @@ std::vector<TrainableShard> Zero3Parameters::trainable() {
       if (units_[u].params[i].trainable)
         out.push_back({layouts_[u][i].name, shards_[u][i],
                        grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
-                       copy_for_optimizer(u, i), layouts_[u][i].rows_of(comm_.rank())});
+                       placement_.copy_for_optimizer(u, i), layouts_[u][i].rows_of(comm_.rank())});
   return out;
 }
 
@@ -535,10 +337,9 @@ size_t Zero3Parameters::shard_bytes() const {
   for (size_t u = 0; u < shards_.size(); ++u)
     for (size_t i = 0; i < shards_[u].size(); ++i) {
       if (shards_[u][i].defined()) bytes += shards_[u][i].bytes();
-      if (quant_[u][i])
-        for (const Tensor* t : {&quant_[u][i]->codes, &quant_[u][i]->absmax_codes,
-                                &quant_[u][i]->scales, &quant_[u][i]->zeros})
-          if (t->defined()) bytes += t->bytes();
+      if (encoded_[u][i])
+        for (const EncodedPart& part : encoded_[u][i]->parts())
+          if (part.data.defined()) bytes += part.data.bytes();
     }
   return bytes;
 }

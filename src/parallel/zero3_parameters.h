@@ -2,6 +2,10 @@
 // count), of its gradient and of its optimizer state. A unit's weights are all-gathered just
 // before use and dropped right after; its gradients are reduce-scattered as soon as its
 // backward ends, so at most two units are ever whole on a rank.
+//
+// Three concerns apart: this class shards, gathers (with prefetch) and reduces; where the state
+// lives and the copies between device and host are Zero3Placement's (zero3_placement.h); frozen
+// weights kept in fewer bytes (NF4, HQQ) are a WeightEncoding each (weight_encoding.h).
 #pragma once
 
 #include <functional>
@@ -11,58 +15,33 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
 #include "model/llama_config.h"
 #include "model/parameter_provider.h"
 #include "ops/ops.h"
 #include "optim/background_updates.h"
+#include "parallel/comm.h"
+#include "parallel/shard_layout.h"
+#include "parallel/weight_encoding.h"
+#include "parallel/zero3_placement.h"
 
 namespace frugal {
 
-// How one parameter is split: rows [rank * shard_rows, (rank + 1) * shard_rows) of the
-// padded [rows_padded, row_len] matrix live on `rank`. 1-D weights are columns of length 1.
-struct ShardLayout {
-  std::string name;
-  Shape shape;  // the full parameter's shape
-  int64_t rows = 0, row_len = 0, rows_padded = 0, shard_rows = 0;
-
-  Shape shard_shape() const;   // [shard_rows, ...row dims]
-  Shape padded_shape() const;  // [rows_padded, ...row dims]
-  // The real (unpadded) rows of the full parameter that `rank` holds: [first, last).
-  int64_t first_row(int rank) const { return std::min(rows, rank * shard_rows); }
-  int64_t last_row(int rank) const { return std::min(rows, (rank + 1) * shard_rows); }
-  RowShard rows_of(int rank) const { return {shape, first_row(rank), last_row(rank)}; }
-};
-ShardLayout shard_layout(const ParamSpec& spec, int ranks);
-
-// Where the buffers of the sharded model live; each arena is its own accounting domain.
-struct Zero3Arenas {
-  Arena* params;    // fp32 master shards
-  Arena* grads;     // gradient shards
-  Arena* gathered;  // whole units in use: gathered weights and full-size gradients
-  // On a GPU: where the bf16 copies of the shards live, which are what the ranks gather (half
-  // the bytes of fp32) and the layers read. Null on the CPU: the fp32 shards are gathered.
-  Arena* copies = nullptr;
-  // The dtype of the master shards and gradient shards (and so of the optimizer's moments).
-  // bf16 (a GPU run with optim.state_dtype = bf16, the arithmetic of a bf16 PyTorch model): a
-  // master shard is its own bf16 copy, and whole-unit fp32 gradients are added into bf16
-  // shards; 8 bytes per trainable weight with AdamW instead of 18.
-  DType master = DType::f32;
-};
-
-// Where the first weights come from, and which frozen ones are kept in NF4.
+// Where the first weights come from, and which frozen ones are kept encoded (4-bit).
 struct Zero3Init {
   // Fills rows [first, last) of the named parameter (e.g. from a Hugging Face directory) and
   // returns true, or returns false for the seed's initialisation. Null: the seed everywhere.
   std::function<bool(const std::string& name, int64_t first, int64_t last, Tensor& rows)>
       load_rows;
-  // Frozen parameters it picks are stored as NF4 rows (QLoRA's base): quantized exactly as
-  // bitsandbytes quantizes the whole tensor (a collective: the absmax offset and second-level
-  // scales need every rank's rows), never held in fp32 beyond one tensor's rows.
+  // Frozen parameters it picks are stored as NF4 rows (QLoRA's base, Nf4Encoding): quantized
+  // exactly as bitsandbytes quantizes the whole tensor (a collective: the absmax offset and
+  // second-level scales need every rank's rows), never held in fp32 beyond one tensor's rows.
   std::function<bool(const ParamSpec&)> nf4;
-  // Frozen parameters it picks are stored as HQQ 4-bit rows (group 64, zero and scale per
-  // group, the half-quadratic zero fit with the whole matrix's early stop).
+  // Frozen parameters it picks are stored as HQQ 4-bit rows (HqqEncoding: group 64, zero and
+  // scale per group, the half-quadratic zero fit with the whole matrix's early stop).
   std::function<bool(const ParamSpec&)> hqq;
+  // Any other encoding of frozen parameters: a new, not yet encoded WeightEncoding for those it
+  // picks (asked after nf4 and hqq), null for the others.
+  std::function<std::unique_ptr<WeightEncoding>(const ParamSpec&)> encoding;
 };
 
 class Zero3Parameters : public ParameterProvider {
@@ -76,7 +55,7 @@ class Zero3Parameters : public ParameterProvider {
 
   void prefetch(int64_t unit) override;
   std::vector<Tensor> gather(int64_t unit) override;
-  // 4-bit weights undefined, dequantized one at a time by materialize (their gathered bytes
+  // Encoded weights undefined, decoded one at a time by materialize (their gathered parts
   // stay until release).
   std::vector<Tensor> gather_compressed(int64_t unit) override;
   Tensor materialize(int64_t unit, size_t i) override;
@@ -105,47 +84,23 @@ class Zero3Parameters : public ParameterProvider {
   // Bytes of this rank's shards (padding included), and of the largest unit while it is whole:
   // its weights at `weight_bytes` an element (the compute dtype's) and its trainable weights'
   // fp32 gradients.
-  size_t shard_bytes() const;  // NF4 rows counted as their bytes
-  bool is_quantized(int64_t unit, size_t i) const { return quant_[unit][i].has_value(); }
+  size_t shard_bytes() const;  // encoded weights counted as their parts' bytes
+  bool is_quantized(int64_t unit, size_t i) const { return encoded_[unit][i] != nullptr; }
   size_t largest_unit_bytes(size_t weight_bytes) const;
 
  private:
-  // 4-bit rows of a frozen weight: what this rank keeps instead of its fp32 rows.
-  struct QuantShard {
-    bool hqq = false;     // HQQ, else NF4
-    Tensor codes;         // u8 [shard_rows * row_len / 2]
-    Tensor absmax_codes;  // NF4: u8 [shard_rows * row_len / 64]
-    Tensor scales;        // NF4: the whole tensor's second-level scales (every rank has them);
-                          // HQQ: f32 [shard_rows * row_len / 64]
-    Tensor zeros;         // HQQ: f32 [shard_rows * row_len / 64]
-    float offset = 0;     // NF4: the mean absmax
-  };
   struct Gathered {
-    std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where 4-bit and
-                               // not dequantized (yet)
-    std::vector<std::optional<QuantShard>> quant;  // the whole tensor's 4-bit data
+    std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where encoded and
+                               // not decoded (yet)
+    std::vector<std::vector<Tensor>> parts;  // encoded weights: their whole parts; else empty
     std::vector<Pending> ops;
-    std::vector<ops::SideCopy> uploads;  // offloaded copies on their way to the GPU
+    std::vector<ops::SideCopy> uploads;  // offloaded copies and parts on their way to the GPU
     int users = 0;
-  };
-  QuantShard quantize_nf4(const ShardLayout& l, const Tensor& rows);
-  QuantShard quantize_hqq(const ShardLayout& l, const Tensor& rows);
-  // Offloaded gradients on their way down: the unit's device buffers, kept until the copies
-  // into host memory are done, and the landing buffers still to be added into the shards.
-  struct Download {
-    int64_t unit = -1;
-    std::vector<Tensor> device, landing;
-    std::vector<Pending> reductions;
-    std::vector<ops::SideCopy> copies;
-  };
-  struct Reduction {
-    int64_t unit = -1;
-    std::vector<Tensor> full, shard_sum;
-    std::vector<Pending> ops;
   };
   Gathered& post_gather(int64_t unit);
   Gathered& wait_gathered(int64_t unit);  // the gathers and uploads done, one more user
-  Tensor dequantize(int64_t unit, size_t i, const QuantShard& q) const;  // [rows_padded, ...]
+  Tensor decode(int64_t unit, size_t i, const Gathered& g) const;  // [rows_padded, ...]
+  GradReduction post_reduce_scatter(int64_t unit, std::vector<Tensor> full);
   void complete_reduction();
   std::vector<Tensor> unpadded(int64_t unit, const std::vector<Tensor>& full) const;
 
@@ -160,25 +115,18 @@ class Zero3Parameters : public ParameterProvider {
     return alone() && arenas_.grads->device() == arenas_.gathered->device() &&
            arenas_.master == DType::f32;
   }
-  // A GPU run with the fp32 state in host memory (parallel.offload): the optimizer works on
-  // the host, gradient shards come down and bf16 copies go up beside the compute stream.
-  bool host_state() const { return arenas_.copies && arenas_.params->device() == Device::cpu; }
-  void complete_download();
-  Tensor copy_for_optimizer(size_t unit, size_t i) const;
 
-  std::vector<std::vector<Tensor>> shards_, grad_shards_;  // shards_: undefined where 4-bit
-  std::vector<std::vector<std::optional<QuantShard>>> quant_;
-  std::vector<std::vector<Tensor>> copies_;  // bf16 copies of shards_ (GPU), else empty
-  // host_state(): the bf16 copies the host optimizer writes (copies_ itself when the copies
-  // are offloaded too), which copies that are on the GPU need again (stale_), and which
-  // gradient shards have received nothing since zero_grads (fresh_: overwritten, not added).
-  std::vector<std::vector<Tensor>> staging_;
-  std::vector<std::vector<bool>> stale_;  // by unit and parameter
-  std::vector<bool> fresh_;
-  std::optional<Download> downloading_;
+  // By unit and parameter: the master shards (undefined where encoded, and for a frozen weight
+  // on a GPU, which needs only its copy), the gradient shards (undefined where frozen; none
+  // without gradients), and the encoded weights (null where not).
+  std::vector<std::vector<Tensor>> shards_, grad_shards_;
+  std::vector<std::vector<std::unique_ptr<WeightEncoding>>> encoded_;
+  Zero3Placement placement_;
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;
-  std::optional<Reduction> in_flight_;
+  // The last unit's reduce-scatter while the next unit's backward runs (gradient shards on the
+  // gathering device; with host_state() the placement's download holds it instead).
+  std::optional<GradReduction> in_flight_;
   // apply_update's host optimizer, unit by unit (host_state()); declared last, so destroyed
   // (its thread joined) before the tensors it updates.
   BackgroundUpdates updates_;

@@ -9,20 +9,23 @@
 namespace frugal {
 
 RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
-  const std::string offload = p.offload;
+  const Offload offload = p.offload;
   const std::string host = use_gpu ? " (pinned host, offloaded)" : " (host, offloaded)";
   // On a GPU both offload modes move the fp32 master too (the host optimizer updates it).
-  const std::string params_name = offload == "params" || (use_gpu && offload != "none")
-                                      ? "parameter shards" + host
-                                      : "parameter shards";
-  const std::string grads_name = offload != "none" ? "gradient shards" + host : "gradient shards";
+  const std::string params_name =
+      offload == Offload::params || (use_gpu && offload != Offload::none)
+          ? "parameter shards" + host
+          : "parameter shards";
+  const std::string grads_name =
+      offload != Offload::none ? "gradient shards" + host : "gradient shards";
   const std::string optimizer_name =
-      offload != "none" ? "optimizer state" + host : "optimizer state";
+      offload != Offload::none ? "optimizer state" + host : "optimizer state";
   if (!use_gpu) {
     params = std::make_unique<Arena>(params_name, Device::cpu);
     grads = std::make_unique<Arena>(grads_name, Device::cpu);
     optimizer = std::make_unique<Arena>(optimizer_name, Device::cpu);
     gathered = std::make_unique<Arena>("gathered units", Device::cpu);
+    staging = std::make_unique<Arena>("checkpoint staging (host)", Device::cpu);
     return;
   }
 #ifdef FRUGAL_HAVE_CUDA
@@ -31,14 +34,17 @@ RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
   Arena& pinned = gpu->pinned_memory();
   // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory,
   // where AdamW runs on the host; with `params` the bf16 copies too (uploaded when used).
-  const bool host_state = offload != "none";
+  const bool host_state = offload != Offload::none;
   params = std::make_unique<SubArena>(params_name, host_state ? pinned : device);
   grads = std::make_unique<SubArena>(grads_name, host_state ? pinned : device);
   optimizer = std::make_unique<SubArena>(optimizer_name, host_state ? pinned : device);
   gathered = std::make_unique<SubArena>("gathered units", device);
-  copies = std::make_unique<SubArena>(
-      offload == "params" ? "bf16 weight copies (pinned host, offloaded)" : "bf16 weight copies",
-      offload == "params" ? pinned : device);
+  copies = std::make_unique<SubArena>(offload == Offload::params
+                                          ? "bf16 weight copies (pinned host, offloaded)"
+                                          : "bf16 weight copies",
+                                      offload == Offload::params ? pinned : device);
+  // Its own pinned arena: the state's memory figures stay what training itself holds.
+  staging = std::make_unique<PinnedHostArena>(0, "checkpoint staging (pinned host)");
   ops::bind_device(gpu.get());
 #else
   (void)local_rank;
@@ -68,7 +74,8 @@ nlohmann::json RunMemory::report() {
                       {"gradients_bytes", grads->stats().in_use_bytes},
                       {"optimizer_bytes", optimizer->stats().in_use_bytes},
                       {"gathered_peak_bytes", gathered->stats().peak_bytes},
-                      {"activations_peak_bytes", activations().stats().peak_bytes}};
+                      {"activations_peak_bytes", activations().stats().peak_bytes},
+                      {"checkpoint_staging_bytes", staging->stats().in_use_bytes}};
 #ifdef FRUGAL_HAVE_CUDA
   if (gpu) {
     const CachingStats d = gpu->device_memory().caching_stats();

@@ -31,6 +31,8 @@ struct RunMemory {
   std::unique_ptr<DeviceContext> gpu;  // first member: outlives every arena inside it
 #endif
   std::unique_ptr<Arena> params, grads, optimizer, gathered, copies;
+  // Host copies of the state for asynchronous checkpoints (pinned on a GPU), reused by each save.
+  std::unique_ptr<Arena> staging;
 };
 
 // "12.34 MiB"

@@ -8,12 +8,14 @@
 namespace frugal {
 
 std::string config_differences(const std::map<std::string, std::string>& mine,
-                               const std::map<std::string, std::string>& reference) {
+                               const std::map<std::string, std::string>& reference,
+                               const std::string& reference_name) {
   std::string differences;
   for (const auto& [key, value] : mine) {
     auto it = reference.find(key);
     const std::string other = it == reference.end() ? "(absent)" : it->second;
-    if (other != value) differences += " " + key + " = '" + value + "' (rank 0: '" + other + "');";
+    if (other != value)
+      differences += " " + key + " = '" + value + "' (" + reference_name + ": '" + other + "');";
   }
   return differences;
 }
@@ -24,7 +26,8 @@ void check_same_config(Comm& world, const std::map<std::string, std::string>& re
   std::string differences;
   if (mine != first)
     differences = config_differences(
-        resolved, nlohmann::json::parse(first).get<std::map<std::string, std::string>>());
+        resolved, nlohmann::json::parse(first).get<std::map<std::string, std::string>>(),
+        "rank 0");
   const bool any = world.all_reduce_max(differences.empty() ? 0 : 1) > 0;
   if (!differences.empty())
     fail("rank ", world.rank(), " runs a different configuration from rank 0:", differences);

@@ -10,9 +10,11 @@
 namespace frugal {
 
 // " key = 'mine' (rank 0: 'theirs');" for each key whose value differs from the reference's
-// ("(absent)" where the reference lacks it); empty when they agree.
+// ("(absent)" where the reference lacks it), `reference_name` naming it ("rank 0"); empty when
+// they agree.
 std::string config_differences(const std::map<std::string, std::string>& mine,
-                               const std::map<std::string, std::string>& reference);
+                               const std::map<std::string, std::string>& reference,
+                               const std::string& reference_name);
 
 // Compares every rank's resolved keys with rank 0's (a collective); an Error on every rank
 // when any differs, naming the keys on the ranks that differ.

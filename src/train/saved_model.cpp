@@ -14,6 +14,7 @@
 #include "ops/ops.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
+#include "train/train_config.h"
 
 namespace fs = std::filesystem;
 
@@ -27,6 +28,14 @@ std::string run_key(const nlohmann::json& config, const std::string& name,
   if (!config.contains(name))
     fail("checkpoint '", source, "' of a LoRA run has no '", name, "' in its configuration");
   return config.at(name).get<std::string>();
+}
+
+// A run's train.type (runs from before LoRA have none: full).
+TrainType train_type_of_run(const nlohmann::json& config, const std::string& source) {
+  const std::string name = config.value("train.type", std::string("full"));
+  if (const std::optional<TrainType> type = enum_from_name<TrainType>(name)) return *type;
+  fail("checkpoint '", source, "': train.type '", name, "' is not one of ",
+       enum_name_list<TrainType>());
 }
 
 // The adapters a LoRA run trained, as its configuration describes them.
@@ -58,16 +67,16 @@ std::unique_ptr<LocalParameters> load_lora_merged(const nlohmann::json& config,
     params = std::make_unique<LocalParameters>(shape, std::stoull(key("train.seed")),
                                                std::stof(key("train.init_std")), false);
   }
-  const std::string type = key("train.type");
-  if (type == "qlora" || type == "hqq_lora") {
+  const TrainType type = train_type_of_run(config, source);
+  if (type == TrainType::qlora || type == TrainType::hqq_lora) {
     // The run trained on a 4-bit base: what it saw is the dequantized weight (the whole
     // tensor's quantization is what the ranks' shards make together).
     for (const UnitSpec& unit : llama_units(shape))
       for (const ParamSpec& spec : unit.params)
         if (spec.shape.size() == 2 && is_block_projection(spec.name)) {
           Tensor& w = params->param(spec.name);
-          w.copy_from(type == "qlora" ? nf4_dequantize(nf4_quantize(w, spec.name))
-                                      : hqq_dequantize(hqq_quantize(w, spec.name)));
+          w.copy_from(type == TrainType::qlora ? nf4_dequantize(nf4_quantize(w, spec.name))
+                                               : hqq_dequantize(hqq_quantize(w, spec.name)));
         }
   }
   for (const UnitSpec& unit : lora_units(shape, lora))
@@ -143,8 +152,7 @@ SavedModel load_saved_model(const std::string& path) {
   saved.step_dir = dir.step_dir(*step);
   ShardedTensorReader reader(dir, *step, manifest.at("world_size").get<int>(), manifest);
   const nlohmann::json config = manifest.value("config", nlohmann::json::object());
-  const std::string type = config.value("train.type", std::string("full"));
-  if (type == "lora" || type == "qlora" || type == "hqq_lora") {
+  if (train_type_of_run(config, dir.rank_file(*step, 0)) != TrainType::full) {
     saved.params = load_lora_merged(config, saved.config, reader, dir.rank_file(*step, 0));
   } else {
     saved.params = std::make_unique<LocalParameters>(saved.config, 0, 0.0f, false);
@@ -162,9 +170,9 @@ SavedModel load_saved_model(const std::string& path) {
 void export_peft_adapters(const std::string& path, const std::string& out_dir) {
   SavedStep opened = open_saved_step(path);
   const nlohmann::json config = opened.manifest.value("config", nlohmann::json::object());
-  const std::string type = config.value("train.type", std::string("full"));
   const std::string source = opened.dir->rank_file(opened.step, 0);
-  if (type == "full")
+  const TrainType type = train_type_of_run(config, source);
+  if (type == TrainType::full)
     fail("checkpoint '", source, "' is of a full training run: it has no adapters to export as "
          "PEFT (export it without --peft)");
   const LlamaConfig shape = llama_config_from_json(opened.manifest.at("model"), source);
@@ -200,7 +208,7 @@ void export_peft_adapters(const std::string& path, const std::string& out_dir) {
       {"modules_to_save", nullptr},
       {"base_model_name_or_path", config.value("model.hf_path", std::string())}};
   std::ofstream((fs::path(out_dir) / "adapter_config.json").string()) << adapter.dump(2) << "\n";
-  if (type != "lora")
+  if (type != TrainType::lora)
     log_warn("export: the adapters of this ", type, " run were trained on a 4-bit base; applied ",
              "to the full-precision base they give a slightly different model (the merged export "
              "is exact)");

@@ -60,15 +60,53 @@ double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& v
   return loss;
 }
 
+// The signal any rank received (SIGUSR1, SIGTERM), the same on every rank; 0 when none did.
+// One small all-reduce per step, in this one place: a signal may reach one rank only, or reach
+// the ranks while they are in different steps, and every rank must stop after the same step.
+int stop_signal_on_any_rank(const std::atomic<int>* stop_signal, Comm& world) {
+  return int(world.all_reduce_max(stop_signal ? stop_signal->load() : 0));
+}
+
+// The end of a run stopped by `signal` after `step` (every rank agreed on it): save that step
+// unless it was just saved (`saved_step`), wait until the save is committed on every rank (an
+// asynchronous one too), then say how to go on; each rank may exit right after.
+void stop_after_signal(TrainingRun& run, int signal, int64_t step, int64_t saved_step) {
+  const std::string name = signal_name(signal);
+  if (step == 0) {
+    log_info("stopped by ", name, " before the first step: nothing to save; start again with ",
+             "train.resume=true");
+    return;
+  }
+  if (step > saved_step) run.checkpoints->save(step);
+  run.checkpoints->finish();  // an asynchronous save on disk and committed before the exit
+  log_info("stopped by ", name, " at step ", step, ": checkpoint ",
+           run.checkpoints->dir().step_dir(step), ", resume with train.resume=true");
+}
+
 std::string fixed(double v, int digits) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
 }
 
+// The commit of a save, once it happened: what it wrote, into the step's record and the log.
+void report_commit(CheckpointManager& checkpoints, nlohmann::json& record) {
+  const std::optional<CheckpointManager::Committed> done = checkpoints.take_committed();
+  if (!done) return;
+  record["checkpoint"] = {{"step", done->step},
+                          {"bytes", done->bytes},
+                          {"stage_seconds", done->stage_seconds},
+                          {"write_seconds", done->write_seconds}};
+  log_info("checkpoint: step ", done->step, " committed: ", mib(done->bytes),
+           " per rank written in ", fixed(done->write_seconds, 2), " s (",
+           fixed(double(done->bytes) / 1048576.0 / std::max(1e-9, done->write_seconds), 0),
+           " MiB/s)");
+}
+
 }  // namespace
 
-TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault) {
+TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault,
+                          const std::atomic<int>* stop_signal) {
   TrainingRun run(config);
   const TrainConfig& c = run.config;
   Mesh& mesh = run.mesh();
@@ -84,6 +122,15 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     start_step = run.checkpoints->resume();
   else
     run.checkpoints->start_afresh();  // an earlier run's checkpoints are kept aside
+  TrainSummary summary;
+  if (start_step >= c.train.steps) {
+    // A finished run resubmitted (a job requeued after its last step, say): nothing changes.
+    const std::string relation = start_step == c.train.steps
+                                     ? " = train.steps"
+                                     : " > train.steps = " + std::to_string(c.train.steps);
+    log_info("the run already reached step ", start_step, relation, "; nothing to train");
+    return summary;
+  }
   std::optional<MetricsWriter> metrics;
   if (rank == 0) {
     const fs::path metrics_path = fs::path(c.train.out_dir) / "metrics.jsonl";
@@ -100,12 +147,20 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   const int64_t tokens_per_step = run.tokens_per_step();
   run.log_plan(start_step);
 
-  TrainSummary summary;
   summary.first_val_loss = evaluate(model, params, val_tokens, c, mesh);
   log_info("step ", start_step, " | val_loss ", fixed(summary.first_val_loss, 4));
   if (metrics && start_step == 0)
     metrics->write({{"step", 0}, {"val_loss", summary.first_val_loss}});
   summary.final_val_loss = summary.first_val_loss;
+
+  // A signal during start-up (loading, resuming, the first evaluation) stops the run before
+  // it trains a step.
+  int64_t saved_step = start_step;  // the newest step saved (committed, or being written)
+  if (const int signal = stop_signal_on_any_rank(stop_signal, world)) {
+    stop_after_signal(run, signal, start_step, saved_step);
+    summary.stopped_by_signal = signal;
+    return summary;
+  }
 
   // --- the loop --------------------------------------------------------------------------------
   const double loop_start = now_seconds();
@@ -146,6 +201,18 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
       record["val_loss"] = summary.final_val_loss;
     }
+    // Checkpoints: a background save every rank has written is committed; a due one starts
+    // (and training waits only for the copies when saves are asynchronous).
+    run.checkpoints->poll();
+    if ((last && c.ckpt.final) || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
+      const double save_start = now_seconds();
+      run.checkpoints->save(step);
+      saved_step = step;
+      record["seconds"]["checkpoint"] = now_seconds() - save_start;
+      log_info("checkpoint: ", run.checkpoints->dir().step_dir(step),
+               run.checkpoints->in_flight() ? " (being written; training goes on)" : "");
+    }
+    report_commit(*run.checkpoints, record);
     if (metrics) metrics->write(record);
 
     if (step % c.monitor.log_every == 0 || last || record.contains("val_loss")) {
@@ -163,11 +230,18 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       window_start = now;
       window_tokens = 0;
     }
-    if ((last && c.ckpt.final) || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
-      run.checkpoints->save(step);
-      log_info("checkpoint: ", run.checkpoints->dir().step_dir(step));
+    // A signal during the last step lets the run finish as usual.
+    const int signal = last ? 0 : stop_signal_on_any_rank(stop_signal, world);
+    if (signal) {
+      stop_after_signal(run, signal, step, saved_step);
+      summary.steps_done = step - start_step;
+      summary.stopped_by_signal = signal;
+      return summary;
     }
   }
+  run.checkpoints->finish();  // the last save on disk and committed before the run ends
+  nlohmann::json last_commit;
+  report_commit(*run.checkpoints, last_commit);
   summary.steps_done = c.train.steps - start_step;
   const double elapsed = now_seconds() - loop_start;
   summary.tokens_per_s = summary.steps_done * double(tokens_per_step) / std::max(1e-9, elapsed);

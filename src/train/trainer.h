@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "train/fault_injection.h"
+#include "train/stop_signals.h"
 #include "train/train_config.h"
 
 namespace frugal {
@@ -14,9 +15,15 @@ struct TrainSummary {
   double first_val_loss = 0;  // of the initial model (or at resume)
   double final_val_loss = 0;
   double tokens_per_s = 0;  // training tokens per second, all ranks together
+  // The signal (SIGUSR1 or SIGTERM) that stopped the run early, its checkpoint committed;
+  // 0 when the run reached train.steps (or had nothing to train).
+  int stopped_by_signal = 0;
 };
 
-// `fault`: the testing aid of FRUGAL_INJECT_FAULT (none by default).
-TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault = {});
+// `fault`: the testing aid of FRUGAL_INJECT_FAULT (none by default). `stop_signal`: the flag of
+// install_stop_signal_handlers(); once it is non-zero on any rank, the run stops after the step
+// in progress with a checkpoint (nullptr: only train.steps ends the run).
+TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault = {},
+                          const std::atomic<int>* stop_signal = nullptr);
 
 }  // namespace frugal

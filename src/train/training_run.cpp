@@ -1,15 +1,21 @@
 // Assembling a run from its configuration.
 #include "train/training_run.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/checked.h"
 #include "core/log.h"
+#include "monitor/metrics.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
+#include "train/memory_plan.h"
 #include "train/same_config.h"
 
 namespace fs = std::filesystem;
@@ -33,12 +39,23 @@ class ModelShapeState : public Stateful {
   const LlamaConfig& config_;
 };
 
-// Every key in force, saved for the record (`frugal ckpt ls` and export show it).
+// Every key in force, saved for the record (`frugal ckpt ls` and export show it). Resuming with
+// other settings is allowed (more steps, another eval interval) but said, key by key: another
+// seed or learning rate is rarely meant.
 class ResolvedConfigState : public Stateful {
  public:
   explicit ResolvedConfigState(const std::map<std::string, std::string>& resolved)
       : resolved_(resolved) {}
   nlohmann::json state_values() const override { return resolved_; }
+  void load_state_values(const nlohmann::json& values) override {
+    std::map<std::string, std::string> now = resolved_;
+    auto saved = values.get<std::map<std::string, std::string>>();
+    now.erase("train.resume");  // what a resumed run always changes
+    saved.erase("train.resume");
+    const std::string differences = config_differences(now, saved, "checkpoint");
+    if (!differences.empty())
+      log_warn("resuming with settings that differ from the checkpoint's:", differences);
+  }
 
  private:
   const std::map<std::string, std::string>& resolved_;
@@ -50,20 +67,59 @@ bool decide_gpu(const TrainConfig& c, Comm& world) {
   const int gpus = device_count(), node_ranks = mpi_node_size();
   const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
   const bool everywhere = world.all_reduce_max(enough_gpus ? 0 : 1) == 0;
-  if (c.parallel.device == "cuda" && !everywhere)
+  if (c.parallel.device == DeviceChoice::cuda && !everywhere)
     fail("config key 'parallel.device': cuda needs one GPU per rank, but ",
          enough_gpus ? "another node has fewer GPUs than ranks"
                      : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
                            std::to_string(gpus) + " GPU(s)",
          kHaveCuda ? "" : " (this frugal was built without CUDA)");
-  const bool use_gpu = c.parallel.device == "cuda" || (c.parallel.device == "auto" && everywhere);
-  if (c.parallel.device == "auto" && gpus > 0 && !use_gpu)
+  const bool use_gpu = c.parallel.device == DeviceChoice::cuda ||
+                       (c.parallel.device == DeviceChoice::automatic && everywhere);
+  if (c.parallel.device == DeviceChoice::automatic && gpus > 0 && !use_gpu)
     log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
              " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
-  if (c.optim.state_dtype == "bf16" && !use_gpu)
+  if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
     fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU (", gpus,
          " GPU(s) for ", node_ranks, " rank(s) on this node)");
   return use_gpu;
+}
+
+void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t vocab_size) {
+  const TokenView view = tokens.view();
+  int64_t largest = -1, smallest = 0;
+#pragma omp parallel for reduction(max : largest) reduction(min : smallest)
+  for (int64_t i = 0; i < int64_t(view.size); ++i) {
+    largest = std::max<int64_t>(largest, view[uint64_t(i)]);
+    smallest = std::min<int64_t>(smallest, view[uint64_t(i)]);
+  }
+  if (smallest >= 0 && largest < vocab_size) return;
+  const int64_t bad = smallest < 0 ? smallest : largest;
+  for (uint64_t i = 0; i < view.size; ++i)
+    if (view[i] == bad)
+      fail("token file '", path, "' holds the id ", bad, " at token ", i,
+           ", outside the model's vocabulary [0, ", vocab_size,
+           ") (config key 'model.vocab_size'): the file is damaged or was made with another "
+           "tokenizer");
+}
+
+// The checkpoint directory must take files before any work is done: found at the first save,
+// an unwritable path costs the steps before it. Every rank writes there (its rank file).
+void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);
+  if (ec)
+    fail("config key 'train.out_dir': cannot create the checkpoint directory '", ckpt_dir.string(),
+         "': ", ec.message());
+  const fs::path probe = ckpt_dir / (".write_test_rank_" + std::to_string(rank));
+  {
+    std::ofstream out(probe);
+    out << "frugal\n";
+    out.flush();
+    if (!out)
+      fail("config key 'train.out_dir': cannot write checkpoints into '", ckpt_dir.string(), "' (",
+           std::strerror(errno), ")");
+  }
+  fs::remove(probe, ec);
 }
 
 }  // namespace
@@ -96,6 +152,10 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     fail("config key 'model.vocab_size': ", c.model.vocab_size,
          " is smaller than the vocabulary of '", c.data.dir, "' (",
          train_tokens->header().vocab_size, ")");
+  // Every id must index the embedding: a damaged or foreign file is named here, not by a bad
+  // read inside the model.
+  check_token_ids(*train_tokens, (data_dir / "train.tok").string(), c.model.vocab_size);
+  check_token_ids(*val_tokens, (data_dir / "val.tok").string(), c.model.vocab_size);
   SamplerConfig sampler_config;
   sampler_config.seq_len = c.train.seq_len;
   sampler_config.micro_batch_size = c.train.micro_batch_size;
@@ -106,7 +166,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   sampler = std::make_unique<BatchSampler>(train_tokens->view(), sampler_config);
 
   // --- device, model, shards, optimizer --------------------------------------------------------
-  if (host_mesh.world->rank() == 0) fs::create_directories(c.train.out_dir);
+  check_writable_checkpoints(fs::path(c.train.out_dir) / "ckpt", host_mesh.world->rank());
   // The GPU (one per rank, picked by the node-local rank) and its communicator: NCCL for the
   // weights and gradients, MPI underneath for host values.
   memory = std::make_unique<RunMemory>(c.parallel, use_gpu, host_mesh.local_rank);
@@ -118,7 +178,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     ring = ring_attention_operator(*mesh().cp);
     model->set_attention(&ring);
   }
-  if (c.train.type != "full") {
+  if (c.train.type != TrainType::full) {
     lora.rank = c.lora.rank;
     lora.alpha = c.lora.alpha;
     lora.targets = lora_targets_from_names(c.lora.targets);
@@ -140,11 +200,13 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   const auto projection = [](const ParamSpec& p) {
     return p.shape.size() == 2 && is_block_projection(p.name);
   };
-  if (c.train.type == "qlora") init.nf4 = projection;
-  if (c.train.type == "hqq_lora") init.hqq = projection;
-  const bool bf16_state = c.optim.state_dtype == "bf16";
+  if (c.train.type == TrainType::qlora) init.nf4 = projection;
+  if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
+  const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
+  std::vector<UnitSpec> units = lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model);
+  check_memory_plan(units, projection);
   params = std::make_unique<Zero3Parameters>(
-      lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model), world(),
+      std::move(units), world(),
       Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
                   memory->copies.get(), bf16_state ? DType::bf16 : DType::f32},
       c.train.seed, static_cast<float>(c.train.init_std), true, init);
@@ -157,15 +219,19 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   states.push_back(std::make_unique<ModelShapeState>(c.model));
   states.push_back(std::make_unique<Zero3State>(*params));
   states.push_back(std::make_unique<ResolvedConfigState>(c.resolved));
+  std::vector<CheckpointManager::Part> parts = {{"model", states[0].get()},
+                                                {"weights", states[1].get()},
+                                                {"optim", optimizer.get()},
+                                                {"sampler", sampler.get()},
+                                                {"config", states[2].get()}};
+  Arena* staging = checkpoint_staging(CheckpointManager::state_bytes(parts, world().rank()));
   checkpoints = std::make_unique<CheckpointManager>(
       CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), world().rank(), world().size(),
       [&world = world()](bool ok) { return world.all_reduce_max(ok ? 0 : 1) == 0; },
-      std::vector<CheckpointManager::Part>{{"model", states[0].get()},
-                                           {"weights", states[1].get()},
-                                           {"optim", optimizer.get()},
-                                           {"sampler", sampler.get()},
-                                           {"config", states[2].get()}},
-      c.ckpt.keep);
+      std::move(parts), c.ckpt.keep, staging);
+  if (staging)
+    log_info("checkpoints: ", mib(memory->staging->stats().in_use_bytes), " of ",
+             memory->staging->name(), " reserved for the copies");
 
   if (hf) {
     log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
@@ -179,6 +245,63 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
 
 TrainingRun::~TrainingRun() = default;
 
+void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
+                                    const std::function<bool(const ParamSpec&)>& projection) {
+  const TrainConfig& c = config;
+  PlanSettings settings;
+  settings.ranks = world().size();
+  settings.gpu = use_gpu;
+  settings.offload = c.parallel.offload;
+  settings.state = c.optim.state_dtype;
+  if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
+    settings.four_bit = projection;
+  const MemoryPlan plan = plan_memory(units, settings);
+  const std::string advice =
+      ": more ranks (ZeRO-3 divides the state among them), parallel.offload = optimizer or "
+      "params on GPUs, or train.type = lora or qlora (a frozen base has no gradients or "
+      "moments) would lower it";
+  // Every rank of a node draws on the same host memory.
+  const size_t node_ranks = size_t(mpi_node_size());
+  const size_t available = available_host_bytes();
+  if (available > 0 && plan.host * node_ranks > available)
+    fail("the run's state needs at least ", gib(plan.host * node_ranks),
+         " of host memory on this node (", node_ranks, " rank(s) x ", describe(plan),
+         " before activations), and ", gib(available), " is available", advice);
+#ifdef FRUGAL_HAVE_CUDA
+  const size_t cap = memory->gpu ? memory->gpu->device_memory().stats().limit_bytes : 0;
+  if (cap > 0 && plan.device > cap)
+    fail("the run's state needs at least ", gib(plan.device), " of GPU memory per rank (",
+         describe(plan), " before activations), and the GPU ",
+         c.parallel.gpu_mem_limit_bytes() > 0 ? "is capped at " : "has ", gib(cap),
+         " (parallel.gpu_mem_limit)", advice);
+#endif
+}
+
+Arena* TrainingRun::checkpoint_staging(size_t state_bytes) {
+  // Each rank of a node stages its own state: together they must leave the host room to work.
+  const size_t node_ranks = size_t(mpi_node_size());
+  const size_t available = available_host_bytes();
+  const bool fits = available == 0 || state_bytes * node_ranks <= available / 10 * 8;
+  std::string why;
+  if (!config.ckpt.async)
+    why = "ckpt.async = false";
+  else if (!fits)
+    why = "staging " + mib(state_bytes) + " per rank for " + std::to_string(node_ranks) +
+          " rank(s) on this node needs more than 80 % of the " + mib(available) +
+          " of host memory available";
+  // Every rank saves alike: one rank without room makes every save synchronous.
+  const bool async = host_mesh.world->all_reduce_max(why.empty() ? 0 : 1) == 0;
+  if (async) {
+    log_info("checkpoints: asynchronous: each save copies this rank's ", mib(state_bytes),
+             " of state into ", memory->staging->name(),
+             " and a thread writes the file while training goes on");
+    return memory->staging.get();
+  }
+  log_info("checkpoints: synchronous (", why.empty() ? "another rank has no room to stage" : why,
+           "): training waits while each save writes ", mib(state_bytes), " per rank");
+  return nullptr;
+}
+
 int64_t TrainingRun::tokens_per_step() const {
   const int dp = use_gpu ? gpu_mesh.dp_size : host_mesh.dp_size;
   const char* what = "train.micro_batch_size x train.seq_len x train.grad_accum_steps x dp ranks";
@@ -191,7 +314,7 @@ int64_t TrainingRun::tokens_per_step() const {
 void TrainingRun::log_plan(int64_t start_step) const {
   const TrainConfig& c = config;
   const Mesh& m = use_gpu ? gpu_mesh : host_mesh;
-  const bool bf16_state = c.optim.state_dtype == "bf16";
+  const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
   log_info("frugal train: model ", c.model.parameter_count(), " parameters (",
            c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
@@ -208,9 +331,9 @@ void TrainingRun::log_plan(int64_t start_step) const {
     log_info("LoRA: rank ", lora.rank, ", alpha ", c.lora.alpha, " on ",
              lora_target_names(lora.targets), ": ", adapters, " trainable parameters, the ",
              c.model.parameter_count(), " of the base frozen",
-             c.train.type == "qlora"      ? ", its block projections in NF4 (QLoRA)"
-             : c.train.type == "hqq_lora" ? ", its block projections in HQQ 4-bit"
-                                          : "");
+             c.train.type == TrainType::qlora      ? ", its block projections in NF4 (QLoRA)"
+             : c.train.type == TrainType::hqq_lora ? ", its block projections in HQQ 4-bit"
+                                                   : "");
   }
   // The bf16 copies hold, on a GPU, the frozen weights (4-bit rows included) besides the
   // trainable ones' copies.

@@ -4,6 +4,7 @@
 // stateful part. The step loop (trainer.cpp) uses it and assembles nothing itself.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -38,6 +39,13 @@ struct TrainingRun {
   int64_t tokens_per_step() const;
   // The lines that say what this run is: model, ranks, device, LoRA, memory per rank, data.
   void log_plan(int64_t start_step) const;
+  // Refuses, with the figures, a run whose state cannot fit this node's host memory or the
+  // GPU's cap (a lower bound: activations come on top).
+  void check_memory_plan(const std::vector<UnitSpec>& units,
+                         const std::function<bool(const ParamSpec&)>& projection);
+  // Where asynchronous checkpoints stage `state_bytes` of this rank's state, or null for
+  // synchronous saves (ckpt.async = false, or not enough host memory on some rank's node).
+  Arena* checkpoint_staging(size_t state_bytes);
 
   TrainConfig config;  // with a Hugging Face model's shape in [model]
   std::optional<HfModelDir> hf;

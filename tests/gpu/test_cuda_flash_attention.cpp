@@ -52,7 +52,7 @@ void check_case(const AttentionCase& c) {
   CUDA_CHECK(cudaMemset(out_d.get(), 0xff, q_size * sizeof(Bf16)));
   CUDA_CHECK(cudaMemset(lse_d.get(), 0xff, lse_size * sizeof(float)));
   frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
-                                  stream);
+                                  /*allow_sm90=*/true, stream);
   const auto out_bits = out_d.download_bits();
   const auto lse = lse_d.download<float>();
   CHECK(count_bad("out", from_bf16(out_bits), t.out_ref, mag.out) == 0);
@@ -79,7 +79,7 @@ void check_case(const AttentionCase& c) {
   std::vector<float> lse_runs[2], dq_runs[2], dk_runs[2], dv_runs[2];
   for (int run = 0; run < 2; ++run) {
     frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
-                                    stream);
+                                    /*allow_sm90=*/true, stream);
     out_runs[run] = out_d.download_bits();
     lse_runs[run] = lse_d.download<float>();
     dq_d.upload(t.dq0);
@@ -87,7 +87,7 @@ void check_case(const AttentionCase& c) {
     dv_d.upload(t.dv0);
     frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(),
                                      in.k.get(), in.v.get(), out_d.get(), lse_d.get(), s,
-                                     scratch_d.get(), stream);
+                                     scratch_d.get(), /*allow_sm90=*/true, stream);
     dq_runs[run] = dq_d.download<float>();
     dk_runs[run] = dk_d.download<float>();
     dv_runs[run] = dv_d.download<float>();
@@ -133,5 +133,5 @@ TEST_CASE("cuda flash attention backward needs its scratch", "[gpu][attention]")
   DeviceBuffer<float> g(64 * 64), lse(64);
   CHECK_THROWS(frugal::cuda::attention_backward(g.get(), g.get(), g.get(), t.get(), t.get(),
                                                 t.get(), t.get(), t.get(), lse.get(), s, nullptr,
-                                                nullptr));
+                                                /*allow_sm90=*/true, nullptr));
 }

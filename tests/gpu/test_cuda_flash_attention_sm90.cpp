@@ -2,17 +2,15 @@
 // kernel on awkward shapes: sequences that are not tile multiples, GQA 4:1 and 8:1, q_len !=
 // kv_len with positive and negative causal offsets, batch > 1, enough key tiles to go round the
 // shared-memory stages several times; against the FlashAttention-2 kernels on the same data;
-// bitwise reproducibility; and the FRUGAL_ATTENTION_SM90 switch of attention.h's launchers
-// (sm90 by default, FlashAttention-2 with =0).
+// bitwise reproducibility; and the allow_sm90 switch of attention.h's launchers (sm90 when
+// true, FlashAttention-2 when false: FRUGAL_ATTENTION_SM90=0, which the app reads at start-up).
 // Skipped (and says so) without a GPU of compute capability 9.0 or a build with sm_90a.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "attention_support.h"
@@ -146,7 +144,7 @@ TEST_CASE("cuda sm90 flash attention matches the CPU on awkward shapes", "[gpu][
   for (const AttentionCase& c : cases) check_case(c);
 }
 
-TEST_CASE("attention.h's launchers take the sm90 kernels unless FRUGAL_ATTENTION_SM90=0",
+TEST_CASE("attention.h's launchers take the sm90 kernels unless allow_sm90 is false",
           "[gpu][attention]") {
   SKIP_WITHOUT_GPU();
   if (!have_sm90()) return;
@@ -160,14 +158,10 @@ TEST_CASE("attention.h's launchers take the sm90 kernels unless FRUGAL_ATTENTION
                                              in.k.get(), in.v.get(), s, nullptr);
   frugal::cuda::flash_attention_forward(out_fa2_d.get(), lse_fa2_d.get(), in.q.get(), in.k.get(),
                                         in.v.get(), s, nullptr);
-  // What attention_forward computes under FRUGAL_ATTENTION_SM90 = value (nullptr: unset).
-  auto launcher_with = [&](const char* value) {
-    if (value)
-      setenv("FRUGAL_ATTENTION_SM90", value, 1);
-    else
-      unsetenv("FRUGAL_ATTENTION_SM90");
+  // What attention_forward computes with this allow_sm90.
+  auto launcher_with = [&](bool allow_sm90) {
     frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
-                                    nullptr);
+                                    allow_sm90, nullptr);
   };
   auto same_as = [&](DeviceBuffer<Bf16>& out, DeviceBuffer<float>& lse) {
     return bitwise_equal(out_d.download_bits(), out.download_bits()) &&
@@ -175,38 +169,8 @@ TEST_CASE("attention.h's launchers take the sm90 kernels unless FRUGAL_ATTENTION
   };
   // The two kernels sum in different orders, so some bit differs: what tells them apart here.
   REQUIRE_FALSE(bitwise_equal(lse_sm90_d.download<float>(), lse_fa2_d.download<float>()));
-  const char* before = std::getenv("FRUGAL_ATTENTION_SM90");
-  const std::string saved = before ? before : "";
-  launcher_with(nullptr);
-  CHECK(frugal::cuda::flash_attention_sm90_enabled());
+  launcher_with(true);
   CHECK(same_as(out_sm90_d, lse_sm90_d));
-  launcher_with("1");
-  CHECK(same_as(out_sm90_d, lse_sm90_d));
-  launcher_with("0");
-  CHECK_FALSE(frugal::cuda::flash_attention_sm90_enabled());
+  launcher_with(false);
   CHECK(same_as(out_fa2_d, lse_fa2_d));
-  if (before)
-    setenv("FRUGAL_ATTENTION_SM90", saved.c_str(), 1);
-  else
-    unsetenv("FRUGAL_ATTENTION_SM90");
-}
-
-TEST_CASE("FRUGAL_ATTENTION_SM90 takes 0 or 1 and names any other value", "[attention]") {
-  // No GPU needed: the switch is read on the host.
-  const char* before = std::getenv("FRUGAL_ATTENTION_SM90");
-  const std::string saved = before ? before : "";
-  setenv("FRUGAL_ATTENTION_SM90", "yes", 1);
-  std::string message;
-  try {
-    frugal::cuda::flash_attention_sm90_enabled();
-  } catch (const frugal::Error& e) {
-    message = e.what();
-  }
-  CHECK(message.find("FRUGAL_ATTENTION_SM90 is 'yes'") != std::string::npos);
-  setenv("FRUGAL_ATTENTION_SM90", "1", 1);
-  CHECK(frugal::cuda::flash_attention_sm90_enabled());
-  if (before)
-    setenv("FRUGAL_ATTENTION_SM90", saved.c_str(), 1);
-  else
-    unsetenv("FRUGAL_ATTENTION_SM90");
 }

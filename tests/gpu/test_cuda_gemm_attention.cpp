@@ -130,7 +130,7 @@ void check_attention(const AttentionCase& c) {
       scratch_d(static_cast<size_t>(frugal::cuda::attention_backward_scratch_floats(s)));
   const cudaStream_t stream = nullptr;
   frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
-                                  stream);
+                                  /*allow_sm90=*/true, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const auto out = out_d.download<uint16_t>();
   const auto lse = lse_d.download();
@@ -153,7 +153,7 @@ void check_attention(const AttentionCase& c) {
     dv_d.upload(t.dv0);
     frugal::cuda::attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(),
                                      in.k.get(), in.v.get(), in.out_in.get(), lse_d.get(), s,
-                                     scratch_d.get(), stream);
+                                     scratch_d.get(), /*allow_sm90=*/true, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
   };
   backward();
@@ -165,7 +165,7 @@ void check_attention(const AttentionCase& c) {
 
   // Determinism: the same launches again give bitwise the same results.
   frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
-                                  stream);
+                                  /*allow_sm90=*/true, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CHECK(bitwise_equal(out_d.download<uint16_t>(), out));
   CHECK(bitwise_equal(lse_d.download(), lse));

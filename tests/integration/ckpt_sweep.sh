@@ -29,8 +29,9 @@ common=(--data.dir="$work/data" --model.hidden_size=8 --model.intermediate_size=
         --train.seq_len=8 --train.micro_batch_size=2 --train.lr=5e-3 --train.warmup_steps=1
         --train.eval_batches=1 --train.sample_tokens=0 --train.steps=8 --ckpt.every=2)
 "$frugal" train "${common[@]}" --train.out_dir="$work/straight" >/dev/null
-# Killed after its step-4 checkpoint: steps 2 and 4 are committed.
-FRUGAL_INJECT_FAULT=exit:0:5 "$frugal" train "${common[@]}" --train.out_dir="$work/run" \
+# Killed after its step-4 checkpoint: steps 2 and 4 are committed (synchronous saves, so
+# step 4's is when the exit at 5 hits).
+FRUGAL_INJECT_FAULT=exit:0:5 "$frugal" train "${common[@]}" --ckpt.async=false --train.out_dir="$work/run" \
   >/dev/null 2>&1 || true
 [ -f "$work/run/ckpt/step_00000004/COMMITTED" ] || { echo "FAIL: no step-4 checkpoint"; exit 1; }
 

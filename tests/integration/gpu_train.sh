@@ -35,7 +35,9 @@ echo "GPU vs CPU: largest relative loss difference $rel; final validation $last 
 
 # Killed after the step-20 checkpoint, resumed: the same losses as the straight run.
 rc=0
-FRUGAL_INJECT_FAULT=exit:0:21 "${gpu[@]}" "${common[@]}" --ckpt.every=20 --train.out_dir="$work/re" \
+# Synchronous saves: the checkpoint before the injected exit is committed when it hits (an
+# asynchronous one may still be in flight; tests/integration/async_ckpt.sh covers those).
+FRUGAL_INJECT_FAULT=exit:0:21 "${gpu[@]}" "${common[@]}" --ckpt.async=false --ckpt.every=20 --train.out_dir="$work/re" \
   >/dev/null 2>&1 || rc=$?
 [ "$rc" -ne 0 ] || { echo "FAIL: the injected exit did not stop the run"; exit 1; }
 "${gpu[@]}" "${common[@]}" --ckpt.every=20 --train.resume=true --train.out_dir="$work/re" > "$work/re.log"
@@ -62,7 +64,9 @@ a=$(grep -o '"parameters_bytes":[0-9]*' "$work/gpu/metrics.jsonl" | tail -n 1 | 
 b=$(grep -o '"parameters_bytes":[0-9]*' "$work/bf16/metrics.jsonl" | tail -n 1 | cut -d: -f2)
 [ $((2 * b)) -eq "$a" ] || { echo "FAIL: bf16 parameter shards take $b B, fp32 ones $a B"; exit 1; }
 rc=0
-FRUGAL_INJECT_FAULT=exit:0:21 "${gpu[@]}" "${common[@]}" --optim.state_dtype=bf16 --ckpt.every=20 \
+# Synchronous saves: the checkpoint before the injected exit is committed when it hits (an
+# asynchronous one may still be in flight; tests/integration/async_ckpt.sh covers those).
+FRUGAL_INJECT_FAULT=exit:0:21 "${gpu[@]}" "${common[@]}" --ckpt.async=false --optim.state_dtype=bf16 --ckpt.every=20 \
   --train.out_dir="$work/bf16-re" >/dev/null 2>&1 || rc=$?
 [ "$rc" -ne 0 ] || { echo "FAIL: the injected exit did not stop the bf16 run"; exit 1; }
 "${gpu[@]}" "${common[@]}" --optim.state_dtype=bf16 --ckpt.every=20 --train.resume=true \

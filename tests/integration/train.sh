@@ -39,7 +39,9 @@ awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' \
 # Resume: a run killed after its step-10 checkpoint and resumed = one run of 20 steps.
 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 --train.out_dir="$work/c" >/dev/null
 rc=0
-FRUGAL_INJECT_FAULT=exit:0:11 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 \
+# Synchronous saves: the checkpoint before the injected exit is committed when it hits (an
+# asynchronous one may still be in flight; tests/integration/async_ckpt.sh covers those).
+FRUGAL_INJECT_FAULT=exit:0:11 "$frugal" train "${common[@]}" --ckpt.async=false --train.steps=20 --ckpt.every=10 \
   --train.out_dir="$work/d" >/dev/null 2>&1 || rc=$?
 [ "$rc" -ne 0 ] || { echo "FAIL: the injected fault did not stop the run"; exit 1; }
 "$frugal" train "${common[@]}" --train.steps=20 --ckpt.every=10 --train.resume=true \
@@ -47,6 +49,11 @@ FRUGAL_INJECT_FAULT=exit:0:11 "$frugal" train "${common[@]}" --train.steps=20 --
 grep -q 'resumed from step 10' "$work/d.log" || { echo "FAIL: did not resume"; cat "$work/d.log"; exit 1; }
 cmp <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") \
   || { echo "FAIL: resumed losses differ from a straight run"; exit 1; }
+# Resuming with another seed is allowed, and said key by key.
+"$frugal" train "${common[@]}" --train.steps=21 --ckpt.every=10 --train.resume=true --train.seed=7 \
+  --train.out_dir="$work/d" > "$work/seed.log" 2>&1
+grep -q "differ from the checkpoint's:.* train.seed = '7' (checkpoint: '1234')" "$work/seed.log" \
+  || { echo "FAIL: no warning for another seed"; cat "$work/seed.log"; exit 1; }
 
 # A corrupt checkpoint: the resume names the file and falls back to the previous committed
 # step, which continues exactly like a straight run; with every step corrupt it stops, and
@@ -61,7 +68,9 @@ corrupt() {
 }
 # A 30-step run that dies after its step-20 checkpoint; then step 20 turns out corrupt. The
 # resume falls back to step 10, and metrics.jsonl keeps each step once.
-FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 \
+# Synchronous saves: the checkpoint before the injected exit is committed when it hits (an
+# asynchronous one may still be in flight; tests/integration/async_ckpt.sh covers those).
+FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --ckpt.async=false --train.steps=30 --ckpt.every=10 \
   --train.out_dir="$work/e" >/dev/null 2>&1 || true
 corrupt "$work/e/ckpt/step_00000020/rank_00000.h5"
 "$frugal" train "${common[@]}" --train.steps=30 --train.resume=true --ckpt.every=10 \
@@ -98,8 +107,9 @@ rc=0
 
 # LATEST deleted: the committed steps are found from their directories; the resume says
 # LATEST is missing and continues exactly from the newest step.
-FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 \
-  --train.out_dir="$work/h" >/dev/null 2>&1 || true
+# (Synchronous saves: the step-20 checkpoint is committed when the exit at 21 hits.)
+FRUGAL_INJECT_FAULT=exit:0:21 "$frugal" train "${common[@]}" --ckpt.async=false --train.steps=30 \
+  --ckpt.every=10 --train.out_dir="$work/h" >/dev/null 2>&1 || true
 rm "$work/h/ckpt/LATEST"
 "$frugal" train "${common[@]}" --train.steps=30 --ckpt.every=10 --train.resume=true \
   --train.out_dir="$work/h" > "$work/h.log" 2>&1 || { echo "FAIL: resume without LATEST"; cat "$work/h.log"; exit 1; }
@@ -141,4 +151,23 @@ expect_error "cannot read config file" "$work/missing.cfg"
 expect_error "smaller than the vocabulary" "${common[@]}" --model.vocab_size=100
 expect_error "'optim.state_dtype': bf16 needs" "${common[@]}" --optim.state_dtype=bf16
 expect_error "'optim.state_dtype': value 'fp8'" "${common[@]}" --optim.state_dtype=fp8
+# A directory given as the config file, and a bad value in a config file that the command line
+# overrides, are both named (they used to be ignored).
+expect_error "config file '$work' is a directory" "$work" "${common[@]}"
+printf '[train]\nlr = abc\n' > "$work/bad-lr.cfg"
+expect_error "config file '$work/bad-lr.cfg': config key 'train.lr': value 'abc'" "$work/bad-lr.cfg" "${common[@]}" --train.lr=0.1
+# A checkpoint directory that cannot be made stops the run before any step, naming it.
+mkdir -p "$work/ro" && : > "$work/ro/ckpt"
+expect_error "train.out_dir': cannot create the checkpoint directory '$work/ro/ckpt'" "${common[@]}" --train.out_dir="$work/ro" --train.steps=2
+# A validation file with ids beyond the model's vocabulary is named (it was found inside the
+# embedding, without the file): val.tok from a 1000-token vocabulary beside a 512-token one.
+"$frugal" prepare "$corpus" --out "$work/big" --vocab-size 1000 >/dev/null
+mkdir -p "$work/mixed" && cp "$work/data/train.tok" "$work/data/tokenizer.model" "$work/mixed/" \
+  && cp "$work/big/val.tok" "$work/mixed/"
+expect_error "token file '$work/mixed/val.tok' holds the id [0-9]* at token [0-9]*, outside the model's vocabulary \[0, 512)" \
+  "${common[@]}" --data.dir="$work/mixed" --train.steps=2
+# A model too large for the machine is refused at once with its figures (it used to grow host
+# memory until the system killed something).
+expect_error "the run's state needs at least .* of host memory on this node" \
+  "${common[@]}" --model.hidden_size=65532 --train.steps=1
 echo "integration train: ok"

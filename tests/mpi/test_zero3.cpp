@@ -8,6 +8,7 @@
 
 #include "catch_compat.h"
 #include "parallel/comm.h"
+#include "parallel/nf4_encoding.h"
 #include "parallel/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
@@ -194,7 +195,12 @@ TEST_CASE("ZeRO-3 with LoRA adapters equals one rank", "[zero3][lora][mpi]") {
 // nf4_dequantize(nf4_quantize(W)) of the same initialisation.
 namespace {
 
-void check_quantized_base(bool hqq) {
+// How the test picks the base's encoding: Zero3Init::nf4, Zero3Init::hqq, or an Nf4Encoding
+// handed out by Zero3Init::encoding (the way any other encoding is picked).
+enum class BasePick { nf4, hqq, nf4_by_encoding };
+
+void check_quantized_base(BasePick pick) {
+  const bool hqq = pick == BasePick::hqq;
   auto comm = make_mpi_world_comm(60);
   const int ranks = comm->size();
   LlamaConfig config;
@@ -232,7 +238,12 @@ void check_quantized_base(bool hqq) {
   const auto projection = [](const ParamSpec& p) {
     return p.shape.size() == 2 && is_block_projection(p.name);
   };
-  (hqq ? init.hqq : init.nf4) = projection;
+  if (pick == BasePick::nf4_by_encoding)
+    init.encoding = [&](const ParamSpec& p) -> std::unique_ptr<WeightEncoding> {
+      return projection(p) ? std::make_unique<Nf4Encoding>() : nullptr;
+    };
+  else
+    (hqq ? init.hqq : init.nf4) = projection;
   Zero3Parameters sharded(lora_units(config, lora), *comm,
                           {&params_arena, &grads_arena, &gathered_arena}, 5, 0.05f, true, init);
   AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
@@ -295,8 +306,9 @@ void check_quantized_base(bool hqq) {
 // half-quadratic zero fit, whose early stop the ranks decide together).
 TEST_CASE("ZeRO-3 with a 4-bit base (QLoRA) equals one rank on the dequantized base",
           "[zero3][lora][mpi]") {
-  SECTION("NF4") { check_quantized_base(false); }
-  SECTION("HQQ") { check_quantized_base(true); }
+  SECTION("NF4") { check_quantized_base(BasePick::nf4); }
+  SECTION("HQQ") { check_quantized_base(BasePick::hqq); }
+  SECTION("NF4 through Zero3Init::encoding") { check_quantized_base(BasePick::nf4_by_encoding); }
 }
 
 TEST_CASE("ZeRO-3 equals one rank", "[zero3][mpi]") {

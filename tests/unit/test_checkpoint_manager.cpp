@@ -2,6 +2,7 @@
 // lands in its rows, a replicated tensor comes back whole, and resume falls back past an
 // unusable newest step (a damaged file, a part that refuses its values) to the newest usable
 // one, or says none can be read.
+#include <hdf5.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "ckpt/checkpoint_index.h"
 #include "ckpt/checkpoint_manager.h"
 #include "ckpt/step_check.h"
 #include "core/error.h"
@@ -201,6 +203,22 @@ struct ShardedPart : Stateful {
 
 }  // namespace
 
+// A whole dataset of `numel` floats through the HDF5 library (virtual datasets resolved).
+std::vector<float> read_virtual(const std::string& path, const std::string& name, size_t numel) {
+  std::vector<float> out(numel, -1.0f);
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  const hid_t dataset = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  REQUIRE(dataset >= 0);
+  const hid_t space = H5Dget_space(dataset);
+  CHECK(H5Sget_simple_extent_npoints(space) == hssize_t(numel));
+  CHECK(H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0);
+  H5Sclose(space);
+  H5Dclose(dataset);
+  H5Fclose(file);
+  return out;
+}
+
 TEST_CASE("checkpoint manager: saved by 2 or 3 ranks, loaded by 1, 2 or 3 (resharding)", "[ckpt]") {
   for (int saved_by : {2, 3})
     for (int loaded_by : {1, 2, 3}) {
@@ -212,6 +230,17 @@ TEST_CASE("checkpoint manager: saved by 2 or 3 ranks, loaded by 1, 2 or 3 (resha
         part.fill();
         CheckpointManager(CheckpointDir(root), rank, saved_by, one_rank, {{"p", &part}}, 2).save(5);
       }
+      // index.h5 maps the rank files' rows into whole tensors (read here as h5py would).
+      const std::string step_dir = CheckpointDir(root).step_dir(5);
+      std::vector<std::string> expected_sources;
+      for (int rank = 0; rank < saved_by; ++rank)
+        expected_sources.push_back("rank_0000" + std::to_string(rank) + ".h5");
+      CHECK(checkpoint_index_sources(step_dir + "/index.h5") == expected_sources);
+      const std::vector<float> whole = read_virtual(step_dir + "/index.h5", "sharded/w", 14);
+      for (int64_t row = 0; row < 7; ++row)
+        for (int64_t col = 0; col < 2; ++col) CHECK(whole[row * 2 + col] == float(10 * row + col));
+      CHECK(read_virtual(step_dir + "/index.h5", "sharded/shared", 3) ==
+            std::vector<float>{100, 101, 102});
       for (int rank = 0; rank < loaded_by; ++rank) {
         ShardedPart part(rank, loaded_by);
         CheckpointManager(CheckpointDir(root), rank, loaded_by, one_rank, {{"p", &part}}, 2)
@@ -223,6 +252,64 @@ TEST_CASE("checkpoint manager: saved by 2 or 3 ranks, loaded by 1, 2 or 3 (resha
         for (int64_t i = 0; i < 3; ++i) CHECK(part.shared.data<float>()[i] == float(100 + i));
       }
     }
+}
+
+TEST_CASE("checkpoint manager: an asynchronous save writes the state of its step", "[ckpt]") {
+  TempDir tmp;
+  Arena staging("checkpoint staging (test)", Device::cpu);
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2,
+                            &staging);
+  REQUIRE(manager.asynchronous());
+  part.set(10);
+  manager.save(1);
+  // Training goes on at once and changes the live tensors: the file still gets step 1's values.
+  part.set(20);
+  CHECK(staging.stats().in_use_bytes == (12 + 4) * sizeof(float));
+  manager.finish();
+  CHECK(!manager.in_flight());
+  const auto committed = manager.take_committed();
+  REQUIRE(committed);
+  CHECK(committed->step == 1);
+  CHECK(committed->bytes == (12 + 4) * sizeof(float));
+  CHECK(!manager.take_committed());  // once
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{1});
+
+  // A save while one is in flight waits for it; poll commits the last one once it is written.
+  manager.save(2);
+  part.set(30);
+  manager.save(3);
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{2, 1});
+  while (manager.in_flight()) manager.poll();
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{3, 2});
+  // The staging buffers were reused, not grown.
+  CHECK(staging.stats().peak_bytes == (12 + 4) * sizeof(float));
+  part.set(0);
+  manager.load(2);
+  expect_values_of(part, 20);
+  manager.load(3);
+  expect_values_of(part, 30);
+}
+
+TEST_CASE("checkpoint manager: a save in flight when the manager goes is never committed",
+          "[ckpt]") {
+  TempDir tmp;
+  Arena staging("checkpoint staging (test)", Device::cpu);
+  FakePart part;
+  {
+    CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2,
+                              &staging);
+    part.set(10);
+    manager.save(1);
+    manager.finish();
+    part.set(20);
+    manager.save(2);  // destroyed in flight, as when an error unwinds the run
+  }
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2);
+  CHECK(manager.dir().committed_steps() == std::vector<int64_t>{1});
+  part.set(0);
+  CHECK(manager.resume() == 1);
+  expect_values_of(part, 10);
 }
 
 TEST_CASE("checkpoint manager: committed steps come from their directories, not from LATEST",
@@ -315,6 +402,12 @@ TEST_CASE("checkpoint manager: a kill while pruning leaves no half-deleted step"
     const fs::path pruned = manager.dir().step_dir(1);
     constexpr int kFiles = 3000;
     for (int i = 0; i < kFiles; ++i) std::ofstream(pruned / ("extra_" + std::to_string(i)));
+    auto files_in = [](const fs::path& dir) {
+      int64_t files = 0;
+      for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+      return files;
+    };
+    const int64_t whole = files_in(pruned);  // the extras, the rank file, COMMITTED, index.h5
     const pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
@@ -325,11 +418,7 @@ TEST_CASE("checkpoint manager: a kill while pruning leaves no half-deleted step"
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
     // step_00000001 is whole or gone, never half there.
-    if (fs::exists(pruned)) {
-      int64_t files = 0;
-      for (const auto& e : fs::directory_iterator(pruned)) files += e.is_regular_file();
-      half_deleted += files != kFiles + 2;  // + rank_00000.h5 and COMMITTED
-    }
+    if (fs::exists(pruned)) half_deleted += files_in(pruned) != whole;
     // Whatever the kill left, the committed steps read back, and the next commit cleans up.
     for (int64_t step : manager.dir().committed_steps())
       CHECK(check_step(manager.dir(), step).ok());

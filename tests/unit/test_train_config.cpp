@@ -1,11 +1,311 @@
-// Training configuration values that need parsing or cross-checks: memory sizes with units
-// (parallel.gpu_mem_limit) and the device choice.
+// The training configuration: the modes' names, the key table (parsing, single-key rules, the
+// defaults that resolved, --help and doc/usage.md show), cross-key rules, and memory sizes with
+// units (parallel.gpu_mem_limit).
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
 #include "catch_compat.h"
 #include "core/log.h"
 #include "test_support.h"
+#include "train/config_keys.h"
 #include "train/train_config.h"
+#ifdef FRUGAL_HAVE_CLI
+#include "app/options.h"
+#endif
 
 using namespace frugal;
+
+namespace {
+
+// The key of that name in `c`'s table.
+ConfigKey key_of(TrainConfig& c, const std::string& name) {
+  for (const ConfigKey& key : config_keys(c))
+    if (key.name == name) return key;
+  FAIL("no key " << name);
+  return {};
+}
+
+// Every key with the text of its default, as frugal wrote them before the key table existed
+// (checkpoints and train_config.json hold these; a resumed run must see the same ones).
+const std::map<std::string, std::string> kDefaults = {
+    {"model.hidden_size", "256"},
+    {"model.intermediate_size", "688"},
+    {"model.num_hidden_layers", "4"},
+    {"model.num_attention_heads", "4"},
+    {"model.num_key_value_heads", "4"},
+    {"model.vocab_size", "2048"},
+    {"model.head_dim", "0"},
+    {"model.max_position_embeddings", "2048"},
+    {"model.rope_theta", "10000"},
+    {"model.rms_norm_eps", "1e-05"},
+    {"model.tie_word_embeddings", "false"},
+    {"model.hf_path", ""},
+    {"data.dir", "data/fortunes"},
+    {"train.steps", "300"},
+    {"train.seed", "1234"},
+    {"train.out_dir", "out/tiny"},
+    {"train.lr", "0.003"},
+    {"train.warmup_steps", "30"},
+    {"train.min_lr_ratio", "0.1"},
+    {"train.micro_batch_size", "8"},
+    {"train.grad_accum_steps", "1"},
+    {"train.seq_len", "128"},
+    {"train.eval_every", "50"},
+    {"train.eval_batches", "16"},
+    {"train.init_std", "0.02"},
+    {"train.type", "full"},
+    {"train.activation_checkpointing", "none"},
+    {"train.resume", "false"},
+    {"train.sample_tokens", "48"},
+    {"train.sample_prompt", "The "},
+    {"lora.rank", "16"},
+    {"lora.alpha", "32"},
+    {"lora.dropout", "0"},
+    {"lora.targets", "all"},
+    {"optim.beta1", "0.9"},
+    {"optim.beta2", "0.95"},
+    {"optim.eps", "1e-08"},
+    {"optim.weight_decay", "0.1"},
+    {"optim.grad_clip", "1"},
+    {"optim.state_dtype", "fp32"},
+    {"parallel.offload", "none"},
+    {"parallel.cp", "1"},
+    {"parallel.timeout_s", "300"},
+    {"parallel.device", "auto"},
+    {"parallel.gpu_mem_limit", "0"},
+    {"ckpt.every", "0"},
+    {"ckpt.keep", "2"},
+    {"ckpt.final", "true"},
+    {"ckpt.async", "true"},
+    {"monitor.log_every", "10"},
+};
+
+template <class E>
+void check_round_trip() {
+  for (const EnumName<E>& n : enum_names(E{})) {
+    INFO(n.name);
+    CHECK(enum_name(n.value) == n.name);
+    CHECK(enum_from_name<E>(n.name) == n.value);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("each mode's names round-trip, spelled as in the .cfg files", "[config]") {
+  check_round_trip<TrainType>();
+  check_round_trip<Offload>();
+  check_round_trip<StateDType>();
+  check_round_trip<DeviceChoice>();
+  check_round_trip<CheckpointPolicy>();
+  CHECK(enum_name_list<TrainType>() == "full, lora, qlora, hqq_lora");
+  CHECK(enum_name_list<Offload>() == "none, optimizer, params");
+  CHECK(enum_name_list<StateDType>() == "fp32, bf16");
+  CHECK(enum_name_list<DeviceChoice>() == "auto, cpu, cuda");
+  CHECK(enum_name_list<CheckpointPolicy>() == "none, selective, full");
+  CHECK(enum_name(DeviceChoice::automatic) == "auto");
+  CHECK(enum_name(TrainType::hqq_lora) == "hqq_lora");
+  CHECK(enum_from_name<Offload>("params") == Offload::params);
+  CHECK_FALSE(enum_from_name<Offload>("Params").has_value());
+  CHECK_FALSE(enum_from_name<TrainType>("").has_value());
+}
+
+TEST_CASE("an unknown mode is refused naming the key and the allowed values", "[config]") {
+  TrainConfig c;
+  CHECK(test::error_of([&] { key_of(c, "train.type").set("qqlora"); }) ==
+        "config key 'train.type': value 'qqlora' is not one of full, lora, qlora, hqq_lora");
+  CHECK(test::error_of([&] { key_of(c, "parallel.offload").set("disk"); }) ==
+        "config key 'parallel.offload': value 'disk' is not one of none, optimizer, params");
+  CHECK(test::error_of([&] { key_of(c, "optim.state_dtype").set("fp16"); }) ==
+        "config key 'optim.state_dtype': value 'fp16' is not one of fp32, bf16");
+  CHECK(test::error_of([&] { key_of(c, "parallel.device").set("gpu"); }) ==
+        "config key 'parallel.device': value 'gpu' is not one of auto, cpu, cuda");
+  CHECK(test::error_of([&] { key_of(c, "train.activation_checkpointing").set("some"); }) ==
+        "config key 'train.activation_checkpointing': value 'some' is not one of none, "
+        "selective, full");
+  key_of(c, "train.type").set("hqq_lora");
+  key_of(c, "parallel.offload").set("params");
+  key_of(c, "parallel.device").set("auto");
+  CHECK(c.train.type == TrainType::hqq_lora);
+  CHECK(c.parallel.offload == Offload::params);
+  CHECK(c.parallel.device == DeviceChoice::automatic);
+}
+
+TEST_CASE("values that are not of the key's type are refused naming the key", "[config]") {
+  TrainConfig c;
+  CHECK(test::error_of([&] { key_of(c, "train.lr").set("abc"); }) ==
+        "config key 'train.lr': value 'abc' is not a number");
+  CHECK(test::error_of([&] { key_of(c, "train.steps").set("1.5"); }) ==
+        "config key 'train.steps': value '1.5' is not an integer");
+  CHECK(test::error_of([&] { key_of(c, "train.seed").set("-1"); }) ==
+        "config key 'train.seed': value '-1' is not a non-negative integer");
+  CHECK(test::error_of([&] { key_of(c, "train.resume").set("maybe"); }) ==
+        "config key 'train.resume': value 'maybe' is not true or false");
+  CHECK(
+      test::contains(test::error_of([&] { key_of(c, "train.steps").set("99999999999999999999"); }),
+                     "'train.steps': value '99999999999999999999' is out of range"));
+  key_of(c, "train.lr").set("3e-4");
+  key_of(c, "train.resume").set("yes");
+  key_of(c, "ckpt.final").set("False");
+  key_of(c, "train.seed").set("18446744073709551615");
+  CHECK(c.train.lr == 3e-4);
+  CHECK(c.train.resume);
+  CHECK_FALSE(c.ckpt.final);
+  CHECK(c.train.seed == 18446744073709551615ull);
+}
+
+TEST_CASE("a value outside its key's range is refused naming the key and the range", "[config]") {
+  TrainConfig c;
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  auto error_with = [](auto change) {
+    TrainConfig changed;
+    change(changed);
+    return test::error_of([&] { changed.validate(); });
+  };
+  CHECK(error_with([](TrainConfig& c) { c.train.lr = 0; }) ==
+        "config key 'train.lr': value 0 must be > 0");
+  CHECK(error_with([](TrainConfig& c) { c.train.steps = 0; }) ==
+        "config key 'train.steps': value 0 must be positive");
+  CHECK(error_with([](TrainConfig& c) { c.train.eval_every = -1; }) ==
+        "config key 'train.eval_every': value -1 must be >= 0");
+  CHECK(error_with([](TrainConfig& c) { c.parallel.cp = 0; }) ==
+        "config key 'parallel.cp': value 0 must be >= 1");
+  CHECK(error_with([](TrainConfig& c) { c.optim.beta2 = 1; }) ==
+        "config key 'optim.beta2': value 1 must lie in [0, 1)");
+  CHECK(error_with([](TrainConfig& c) { c.train.min_lr_ratio = 1.5; }) ==
+        "config key 'train.min_lr_ratio': value 1.5 must lie in [0, 1]");
+  CHECK(error_with([](TrainConfig& c) { c.parallel.timeout_s = -0.5; }) ==
+        "config key 'parallel.timeout_s': value -0.5 must be > 0");
+  // [lora] counts only for a LoRA run.
+  CHECK(error_with([](TrainConfig& c) { c.lora.dropout = 1; }).empty());
+  CHECK(error_with([](TrainConfig& c) {
+          c.lora.dropout = 1;
+          c.train.type = TrainType::lora;
+        }) == "config key 'lora.dropout': value 1 must lie in [0, 1)");
+  CHECK(test::contains(error_with([](TrainConfig& c) {
+                         c.lora.targets = "q_proj,attn";
+                         c.train.type = TrainType::qlora;
+                       }),
+                       "config key 'lora.targets': 'attn' is not one of"));
+}
+
+TEST_CASE("every key: declared once, in resolved with its default as before", "[config]") {
+  TrainConfig c;
+  std::set<std::string> names;
+  for (const ConfigKey& key : config_keys(c)) {
+    INFO(key.name);
+    CHECK(names.insert(key.name).second);
+    CHECK(kDefaults.count(key.name) == 1);
+    CHECK_FALSE(key.doc.empty());
+    CHECK_FALSE(key.allowed().empty());
+  }
+  CHECK(names.size() == kDefaults.size());
+  c.resolve();
+  CHECK(c.resolved == kDefaults);
+  CHECK(c.resolved.at("train.lr") == "0.003");
+  CHECK(c.resolved.at("parallel.offload") == "none");
+  CHECK(c.resolved.at("train.activation_checkpointing") == "none");
+}
+
+TEST_CASE("doc/usage.md's rows come from the table", "[config]") {
+  const std::string table = config_keys_markdown();
+  CHECK(table.rfind("| key | default | allowed | meaning |\n|---|---|---|---|\n", 0) == 0);
+  CHECK(test::contains(table, "\n| `train.lr` | 0.003 | > 0 | peak learning rate |\n"));
+  CHECK(test::contains(table, "\n| `parallel.offload` | none | none, optimizer, params | "));
+  CHECK(test::contains(table, "\n| `model.hf_path` | (empty) | a path | "));
+  CHECK(test::contains(table, "\n| `train.sample_prompt` | \"The \" | any text | "));
+  CHECK(test::contains(table, "\n| `optim.beta1` | 0.9 | [0, 1) | AdamW beta1 |\n"));
+  size_t rows = 0;
+  for (char ch : table) rows += ch == '\n';
+  CHECK(rows == kDefaults.size() + 2);
+}
+
+TEST_CASE("parallel.gpu_mem_limit is checked as a size, naming the key", "[config]") {
+  TrainConfig c;
+  c.parallel.device = DeviceChoice::cuda;
+  c.parallel.gpu_mem_limit = "24 pages";
+  CHECK(
+      test::contains(test::error_of([&] { c.validate(); }), "config key 'parallel.gpu_mem_limit'"));
+  c.parallel.gpu_mem_limit = "24GiB";
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+}
+
+TEST_CASE("optim.state_dtype = bf16 asks for GPUs without offload", "[config]") {
+  TrainConfig c;
+  c.optim.state_dtype = StateDType::bf16;
+  c.parallel.device = DeviceChoice::cpu;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }), "bf16 needs parallel.device = cuda"));
+  c.parallel.device = DeviceChoice::cuda;
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  c.parallel.offload = Offload::optimizer;
+  CHECK(test::error_of([&] { c.validate(); }) ==
+        "config key 'optim.state_dtype': bf16 works without offload (parallel.offload = "
+        "optimizer): offload keeps the fp32 state on the host instead");
+}
+
+#ifdef FRUGAL_HAVE_CLI
+TEST_CASE("frugal train's command line: modes, defaults and --help from the table", "[config]") {
+  const TrainOptions defaults = parse_train_options({});
+  CHECK(defaults.config.resolved == kDefaults);
+
+  const TrainOptions o = parse_train_options({"--train.type", "qlora", "--parallel.offload=params",
+                                              "--train.activation_checkpointing=selective",
+                                              "--train.lr=1e-4", "--parallel.offload=optimizer"});
+  CHECK(o.config.train.type == TrainType::qlora);
+  CHECK(o.config.parallel.offload == Offload::optimizer);  // the last one wins
+  CHECK(o.config.train.activation_checkpointing == CheckpointPolicy::selective);
+  CHECK(o.config.resolved.at("train.type") == "qlora");
+  CHECK(o.config.resolved.at("parallel.offload") == "optimizer");
+  CHECK(o.config.resolved.at("train.lr") == "1e-04");
+
+  CHECK(test::error_of([] { parse_train_options({"--train.type=x"}); }) ==
+        "config key 'train.type': value 'x' is not one of full, lora, qlora, hqq_lora");
+  CHECK(test::error_of([] { parse_train_options({"--train.lr=0"}); }) ==
+        "config key 'train.lr': value 0 must be > 0");
+  CHECK(test::contains(test::error_of([] { parse_train_options({"--train.bogus=1"}); }),
+                       "unknown config key 'train.bogus'"));
+
+  const std::string help = train_options_help();
+  for (const auto& [name, value] : kDefaults) {
+    INFO(name);
+    // Boost prints no "(=)" for an empty default.
+    CHECK(test::contains(help, "--" + name + " arg" + (value.empty() ? " " : " (=" + value + ")")));
+  }
+  // Boost wraps the descriptions: read them with the line breaks and indents as one space.
+  std::string flowing;
+  for (char ch : help)
+    if (!std::isspace(static_cast<unsigned char>(ch)) ||
+        (!flowing.empty() && flowing.back() != ' '))
+      flowing += std::isspace(static_cast<unsigned char>(ch)) ? ' ' : ch;
+  CHECK(test::contains(flowing, "(allowed: full, lora, qlora, hqq_lora)"));
+  CHECK(test::contains(flowing, "peak learning rate (allowed: > 0)"));
+  CHECK(parse_train_options({"--help-keys-markdown"}).help_keys_markdown);
+}
+
+TEST_CASE("a .cfg file's bad value names the file and the key", "[config]") {
+  test::TempDir dir;
+  const std::string cfg = dir.file("bad.cfg");
+  std::ofstream(cfg) << "[parallel]\noffload = disk\n";
+  const std::string message = test::error_of([&] { parse_train_options({cfg}); });
+  CHECK(message == "config file '" + cfg +
+                       "': config key 'parallel.offload': value 'disk' is not one of none, "
+                       "optimizer, params");
+  std::ofstream(cfg) << "[parallel]\noffload = params\n[train]\ntype = lora\n";
+  const TrainOptions o = parse_train_options({cfg, "--train.type=full"});
+  CHECK(o.config.parallel.offload == Offload::params);
+  CHECK(o.config.train.type == TrainType::full);  // the command line wins over the file
+}
+
+TEST_CASE("every shipped configs/*.cfg parses and validates", "[config]") {
+  for (const auto& entry : std::filesystem::directory_iterator(FRUGAL_SOURCE_DIR "/configs")) {
+    if (entry.path().extension() != ".cfg") continue;
+    INFO(entry.path());
+    CHECK(test::error_of([&] { parse_train_options({entry.path().string()}); }).empty());
+  }
+}
+#endif
 
 TEST_CASE("sizes with units parse to bytes", "[config]") {
   CHECK(parse_bytes("0", "k") == 0);
@@ -23,32 +323,10 @@ TEST_CASE("sizes with units parse to bytes", "[config]") {
 
 TEST_CASE("a bad size names the key and the text", "[config]") {
   for (const char* text : {"lots", "24 GiBs", "-1GiB", "", "GiB", "1e30"}) {
-    const std::string message = test::error_of([&] { parse_bytes(text, "parallel.gpu_mem_limit"); });
+    const std::string message =
+        test::error_of([&] { parse_bytes(text, "parallel.gpu_mem_limit"); });
     INFO(text << " -> " << message);
     CHECK(test::contains(message, "parallel.gpu_mem_limit"));
     CHECK(test::contains(message, "is not a size"));
   }
-}
-
-TEST_CASE("parallel.device must be auto, cpu or cuda", "[config]") {
-  TrainConfig c;
-  CHECK(test::error_of([&] { c.validate(); }).empty());
-  c.parallel.device = "gpu";
-  CHECK(test::contains(test::error_of([&] { c.validate(); }), "'parallel.device': value 'gpu'"));
-  c.parallel.device = "cuda";
-  c.parallel.gpu_mem_limit = "24 pages";
-  CHECK(test::contains(test::error_of([&] { c.validate(); }), "parallel.gpu_mem_limit"));
-}
-
-TEST_CASE("optim.state_dtype is fp32 or bf16, and bf16 asks for GPUs without offload", "[config]") {
-  TrainConfig c;
-  c.optim.state_dtype = "fp16";
-  CHECK(test::contains(test::error_of([&] { c.validate(); }), "'optim.state_dtype': value 'fp16'"));
-  c.optim.state_dtype = "bf16";
-  c.parallel.device = "cpu";
-  CHECK(test::contains(test::error_of([&] { c.validate(); }), "bf16 needs parallel.device = cuda"));
-  c.parallel.device = "cuda";
-  CHECK(test::error_of([&] { c.validate(); }).empty());
-  c.parallel.offload = "optimizer";
-  CHECK(test::contains(test::error_of([&] { c.validate(); }), "bf16 works without offload"));
 }

@@ -1,5 +1,7 @@
 // The trainer's small decisions as functions: which configuration keys differ between ranks,
-// which metrics.jsonl records a resumed run keeps, and the fault-injection switch.
+// which metrics.jsonl records a resumed run keeps, the fault-injection switch, and the stop
+// signals.
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,6 +13,7 @@
 #include "test_support.h"
 #include "train/fault_injection.h"
 #include "train/same_config.h"
+#include "train/stop_signals.h"
 
 using namespace frugal;
 using namespace frugal::test;
@@ -29,12 +32,14 @@ std::string read_all(const std::string& path) {
 TEST_CASE("config agreement: every differing or absent key, named with both values", "[train]") {
   const std::map<std::string, std::string> rank0 = {
       {"train.lr", "0.003"}, {"train.seed", "1234"}, {"parallel.cp", "1"}};
-  CHECK(config_differences(rank0, rank0).empty());
+  CHECK(config_differences(rank0, rank0, "rank 0").empty());
   std::map<std::string, std::string> mine = rank0;
   mine["train.seed"] = "99";
   mine["train.new_key"] = "1";
-  CHECK(config_differences(mine, rank0) ==
+  CHECK(config_differences(mine, rank0, "rank 0") ==
         " train.new_key = '1' (rank 0: '(absent)'); train.seed = '99' (rank 0: '1234');");
+  CHECK(config_differences(rank0, mine, "checkpoint") ==
+        " train.seed = '1234' (checkpoint: '99');");
 }
 
 TEST_CASE("metrics truncation: records after the resumed step go, and cut lines", "[train]") {
@@ -69,4 +74,22 @@ TEST_CASE("fault injection: parsed once, malformed values named", "[train]") {
   // A fault for another rank or step does nothing (this process goes on).
   inject_fault(exit, 0, 7);
   inject_fault(exit, 1, 6);
+}
+
+TEST_CASE("stop signals: recorded by the handler, the first one named", "[train]") {
+  const FaultInjection signal = parse_fault_injection("signal:1:4");
+  CHECK(signal.kind == FaultInjection::Kind::signal);
+  CHECK(signal.rank == 1);
+  CHECK(signal.step == 4);
+  const std::atomic<int>& received = install_stop_signal_handlers();
+  CHECK(received.load() == 0);
+  inject_fault(signal, 0, 4);  // another rank's: nothing happens
+  CHECK(received.load() == 0);
+  inject_fault(signal, 1, 4);  // raises SIGUSR1 in this process, which goes on
+  CHECK(received.load() == SIGUSR1);
+  std::raise(SIGTERM);  // a second signal (one during the save, say) changes nothing
+  CHECK(received.load() == SIGUSR1);
+  CHECK(signal_name(SIGUSR1) == "SIGUSR1");
+  CHECK(signal_name(SIGTERM) == "SIGTERM");
+  CHECK(signal_name(SIGINT) == "signal " + std::to_string(SIGINT));
 }

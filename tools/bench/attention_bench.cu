@@ -7,7 +7,7 @@
 //                        [--kernel auto|fa2|sm90]
 // (--backward-tiles forces the FlashAttention-2 backward's tiling, e.g. the one for 99 KiB of
 // shared memory. --kernel: auto is attention.h's choice (the Hopper kernels on compute
-// capability 9.0 unless FRUGAL_ATTENTION_SM90=0), fa2 the FlashAttention-2 kernels
+// capability 9.0), fa2 the FlashAttention-2 kernels
 // (flash_attention.h), sm90 the Hopper ones (flash_attention_sm90.h, compute capability 9.0 only).)
 // Layouts are frugal's: q, out [B, S, H, D]; k, v [B, S, KVH, D]; lse [B, H, S] (bf16, fp32).
 // FLOPs counted as FlashAttention does: forward 4 B H S^2 D / 2 (causal), backward 2.5x that.
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
       else if (kernel == "fa2")
         frugal::cuda::flash_attention_forward(out, lse, q, k, v, s, stream);
       else
-        frugal::cuda::attention_forward(out, lse, q, k, v, s, stream);
+        frugal::cuda::attention_forward(out, lse, q, k, v, s, /*allow_sm90=*/true, stream);
     };
     auto forward_backward = [&] {
       forward();
@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
         frugal::cuda::flash_attention_sm90_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
                                                     stream);
       else if (kernel == "auto" && tiles == frugal::cuda::FlashBackwardTiles::kAuto)
-        frugal::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+        frugal::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
+                                         /*allow_sm90=*/true, stream);
       else
         frugal::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
                                                stream, tiles);

@@ -3,7 +3,8 @@
 // against the same attention on the whole sequence on one GPU with no communication, divided
 // by the number of ranks (the ideal split). fraction = ideal / ring.
 // usage: mpirun -np P bench_ring_attention [seq heads kv_heads head_dim]  (default: 131072 32 4
-// 64, TinyLlama's attention). Honours NCCL_* settings. Prints one JSON line (rank 0).
+// 64, TinyLlama's attention). Honours NCCL_* settings and FRUGAL_ATTENTION_SM90, as frugal does.
+// Prints one JSON line (rank 0).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -54,6 +55,8 @@ int main(int argc, char** argv) {
     const int64_t heads = argc > 2 ? std::atoll(argv[2]) : 32;
     const int64_t kv_heads = argc > 3 ? std::atoll(argv[3]) : 4;
     const int64_t head_dim = argc > 4 ? std::atoll(argv[4]) : 64;
+    ops::set_kernel_options(
+        ops::kernel_options_from_environment(std::getenv("FRUGAL_ATTENTION_SM90")));
     auto mpi = make_mpi_world_comm(600);
     DeviceContext gpu(local_rank_from_environment());
     auto nccl = make_nccl_comm(*mpi, gpu, 600);

@@ -1,0 +1,323 @@
+// The table of every training key (name, field, allowed values, doc) and what reads it: the
+// text of a value, its parsing, its single-key rule, and doc/usage.md's rows.
+#include "train/config_keys.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <sstream>
+
+#include "core/log.h"
+#include "model/lora.h"
+
+namespace frugal {
+
+const std::vector<ConfigSection>& config_sections() {
+  static const std::vector<ConfigSection> sections = {
+      {"model", "the Llama shape (Hugging Face key names)"},
+      {"data", "the prepared corpus"},
+      {"train", "the run"},
+      {"lora", "adapters (train.type = lora, qlora or hqq_lora)"},
+      {"optim", "AdamW and clipping"},
+      {"parallel", "ranks, sharding and offload (ZeRO-3 over every rank)"},
+      {"ckpt", "checkpoints"},
+      {"monitor", "progress and metrics"}};
+  return sections;
+}
+
+std::vector<ConfigKey> config_keys(TrainConfig& c) {
+  LlamaConfig& m = c.model;
+  TrainSettings& t = c.train;
+  return {
+      {"model.hidden_size", &m.hidden_size, kPositive, "width of the residual stream"},
+      {"model.intermediate_size", &m.intermediate_size, kPositive, "width of the SwiGLU MLP"},
+      {"model.num_hidden_layers", &m.num_hidden_layers, kPositive, "transformer blocks"},
+      {"model.num_attention_heads", &m.num_attention_heads, kPositive, "query heads"},
+      {"model.num_key_value_heads", &m.num_key_value_heads, kPositive,
+       "key/value heads (grouped-query attention when fewer than the query heads)"},
+      {"model.vocab_size", &m.vocab_size, kPositive, "vocabulary size; at least the tokenizer's"},
+      {"model.head_dim", &m.head_dim, at_least(0), "head dimension (0: hidden_size / heads)"},
+      {"model.max_position_embeddings", &m.max_position_embeddings, kPositive,
+       "longest sequence the model is meant for"},
+      {"model.rope_theta", &m.rope_theta, above(0), "rotary embedding base"},
+      {"model.rms_norm_eps", &m.rms_norm_eps, above(0), "RMSNorm epsilon"},
+      {"model.tie_word_embeddings", &m.tie_word_embeddings, kAny,
+       "share the embedding matrix with the output head"},
+      {"model.hf_path", &c.model_hf_path, kPath,
+       "start from this Hugging Face model directory: its config.json replaces the [model] "
+       "shape and its weights the initialisation (prepare the data with its tokenizer.model)"},
+
+      {"data.dir", &c.data.dir, kPath,
+       "directory written by `frugal prepare` (train.tok, val.tok, tokenizer.model)"},
+
+      {"train.steps", &t.steps, kPositive, "optimizer steps"},
+      {"train.seed", &t.seed, kAny, "seed of initialisation and data order"},
+      {"train.out_dir", &t.out_dir, kPath,
+       "where metrics.jsonl, checkpoints, the tokenizer and the resolved configuration go"},
+      {"train.lr", &t.lr, above(0), "peak learning rate"},
+      {"train.warmup_steps", &t.warmup_steps, at_least(0), "linear warm-up steps"},
+      {"train.min_lr_ratio", &t.min_lr_ratio, closed(0, 1),
+       "the cosine decay ends at lr x min_lr_ratio"},
+      {"train.micro_batch_size", &t.micro_batch_size, kPositive,
+       "sequences per micro-batch, per rank"},
+      {"train.grad_accum_steps", &t.grad_accum_steps, kPositive,
+       "micro-batches accumulated per optimizer step"},
+      {"train.seq_len", &t.seq_len, kPositive, "tokens per sequence"},
+      {"train.eval_every", &t.eval_every, at_least(0),
+       "evaluate on the validation split every N steps (0: only at the end)"},
+      {"train.eval_batches", &t.eval_batches, at_least(0),
+       "validation micro-batches per rank per evaluation (0: the whole split)"},
+      {"train.init_std", &t.init_std, above(0), "standard deviation of the normal initialisation"},
+      {"train.type", &t.type, kAny,
+       "train every weight (full), or freeze the base and train LoRA adapters ([lora]); qlora "
+       "and hqq_lora keep the base's block projections in NF4 / HQQ 4-bit"},
+      {"train.activation_checkpointing", &t.activation_checkpointing, kAny,
+       "what a block keeps from its forward for the backward (the rest is recomputed)"},
+      {"train.resume", &t.resume, kAny, "continue from out_dir/ckpt/LATEST when it exists"},
+      {"train.sample_tokens", &t.sample_tokens, at_least(0),
+       "tokens generated from sample_prompt at the end (0: none)"},
+      {"train.sample_prompt", &t.sample_prompt, kAny, "prompt of the sample"},
+
+      {"lora.rank", &c.lora.rank, at_least(1), "rank r of each adapter: A [r, in], B [out, r]"},
+      {"lora.alpha", &c.lora.alpha, above(0), "the adapters' update is scaled by alpha / rank"},
+      {"lora.dropout", &c.lora.dropout, closed_open(0, 1),
+       "dropout probability on each adapter's input while training (PEFT's lora_dropout)"},
+      {"lora.targets", &c.lora.targets, kLoraTargets, "the projections that get adapters"},
+
+      {"optim.beta1", &c.optim.beta1, closed_open(0, 1), "AdamW beta1"},
+      {"optim.beta2", &c.optim.beta2, closed_open(0, 1), "AdamW beta2"},
+      {"optim.eps", &c.optim.eps, above(0), "AdamW epsilon"},
+      {"optim.weight_decay", &c.optim.weight_decay, at_least(0),
+       "decoupled weight decay (matrices only; norms are not decayed)"},
+      {"optim.grad_clip", &c.optim.grad_clip, at_least(0),
+       "clip the global gradient norm to this (0: off)"},
+      {"optim.state_dtype", &c.optim.state_dtype, kAny,
+       "dtype of master weights, gradient shards and AdamW moments (bf16: GPUs only, no "
+       "offload)"},
+
+      {"parallel.offload", &c.parallel.offload, kAny,
+       "what lives in host memory instead of the device: nothing, the optimizer state, or the "
+       "parameters too"},
+      {"parallel.cp", &c.parallel.cp, at_least(1),
+       "context-parallel ranks: each sequence is split over them and attention runs as a ring "
+       "(must divide the number of ranks; the rest are data-parallel)"},
+      {"parallel.timeout_s", &c.parallel.timeout_s, above(0),
+       "seconds a collective may wait for the other ranks before the run stops with an error"},
+      {"parallel.device", &c.parallel.device, kAny,
+       "where the model runs, one GPU per rank (auto: the GPUs when every node has one for each "
+       "of its ranks, else the CPU)"},
+      {"parallel.gpu_mem_limit", &c.parallel.gpu_mem_limit, kSize,
+       "cap on each rank's GPU memory, e.g. 24GiB to behave like a consumer card (0: the whole "
+       "card)"},
+
+      {"ckpt.every", &c.ckpt.every, at_least(0), "save every N steps (0: only at the end)"},
+      {"ckpt.keep", &c.ckpt.keep, at_least(1), "committed checkpoints to keep"},
+      {"ckpt.final", &c.ckpt.final, kAny,
+       "save a checkpoint after the last step (benchmarks turn it off)"},
+      {"ckpt.async", &c.ckpt.async, kAny,
+       "save in the background: training goes on once the state is copied to host memory, a "
+       "thread writes the files, and the step is committed when every rank's is on disk"},
+
+      {"monitor.log_every", &c.monitor.log_every, at_least(1),
+       "print a progress line every N steps (metrics.jsonl gets every step)"},
+  };
+}
+
+namespace {
+
+// The shortest text that reads back as the same value ("0.003", not 0.0030000000000000001).
+template <class T>
+std::string text_of(const T& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return value ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return value;
+  } else if constexpr (std::is_enum_v<T>) {
+    return std::string(enum_name(value));
+  } else {
+    char buf[64];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+    return std::string(buf, end);
+  }
+}
+
+// A number spelled exactly (the whole text, no spaces): from_chars, which takes "3e-3" and,
+// for unsigned types, no sign.
+template <class T>
+T number_from(const std::string& key, const std::string& text) {
+  T value{};
+  const char* first = text.data();
+  const char* last = first + text.size();
+  auto [end, ec] = std::from_chars(first, last, value);
+  if (ec == std::errc::result_out_of_range)
+    fail("config key '", key, "': value '", text, "' is out of range");
+  if (ec != std::errc() || end != last || text.empty()) {
+    if constexpr (std::is_integral_v<T>)
+      fail("config key '", key, "': value '", text, "' is not ",
+           std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+    else
+      fail("config key '", key, "': value '", text, "' is not a number");
+  }
+  return value;
+}
+
+// The spellings Boost.Program_options took for a bool.
+bool bool_from(const std::string& key, const std::string& text) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char ch) { return std::tolower(ch); });
+  if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
+  if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
+  fail("config key '", key, "': value '", text, "' is not true or false");
+}
+
+// A number's rule: "positive", ">= 0", "> 0", "[0, 1)", "[0, 1]"; empty for none.
+std::string bound_text(const KeyRule& r) {
+  std::string text;
+  switch (r.kind) {
+    case KeyRule::Kind::positive:
+      text = "positive";
+      break;
+    case KeyRule::Kind::at_least:
+      text = ">= ";
+      text += text_of(r.lo);
+      break;
+    case KeyRule::Kind::above:
+      text = "> ";
+      text += text_of(r.lo);
+      break;
+    case KeyRule::Kind::closed_open:
+    case KeyRule::Kind::closed:
+      text = "[";
+      text += text_of(r.lo) + ", " + text_of(r.hi);
+      text += r.kind == KeyRule::Kind::closed ? "]" : ")";
+      break;
+    default:
+      break;
+  }
+  return text;
+}
+
+bool within(const KeyRule& r, double v) {
+  switch (r.kind) {
+    case KeyRule::Kind::positive:
+      return v > 0;
+    case KeyRule::Kind::at_least:
+      return v >= r.lo;
+    case KeyRule::Kind::above:
+      return v > r.lo;
+    case KeyRule::Kind::closed_open:
+      return v >= r.lo && v < r.hi;
+    case KeyRule::Kind::closed:
+      return v >= r.lo && v <= r.hi;
+    default:
+      return true;
+  }
+}
+
+// Markdown table cells: a `|` would end the cell.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '|') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ConfigKey::text() const {
+  return std::visit([](auto* field) { return text_of(*field); }, field);
+}
+
+void ConfigKey::set(const std::string& text) const {
+  std::visit(
+      [&](auto* field) {
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, std::string>)
+          *field = text;
+        else if constexpr (std::is_same_v<T, bool>)
+          *field = bool_from(name, text);
+        else if constexpr (std::is_enum_v<T>)
+          *field = enum_from_config<T>(name, text);
+        else
+          *field = number_from<T>(name, text);
+      },
+      field);
+}
+
+void ConfigKey::check() const {
+  if (rule.kind == KeyRule::Kind::size) {
+    parse_bytes(text(), name);
+    return;
+  }
+  if (rule.kind == KeyRule::Kind::lora_targets) {
+    lora_targets_from_names(text());
+    return;
+  }
+  std::visit(
+      [&](auto* field) {
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          if (within(rule, static_cast<double>(*field))) return;
+          const bool range =
+              rule.kind == KeyRule::Kind::closed_open || rule.kind == KeyRule::Kind::closed;
+          fail("config key '", name, "': value ", text(), range ? " must lie in " : " must be ",
+               bound_text(rule));
+        }
+      },
+      field);
+}
+
+std::string ConfigKey::allowed() const {
+  switch (rule.kind) {
+    case KeyRule::Kind::path:
+      return "a path";
+    case KeyRule::Kind::size:
+      return "bytes, with an optional unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB";
+    case KeyRule::Kind::lora_targets: {
+      std::string names = lora_target_names(lora_targets_from_names("all"));
+      for (size_t comma = names.find(','); comma != std::string::npos;
+           comma = names.find(',', comma + 2))
+        names.replace(comma, 1, ", ");
+      return "all, or a comma-separated list of " + names;
+    }
+    default:
+      break;
+  }
+  return std::visit(
+      [&](auto* field) -> std::string {
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, bool>)
+          return "true, false";
+        else if constexpr (std::is_enum_v<T>)
+          return enum_name_list<T>();
+        else if constexpr (std::is_same_v<T, std::string>)
+          return "any text";
+        else if constexpr (std::is_integral_v<T>)
+          return rule.kind == KeyRule::Kind::any
+                     ? (std::is_signed_v<T> ? "an integer" : "an integer >= 0")
+                     : bound_text(rule);
+        else
+          return rule.kind == KeyRule::Kind::any ? "a number" : bound_text(rule);
+      },
+      field);
+}
+
+std::string config_keys_markdown() {
+  TrainConfig defaults;
+  std::ostringstream out;
+  out << "| key | default | allowed | meaning |\n|---|---|---|---|\n";
+  for (const ConfigKey& key : config_keys(defaults)) {
+    const std::string value = key.text();
+    // An empty default, or one whose spaces matter, would not show in a table cell.
+    const bool padded = !value.empty() && (value.front() == ' ' || value.back() == ' ');
+    const std::string shown = value.empty() ? "(empty)" : padded ? "\"" + value + "\"" : value;
+    out << "| `" << key.name << "` | " << cell(shown) << " | " << cell(key.allowed()) << " | "
+        << cell(key.doc) << " |\n";
+  }
+  return out.str();
+}
+
+}  // namespace frugal

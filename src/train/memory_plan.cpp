@@ -1,0 +1,80 @@
+// The state's bytes per rank, from the ZeRO-3 row layout of every parameter.
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/checked.h"
+
+namespace frugal {
+
+MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s) {
+  MemoryPlan plan;
+  const size_t ranks = size_t(std::max(1, s.ranks));
+  const size_t master = s.state == StateDType::bf16 ? 2 : 4;  // bytes per element
+  const size_t compute = s.gpu ? 2 : 4;                       // gathered weights
+  size_t largest_unit = 0;
+  for (const UnitSpec& unit : units) {
+    size_t unit_bytes = 0;
+    for (const ParamSpec& p : unit.params) {
+      // The padded row shard: ceil(rows / ranks) rows of every rank.
+      const size_t rows = p.shape.empty() ? 1 : size_t(p.shape[0]);
+      const size_t row_len = rows ? size_t(shape_numel(p.shape)) / rows : 0;
+      const size_t shard_rows = (rows + ranks - 1) / ranks;
+      const size_t shard = checked_mul(shard_rows, row_len, "a parameter shard's elements");
+      const size_t padded = checked_mul(shard, ranks, "a parameter's padded elements");
+      const bool encoded = !p.trainable && s.four_bit && s.four_bit(p);
+      if (p.trainable) {
+        plan.params += checked_mul(shard, master, "the parameter shards' bytes");
+        plan.grads += shard * master;
+        plan.optimizer += 2 * shard * master;
+        if (s.gpu && s.state == StateDType::fp32) plan.copies += shard * 2;
+      } else if (encoded) {
+        // Two codes a byte (the block scales, a few % more, are left out: a lower bound).
+        (s.gpu ? plan.copies : plan.params) += shard / 2;
+      } else {
+        // A frozen weight on a GPU keeps only its bf16 copy; on the CPU its fp32 master.
+        (s.gpu ? plan.copies : plan.params) += shard * (s.gpu ? 2 : 4);
+      }
+      // A 4-bit weight is gathered as its codes and made whole one matrix at a time (QLoRA's
+      // gather_compressed): its codes are what the unit holds for sure.
+      unit_bytes += (encoded ? padded / 2 : padded * compute) + (p.trainable ? padded * 4 : 0);
+    }
+    largest_unit = std::max(largest_unit, unit_bytes);
+  }
+  plan.gathered = 2 * largest_unit;
+  if (!s.gpu) {
+    plan.host = plan.params + plan.grads + plan.optimizer + plan.gathered;
+    return plan;
+  }
+  // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory; with
+  // `params` the bf16 copies too.
+  const bool host_state = s.offload != Offload::none;
+  const size_t state = plan.params + plan.grads + plan.optimizer;
+  (host_state ? plan.host : plan.device) += state;
+  (s.offload == Offload::params ? plan.host : plan.device) += plan.copies;
+  plan.device += plan.gathered;
+  return plan;
+}
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / 1073741824.0);
+  return buf;
+}
+
+std::string describe(const MemoryPlan& plan) {
+  std::string out;
+  auto add = [&out](const char* what, size_t bytes) {
+    if (bytes == 0) return;
+    out += (out.empty() ? "" : ", ") + std::string(what) + " " + gib(bytes);
+  };
+  add("parameters", plan.params);
+  add("gradients", plan.grads);
+  add("optimizer", plan.optimizer);
+  add("weight copies", plan.copies);
+  add("two gathered units", plan.gathered);
+  return out;
+}
+
+}  // namespace frugal

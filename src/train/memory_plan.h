@@ -1,0 +1,42 @@
+// What a run's state will take on each rank, worked out from the parameter table before any of
+// it is allocated, so that a model too large for the machine is refused at once with the
+// figures, instead of growing host memory until the system kills something. A lower bound:
+// activations and allocator slack come on top.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "train/train_config.h"
+
+namespace frugal {
+
+struct MemoryPlan {
+  // Per rank, by kind, as the run's arenas will count them.
+  size_t params = 0;     // master shards (and frozen weights as stored: fp32, or 4-bit codes)
+  size_t grads = 0;      // gradient shards of the trainable weights
+  size_t optimizer = 0;  // AdamW's two moments
+  size_t copies = 0;     // GPU: the bf16 copies the ranks gather (4-bit codes of frozen weights)
+  size_t gathered = 0;   // two units whole: weights in the compute dtype and fp32 gradients
+  // Where they land: host memory (the CPU backend, or offloaded state) and the GPU.
+  size_t host = 0, device = 0;
+};
+
+struct PlanSettings {
+  int ranks = 1;
+  bool gpu = false;
+  Offload offload = Offload::none;
+  StateDType state = StateDType::fp32;
+  std::function<bool(const ParamSpec&)> four_bit;  // frozen weights stored in 4 bits (QLoRA)
+};
+
+MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);
+
+// "parameters 1.20 GiB, gradients ..., optimizer ..." of the non-zero kinds.
+std::string describe(const MemoryPlan& plan);
+std::string gib(size_t bytes);  // "1.20 GiB"
+
+}  // namespace frugal

@@ -1,0 +1,37 @@
+// The SIGUSR1 / SIGTERM handler of `frugal train`: it records the signal, the loop does the rest.
+#include "train/stop_signals.h"
+
+#include <csignal>
+
+namespace frugal {
+
+namespace {
+
+// Process-wide because a signal handler can reach nothing else; the run gets it as an argument.
+std::atomic<int> received_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free int");
+
+extern "C" void record_stop_signal(int signal) {
+  int none = 0;
+  received_stop_signal.compare_exchange_strong(none, signal);  // the first one is named
+}
+
+}  // namespace
+
+const std::atomic<int>& install_stop_signal_handlers() {
+  struct sigaction action = {};
+  action.sa_handler = record_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // a read or write the signal interrupts just goes on
+  sigaction(SIGUSR1, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  return received_stop_signal;
+}
+
+std::string signal_name(int signal) {
+  if (signal == SIGUSR1) return "SIGUSR1";
+  if (signal == SIGTERM) return "SIGTERM";
+  return "signal " + std::to_string(signal);
+}
+
+}  // namespace frugal
