@@ -101,10 +101,14 @@ std::vector<nlohmann::ordered_json> uncommitted_steps(const CheckpointDir& dir,
 int cmd_ckpt(const std::vector<std::string>& args) {
   std::string action, path;
   int64_t only_step = -1;
+  double time_limit_s = 0;
   po::options_description named("options");
   named.add_options()("help,h", "print this help and exit")(
       "step", po::value<int64_t>(&only_step)->value_name("N"),
-      "only this step (default: every committed step)");
+      "only this step (default: every committed step)")(
+      "time-limit", po::value<double>(&time_limit_s)->value_name("S"),
+      "verify: seconds a rank file may take to read before it counts as damaged (it makes HDF5 "
+      "hang; default: 60 plus 1 per 20 MB)");
   po::options_description hidden;
   hidden.add_options()("action", po::value<std::string>(&action))("path",
                                                                   po::value<std::string>(&path));
@@ -133,7 +137,9 @@ int cmd_ckpt(const std::vector<std::string>& args) {
   if (action != "ls" && action != "verify")
     fail("ckpt: unknown action '", action, "'; expected ls or verify");
   if (path.empty()) fail("ckpt: ", action, " needs a run directory");
-  const CheckpointDir dir(checkpoint_root(path).string());
+  if (time_limit_s < 0) fail("ckpt: --time-limit ", time_limit_s, " is negative");
+  CheckpointDir dir(checkpoint_root(path).string());
+  dir.set_check_time_limit(time_limit_s);
   std::vector<int64_t> steps = dir.committed_steps();
   // Committed once, damaged since (a rank file deleted): verify reports them too.
   std::map<int64_t, std::string> incomplete;

@@ -164,6 +164,13 @@ bool CheckpointDir::holds_checkpoints(const std::string& path) {
   return false;
 }
 
+double CheckpointDir::check_time_limit(const std::string& rank_file) const {
+  if (check_time_limit_s_ > 0) return check_time_limit_s_;
+  std::error_code ec;
+  const auto bytes = fs::file_size(rank_file, ec);
+  return 60.0 + (ec ? 0.0 : double(bytes) / 20e6);
+}
+
 std::string CheckpointDir::step_dir(int64_t step) const {
   return (fs::path(root_) / step_name(step)).string();
 }

@@ -32,6 +32,11 @@ class CheckpointDir {
   explicit CheckpointDir(std::string root) : root_(std::move(root)) {}
 
   const std::string& root() const { return root_; }
+  // How long a child process may take to read a rank file through (check_step) before the
+  // file counts as one that makes HDF5 hang; 0 (the default): a minute plus a second per 20
+  // MB of the file.
+  void set_check_time_limit(double seconds) { check_time_limit_s_ = seconds; }
+  double check_time_limit(const std::string& rank_file) const;
   // Whether `path` looks like a checkpoint root: it holds LATEST or a step directory.
   static bool holds_checkpoints(const std::string& path);
 
@@ -90,6 +95,7 @@ class CheckpointDir {
 
  private:
   std::string root_;
+  double check_time_limit_s_ = 0;
 };
 
 }  // namespace frugal

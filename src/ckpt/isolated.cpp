@@ -45,6 +45,9 @@ IsolatedOutcome run_isolated(const std::function<std::string()>& work, double ti
   }
   if (pid == 0) {
     ::close(fds[0]);
+    // A crash ends the child at once, by its signal: a handler inherited from this process
+    // (Open MPI installs one that prints a backtrace) could deadlock in a damaged heap.
+    for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
     // The answer: 'o' and the result, or 'e' and the error.
     std::string answer;
     try {

@@ -2,22 +2,13 @@
 #include "ckpt/step_check.h"
 
 #include <cstdio>
-#include <filesystem>
 
 #include "ckpt/isolated.h"
 #include "core/error.h"
 
-namespace fs = std::filesystem;
-
 namespace frugal {
 
 namespace {
-
-double time_limit_s(const std::string& path) {
-  std::error_code ec;
-  const auto bytes = fs::file_size(path, ec);
-  return 60.0 + (ec ? 0.0 : double(bytes) / 20e6);
-}
 
 // The outcome as an error naming the file (the Error's own message already names it).
 std::string describe_failure(const std::string& path, const IsolatedOutcome& outcome) {
@@ -46,7 +37,7 @@ StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stri
         return nlohmann::json{{"manifest", manifest}, {"tensors", s.tensors}, {"bytes", s.bytes}}
             .dump();
       },
-      time_limit_s(first_file));
+      dir.check_time_limit(first_file));
   if (!opened.ok) {
     check.error = describe_failure(first_file, opened);
     if (check_first) check.files.push_back({0, first_file, check.error, 0, 0});
@@ -80,7 +71,7 @@ StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stri
           const CheckpointDir::RankSummary s = dir.verify_rank(step, rank, check.manifest);
           return std::to_string(s.tensors) + " " + std::to_string(s.bytes);
         },
-        time_limit_s(file.path));
+        dir.check_time_limit(file.path));
     if (read.ok) {
       long long tensors = 0, bytes = 0;
       std::sscanf(read.text.c_str(), "%lld %lld", &tensors, &bytes);

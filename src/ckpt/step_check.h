@@ -32,8 +32,8 @@ struct StepCheck {
 
 // Checks rank 0's manifest, then the rank files of `step` whose rank r has r % stride == first
 // (every file with the defaults; the ranks of a resume each take a share, so that every file
-// is read once). Each file is read in its own child process, given a minute plus a second per
-// 20 MB before it counts as hung.
+// is read once). Each file is read in its own child process, given dir.check_time_limit()
+// before it counts as hung.
 StepCheck check_step(const CheckpointDir& dir, int64_t step, int first = 0, int stride = 1);
 
 }  // namespace frugal

@@ -478,4 +478,22 @@ TEST_CASE("run_isolated: a child's answer, its Error, its crash and its hang, by
   CHECK(out.timed_out);
   CHECK(out.text == "did not finish within 0.5 s");
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+
+  // A crash handler of this process (Open MPI installs one that prints a backtrace, and can
+  // deadlock in a damaged heap) does not run in the child: the crash is reported as a crash.
+  struct sigaction stuck {
+  }, saved{};
+  stuck.sa_handler = [](int) {
+    for (;;) ::pause();
+  };
+  sigaction(SIGSEGV, &stuck, &saved);
+  out = run_isolated(
+      []() -> std::string {
+        ::raise(SIGSEGV);
+        return "";
+      },
+      5);
+  sigaction(SIGSEGV, &saved, nullptr);
+  CHECK(out.crashed);
+  CHECK(!out.timed_out);
 }

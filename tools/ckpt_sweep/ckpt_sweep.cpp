@@ -6,16 +6,22 @@
 // else (wrong values, a resume that crashes or errs, verify and resume disagreeing) is a
 // failure, and the exit status is 1.
 //
-// usage: ckpt_sweep CKPT_DIR RANGE... [--every K] [--jobs N] [--examples FILE]
+// usage: ckpt_sweep CKPT_DIR [RANGE...] [--signatures N] [--every K] [--jobs N]
+//                   [--resume-every K] [--time-limit S] [--examples FILE]
 //   CKPT_DIR  a run's ckpt/ directory, saved by one rank, with two committed steps or more;
 //             the newest step's rank_00000.h5 is swept (and restored after each flip)
 //   RANGE     START:END byte offsets of that file (negative: from its end; END 0: its end)
 //   --every K one bit in K of the ranges (default 1: every bit)
 //   --jobs N  N worker processes, each on its own copy of CKPT_DIR (default 1)
-//   --resume-refused-every K  of the flips verify refuses, resumes only one in K (default 1:
-//             every flip). The resume checks the step with the same function on the same
-//             bytes, so this only saves time; every flip that verify accepts is resumed.
+//   --resume-every K  resumes after one flip in K only (default 1: after every flip); verify
+//             runs on every flip. For the full sweep, where resuming after each of a million
+//             flips would take hours on two cores.
 //   --examples FILE  writes "OFFSET BIT OUTCOME" for up to 5 flips of each outcome
+//   --signatures N   also the first N bytes of every HDF5 metadata structure (found by its
+//             signature: object headers, B-tree nodes, heaps), where flips make HDF5 crash or
+//             hang; a range given twice is swept once
+//   --time-limit S   how long a check's child may read before the file counts as one that
+//             makes HDF5 hang (default 5 s: the file is small; frugal's default is a minute)
 // tests/integration/ckpt_sweep.sh runs a sample; doc/architecture.md (Checkpoints) has the
 // full sweep's command and figures.
 #include <fcntl.h>
@@ -128,7 +134,7 @@ std::string try_flip(const CheckpointDir& dir, const std::string& path, const Fl
              : contains_text(check.error, "did not finish") ? "refused(HDF5 hung)"
                                                             : "refused(error)";
   }
-  if (verify != "ok" && !resume_this) {
+  if (!resume_this) {
     flip_bit(path, flip);  // restored
     return "verify:" + verify + " resume:not run";
   }
@@ -160,18 +166,24 @@ std::string try_flip(const CheckpointDir& dir, const std::string& path, const Fl
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string ckpt, examples_path;
-  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // START:END, END 0 = the end
   int64_t every = 1;
   size_t resume_every = 1;
+  int64_t signature_bytes = 0;
+  double time_limit_s = 5;
   int jobs = 1;
   try {
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i] == "--every" && i + 1 < args.size()) {
         every = std::stoll(args[++i]);
-      } else if (args[i] == "--resume-refused-every" && i + 1 < args.size()) {
+      } else if (args[i] == "--resume-every" && i + 1 < args.size()) {
         resume_every = std::stoull(args[++i]);
       } else if (args[i] == "--jobs" && i + 1 < args.size()) {
         jobs = std::stoi(args[++i]);
+      } else if (args[i] == "--signatures" && i + 1 < args.size()) {
+        signature_bytes = std::stoll(args[++i]);
+      } else if (args[i] == "--time-limit" && i + 1 < args.size()) {
+        time_limit_s = std::stod(args[++i]);
       } else if (args[i] == "--examples" && i + 1 < args.size()) {
         examples_path = args[++i];
       } else if (ckpt.empty()) {
@@ -187,14 +199,16 @@ int main(int argc, char** argv) {
     std::cerr << "ckpt_sweep: " << e.what() << "\n";
     return 2;
   }
-  if (ckpt.empty() || ranges.empty() || every < 1 || jobs < 1 || resume_every < 1) {
-    std::cerr << "usage: ckpt_sweep CKPT_DIR START:END... [--every K] [--jobs N] "
-                 "[--resume-refused-every K] [--examples FILE]\n";
+  if (ckpt.empty() || (ranges.empty() && signature_bytes <= 0) || every < 1 || jobs < 1 ||
+      resume_every < 1 || !(time_limit_s > 0)) {
+    std::cerr << "usage: ckpt_sweep CKPT_DIR [START:END...] [--signatures N] [--every K] "
+                 "[--jobs N] [--resume-every K] [--time-limit S] [--examples FILE]\n";
     return 2;
   }
   try {
     set_log_quiet(true);
-    const CheckpointDir dir(ckpt);
+    CheckpointDir dir(ckpt);
+    dir.set_check_time_limit(time_limit_s);
     const std::vector<int64_t> steps = dir.committed_steps();
     if (steps.size() < 2) fail("'", ckpt, "' needs two committed steps or more");
     std::map<int64_t, CleanStep> clean;
@@ -203,17 +217,29 @@ int main(int argc, char** argv) {
       fail("the newest step of '", ckpt, "' was not saved by one rank");
     const std::string path = dir.rank_file(steps.front(), 0);
     const auto size = int64_t(fs::file_size(path));
-    std::vector<Flip> flips;
-    int64_t n = 0;
+    if (signature_bytes > 0) {
+      std::ifstream in(path, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+      for (const char* signature : {"OHDR", "OCHK", "TREE", "HEAP", "SNOD", "GCOL", "FRHP", "FHDB",
+                                    "FHIB", "BTHD", "BTIN", "BTLF", "FSHD", "FSSE", "SMTB", "SMLI"})
+        for (size_t at = bytes.find(signature); at != std::string::npos;
+             at = bytes.find(signature, at + 1))
+          ranges.emplace_back(int64_t(at), int64_t(at) + signature_bytes);
+    }
+    // Every byte once, in file order, whatever ranges overlap.
+    std::vector<bool> swept(size_t(size), false);
     for (auto [start, end] : ranges) {
       if (start < 0) start += size;
       if (end <= 0) end += size;
-      start = std::max<int64_t>(0, start);
-      end = std::min(size, end);
-      for (int64_t offset = start; offset < end; ++offset)
-        for (int bit = 0; bit < 8; ++bit)
-          if (n++ % every == 0) flips.push_back({offset, bit});
+      for (int64_t offset = std::max<int64_t>(0, start); offset < std::min(size, end); ++offset)
+        swept[size_t(offset)] = true;
     }
+    std::vector<Flip> flips;
+    int64_t n = 0;
+    for (int64_t offset = 0; offset < size; ++offset)
+      for (int bit = 0; swept[size_t(offset)] && bit < 8; ++bit)
+        if (n++ % every == 0) flips.push_back({offset, bit});
     // A clean resume loads the newest step, or the sweep would mean nothing.
     if (resume_and_compare(dir, clean) != steps.front())
       fail("a clean resume of '", ckpt, "' does not load its newest step");
@@ -238,7 +264,8 @@ int main(int argc, char** argv) {
         threads.emplace_back([&, j] {
           results[size_t(j)] = run_isolated(
               [&] {
-                const CheckpointDir copy_dir(copies[size_t(j)].string());
+                CheckpointDir copy_dir(copies[size_t(j)].string());
+                copy_dir.set_check_time_limit(time_limit_s);
                 const std::string copy_path = copy_dir.rank_file(steps.front(), 0);
                 std::string lines;
                 for (size_t i = size_t(j); i < flips.size(); i += size_t(jobs)) {
