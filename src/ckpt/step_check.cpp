@@ -2,9 +2,11 @@
 #include "ckpt/step_check.h"
 
 #include <cstdio>
+#include <functional>
 
 #include "ckpt/isolated.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace frugal {
 
@@ -19,6 +21,27 @@ std::string describe_failure(const std::string& path, const IsolatedOutcome& out
   return outcome.text;
 }
 
+// Reads `path` through with `work` in a child process. When no child can be made (fork fails
+// with ENOMEM for a large process under strict overcommit, say), in this process, with a
+// warning: a resume must not stop for want of the isolation, which only guards against files
+// that would otherwise crash it.
+IsolatedOutcome read_through(const std::string& path, const std::function<std::string()>& work,
+                             double time_limit_s) {
+  try {
+    return run_isolated(work, time_limit_s);
+  } catch (const Error& e) {
+    log_warn("cannot read '", path, "' in a child process (", e.what(), "); reading it here");
+  }
+  IsolatedOutcome outcome;
+  try {
+    outcome.text = work();
+    outcome.ok = true;
+  } catch (const std::exception& e) {
+    outcome.text = e.what();
+  }
+  return outcome;
+}
+
 }  // namespace
 
 StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stride) {
@@ -29,7 +52,8 @@ StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stri
   // files to check, one child reads it through and answers its manifest too.
   const std::string first_file = dir.rank_file(step, 0);
   const bool check_first = first == 0;
-  const IsolatedOutcome opened = run_isolated(
+  const IsolatedOutcome opened = read_through(
+      first_file,
       [&] {
         const nlohmann::json manifest = dir.manifest(step, 0);
         CheckpointDir::RankSummary s;
@@ -66,7 +90,8 @@ StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stri
     RankFileCheck file;
     file.rank = rank;
     file.path = dir.rank_file(step, rank);
-    const IsolatedOutcome read = run_isolated(
+    const IsolatedOutcome read = read_through(
+        file.path,
         [&] {
           const CheckpointDir::RankSummary s = dir.verify_rank(step, rank, check.manifest);
           return std::to_string(s.tensors) + " " + std::to_string(s.bytes);

@@ -2,6 +2,8 @@
 // lands in its rows, a replicated tensor comes back whole, and resume falls back past an
 // unusable newest step (a damaged file, a part that refuses its values) to the newest usable
 // one, or says none can be read.
+#include <dlfcn.h>
+#include <errno.h>
 #include <hdf5.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -460,4 +462,40 @@ TEST_CASE("checkpoint manager: every rank file's manifest is checked, as verify 
   CheckpointManager manager(CheckpointDir(root), 0, 1, one_rank, {{"p", &part}}, 3);
   CHECK(contains(error_of([&] { manager.load(5); }), dir.rank_file(5, 1)));
   CHECK(manager.resume() == 4);
+}
+
+// fork() of this test program, made to fail on demand: a large process under strict memory
+// overcommit cannot fork.
+namespace {
+bool g_fail_forks = false;
+}  // namespace
+
+extern "C" pid_t fork() {
+  if (g_fail_forks) {
+    errno = ENOMEM;
+    return -1;
+  }
+  using Fork = pid_t (*)();
+  static const Fork real = reinterpret_cast<Fork>(dlsym(RTLD_NEXT, "fork"));
+  return real();
+}
+
+TEST_CASE("checkpoint manager: resume reads the files here when no child process can be made",
+          "[ckpt]") {
+  TempDir tmp;
+  FakePart part;
+  CheckpointManager manager(CheckpointDir(tmp.file("ckpt")), 0, 1, one_rank, {{"fake", &part}}, 2);
+  for (int step = 1; step <= 2; ++step) {
+    part.set(float(step * 100));
+    manager.save(step);
+  }
+  flip_bit_of(manager.dir().rank_file(2, 0), 205.0f);
+  part.set(0);
+  g_fail_forks = true;
+  int64_t resumed = -1;
+  const std::string error = error_of([&] { resumed = manager.resume(); });
+  g_fail_forks = false;
+  CHECK(error.empty());
+  CHECK(resumed == 1);  // the damaged step 2 still refused
+  expect_values_of(part, 100);
 }
