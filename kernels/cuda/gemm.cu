@@ -163,4 +163,15 @@ void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy
              /*trans_b=*/true, k, n, m, 1.0f, 1.0f, stream);
 }
 
+// Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T: b is cuBLAS's A, a its B.
+// b stored [k, n] row-major is column-major [n, k] (ld n): op(b)^T as it is; stored [n, k]
+// (trans_b) it is column-major [k, n] (ld k), transposed. Likewise a, with ld k or m.
+void matmul_f32(GemmContext& ctx, float* c, const float* a, bool trans_a, const float* b,
+                bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                cudaStream_t stream) {
+  FRUGAL_CHECK(k >= 1, "matmul_f32 with k ", k);
+  ctx.matmul(c, CUDA_R_32F, n, b, CUDA_R_32F, trans_b ? k : n, trans_b, a, CUDA_R_32F,
+             trans_a ? m : k, trans_a, n, m, k, alpha, beta, stream);
+}
+
 }  // namespace frugal::cuda

@@ -1,5 +1,6 @@
 // cuBLASLt GEMMs for linear layers with Hugging Face's weight layout W [out, in] row-major:
-// the forward y = x W^T and the two backward products, bf16 inputs with fp32 accumulation.
+// the forward y = x W^T and the two backward products, bf16 inputs with fp32 accumulation;
+// and fp32 products of any two operands (GaLore's projections).
 #pragma once
 
 #include <cublasLt.h>
@@ -84,5 +85,13 @@ void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloa
 void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
                             cudaStream_t stream);
+
+// c[m, n] = alpha * op(a) . op(b) + beta * c, everything fp32 and row-major, op(a) [m, k] (a
+// stored [k, m] when trans_a), op(b) [k, n] (b stored [n, k] when trans_b): the twin of
+// frugal::cpu::matmul, for GaLore's projections. fp32 compute (CUBLAS_COMPUTE_32F: no TF32).
+// k must be at least 1 (ops/ handles the empty product).
+void matmul_f32(GemmContext& ctx, float* c, const float* a, bool trans_a, const float* b,
+                bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                cudaStream_t stream);
 
 }  // namespace frugal::cuda

@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/galore.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/quant.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -385,6 +386,35 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                                .param_bf16 = param_copy.defined() ? bf(param_copy) : nullptr,
                                .n = param.numel()};
   cuda::adamw_update(&chunk, 1, s, stream());
+}
+
+void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
+            int64_t n, int64_t k, float alpha, float beta) {
+  expect(a, DType::f32, "matmul operand a");
+  expect(b, DType::f32, "matmul operand b");
+  expect(c, DType::f32, "matmul result");
+  cuda::matmul_f32(gemm(), f32(c), f32(a), trans_a, f32(b), trans_b, m, n, k, alpha, beta,
+                   stream());
+}
+
+void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps) {
+  expect(m, DType::f32, "GaLore first moment");
+  expect(v, DType::f32, "GaLore second moment");
+  expect(r, DType::f32, "GaLore projected gradient");
+  cuda::galore_moments(f32(m), f32(v), f32(r), r.numel(), beta1, beta2, eps, stream());
+}
+
+void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy) {
+  expect(delta, DType::f32, "GaLore step");
+  __nv_bfloat16* copy = nullptr;
+  if (param_copy.defined()) {
+    expect(param_copy, DType::bf16, "parameter copy");
+    copy = bf(param_copy);
+  }
+  if (param.dtype() == DType::bf16)
+    cuda::galore_apply(bf(param), f32(delta), param.numel(), step, decay, copy, stream());
+  else
+    cuda::galore_apply(f32(param), f32(delta), param.numel(), step, decay, copy, stream());
 }
 
 }  // namespace frugal::ops::gpu

@@ -64,6 +64,11 @@ double sum_squares(const std::vector<Tensor>& xs);
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy);
 
+void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
+            int64_t n, int64_t k, float alpha, float beta);
+void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps);
+void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy);
+
 }  // namespace frugal::ops::gpu
 
 #endif  // FRUGAL_HAVE_CUDA

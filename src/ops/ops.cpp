@@ -6,8 +6,10 @@
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dense.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/galore.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -464,6 +466,87 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                  "the copy of a host parameter must be a bf16 host tensor");
   cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
                     param.numel(), s,
+                    param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
+}
+
+}  // namespace frugal::ops
+
+namespace frugal::ops {
+
+namespace {
+
+void expect_host_f64_square(const Tensor& a, const char* what) {
+  FRUGAL_CHECK(a.defined() && a.device() == Device::cpu && a.dtype() == DType::f64 &&
+                   a.ndim() == 2 && a.size(0) == a.size(1) && a.size(0) >= 1,
+               what, " needs a square host f64 matrix, got ", shape_string(a.shape()));
+}
+
+}  // namespace
+
+void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float alpha,
+            float beta) {
+  FRUGAL_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "matmul of ",
+               shape_string(a.shape()), " and ", shape_string(b.shape()), " into ",
+               shape_string(c.shape()));
+  const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+  const int64_t n = trans_b ? b.size(0) : b.size(1);
+  FRUGAL_CHECK((trans_b ? b.size(1) : b.size(0)) == k && c.size(0) == m && c.size(1) == n,
+               "matmul of ", shape_string(a.shape()), trans_a ? "^T" : "", " and ",
+               shape_string(b.shape()), trans_b ? "^T" : "", " into ", shape_string(c.shape()));
+  FRUGAL_CHECK(a.dtype() == DType::f32 && b.dtype() == DType::f32 && c.dtype() == DType::f32,
+               "matmul needs f32 operands");
+  FRUGAL_CHECK(a.device() == c.device() && b.device() == c.device(),
+               "matmul operands on different devices");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f) return zero(c);
+    return scale_inplace(c, beta);
+  }
+  FRUGAL_ON_GPU(c, matmul(c, a, trans_a, b, trans_b, m, n, k, alpha, beta));
+  cpu::matmul(c.data<float>(), a.data<float>(), trans_a, b.data<float>(), trans_b, m, n, k, alpha,
+              beta);
+}
+
+void symmetric_eigen(Tensor& a, Tensor& values) {
+  expect_host_f64_square(a, "symmetric_eigen");
+  FRUGAL_CHECK(
+      values.device() == Device::cpu && values.dtype() == DType::f64 && values.numel() == a.size(0),
+      "symmetric_eigen values ", shape_string(values.shape()));
+  cpu::symmetric_eigen(a.data<double>(), values.data<double>(), a.size(0));
+}
+
+bool cholesky_upper(Tensor& a) {
+  expect_host_f64_square(a, "cholesky_upper");
+  return cpu::cholesky_upper(a.data<double>(), a.size(0));
+}
+
+void invert_upper(Tensor& a) {
+  expect_host_f64_square(a, "invert_upper");
+  cpu::invert_upper(a.data<double>(), a.size(0));
+}
+
+void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps) {
+  expect_shape(m, r.shape(), "GaLore first moment");
+  expect_shape(v, r.shape(), "GaLore second moment");
+  FRUGAL_CHECK(m.dtype() == DType::f32 && v.dtype() == DType::f32 && r.dtype() == DType::f32 &&
+                   m.device() == r.device() && v.device() == r.device(),
+               "GaLore moments need f32 tensors on one device");
+  FRUGAL_ON_GPU(r, galore_moments(m, v, r, beta1, beta2, eps));
+  cpu::galore_moments(m.data<float>(), v.data<float>(), r.data<float>(), r.numel(), beta1, beta2,
+                      eps);
+}
+
+void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor param_copy) {
+  expect_shape(delta, param.shape(), "GaLore step");
+  if (param_copy.defined()) expect_shape(param_copy, param.shape(), "parameter copy");
+  FRUGAL_CHECK(delta.dtype() == DType::f32 && delta.device() == param.device(),
+               "GaLore step must be f32 beside its parameter");
+  FRUGAL_ON_GPU(param, galore_apply(param, delta, step, decay, param_copy));
+  expect_cpu_f32(param, "GaLore parameter");
+  if (param_copy.defined())
+    FRUGAL_CHECK(param_copy.device() == Device::cpu && param_copy.dtype() == DType::bf16,
+                 "the copy of a host parameter must be a bf16 host tensor");
+  cpu::galore_apply(param.data<float>(), delta.data<float>(), param.numel(), step, decay,
                     param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
 }
 

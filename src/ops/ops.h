@@ -164,4 +164,28 @@ using AdamWStep = cpu::AdamWStep;
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor param_copy = Tensor());
 
+// --- dense linear algebra (GaLore's projections) ---------------------------------------------
+// c = alpha * op(a) . op(b) + beta * c for f32 matrices on one device, op(x) = x^T when its flag
+// is set: op(a) [m, k], op(b) [k, n], c [m, n]. With k = 0 (a shard without rows) the product is
+// zero: c = beta * c.
+void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+            float alpha = 1.0f, float beta = 0.0f);
+// Small factorisations in float64 on the host (LAPACK), for matrices of the projection rank or
+// one side of a weight. a is a host f64 [n, n] tensor, overwritten:
+// symmetric_eigen: values (host f64 [n]) ascending, row i of a the unit eigenvector of values[i];
+void symmetric_eigen(Tensor& a, Tensor& values);
+// cholesky_upper: the upper-triangular r with a = r^T r; false when a is not positive definite;
+bool cholesky_upper(Tensor& a);
+// invert_upper: the inverse of an upper-triangular a.
+void invert_upper(Tensor& a);
+
+// --- GaLore's elementwise steps (kernels/cpu/galore.h) ------------------------------------------
+// On the projected gradient r (f32, the shape of m and v): Adam's moments, and r replaced by the
+// normalized step m / (sqrt(v) + eps).
+void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps);
+// param = p + decay * p with p = param + step * delta (delta f32, param's shape); param_copy
+// (optional, bf16) receives the result in its dtype.
+void galore_apply(Tensor& param, const Tensor& delta, float step, float decay,
+                  Tensor param_copy = Tensor());
+
 }  // namespace frugal::ops

@@ -19,12 +19,12 @@ AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Aren
   }
 }
 
-StepReport AdamW::begin_step(double lr, int64_t step, const GlobalSum& global_sum) {
+StepReport AdamW::begin_step(double lr, int64_t step, const StepCollectives& collectives) {
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
   const double local = ops::sum_squares(grads);
   StepReport report;
-  report.grad_norm = std::sqrt(global_sum(local));
+  report.grad_norm = std::sqrt(collectives.sum(local));
   if (config_.grad_clip > 0 && report.grad_norm > config_.grad_clip)
     report.clip_scale = config_.grad_clip / (report.grad_norm + 1e-6);
   lr_ = lr;
@@ -33,19 +33,25 @@ StepReport AdamW::begin_step(double lr, int64_t step, const GlobalSum& global_su
   return report;
 }
 
+ops::AdamWStep adamw_step(const AdamWConfig& config, const std::string& name, double lr,
+                          int64_t step, double clip_scale) {
+  ops::AdamWStep hyper;
+  hyper.lr = static_cast<float>(lr);
+  hyper.beta1 = static_cast<float>(config.beta1);
+  hyper.beta2 = static_cast<float>(config.beta2);
+  hyper.eps = static_cast<float>(config.eps);
+  hyper.weight_decay = decays(name) ? static_cast<float>(config.weight_decay) : 0.0f;
+  hyper.step = step;
+  hyper.grad_scale = static_cast<float>(clip_scale);
+  return hyper;
+}
+
 void AdamW::update(size_t i) {
   FRUGAL_CHECK(i < shards_.size(), "AdamW shard ", i, " of ", shards_.size());
   FRUGAL_CHECK(step_ >= 1, "AdamW::update before begin_step");
   TrainableShard& s = shards_[i];
-  ops::AdamWStep hyper;
-  hyper.lr = static_cast<float>(lr_);
-  hyper.beta1 = static_cast<float>(config_.beta1);
-  hyper.beta2 = static_cast<float>(config_.beta2);
-  hyper.eps = static_cast<float>(config_.eps);
-  hyper.weight_decay = decays(s.name) ? static_cast<float>(config_.weight_decay) : 0.0f;
-  hyper.step = step_;
-  hyper.grad_scale = static_cast<float>(clip_scale_);
-  ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper, s.param_copy);
+  ops::adamw_update(s.param, s.grad, m_[i], v_[i],
+                    adamw_step(config_, s.name, lr_, step_, clip_scale_), s.param_copy);
 }
 
 std::vector<StateTensor> AdamW::state_tensors() {

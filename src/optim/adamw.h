@@ -6,6 +6,7 @@
 
 #include "core/tensor.h"
 #include "model/parameter_provider.h"
+#include "ops/ops.h"
 #include "optim/optimizer.h"
 
 namespace frugal {
@@ -25,7 +26,7 @@ class AdamW : public Optimizer {
 
   // The global norm and the clipping factor (a collective), kept with lr and step for update(k),
   // which updates shard k alone.
-  StepReport begin_step(double lr, int64_t step, const GlobalSum& global_sum) override;
+  StepReport begin_step(double lr, int64_t step, const StepCollectives& collectives) override;
   void update(size_t k) override;
   size_t slices() const override { return shards_.size(); }
   using Optimizer::step;
@@ -44,5 +45,10 @@ class AdamW : public Optimizer {
 
 // Whether weight decay applies to a parameter: matrices yes, norm weights no.
 bool decays(const std::string& name);
+
+// The scalars of one AdamW update of parameter `name` (GaLore's optimizer updates the
+// parameters it does not project with them too).
+ops::AdamWStep adamw_step(const AdamWConfig& config, const std::string& name, double lr,
+                          int64_t step, double clip_scale);
 
 }  // namespace frugal

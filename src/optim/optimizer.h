@@ -1,7 +1,7 @@
 // What the step loop and the checkpoint manager ask of an optimizer. A step is two halves:
 // begin_step, on the main thread, does every collective the step needs (the global gradient
-// norm; GaLore's projections will all-reduce there too: MPI runs FUNNELED), then update(k)
-// changes slice k alone, so that ZeRO-3 with a host optimizer may run the updates on a thread
+// norm, GaLore's refreshes and projections: MPI runs FUNNELED), then update(k) changes slice k
+// alone, so that ZeRO-3 with a host optimizer may run the updates on a thread
 // of its own beside the next forward. Its state (moments, projectors) is named tensors, each
 // row-sharded like its parameter or replicated, which checkpoints save without knowing them.
 #pragma once
@@ -11,12 +11,21 @@
 #include <functional>
 
 #include "core/stateful.h"
+#include "core/tensor.h"
 
 namespace frugal {
 
-// Sums a rank-local value over every rank that holds part of the gradients (an MPI
-// all-reduce under ZeRO-3; the identity on one rank).
-using GlobalSum = std::function<double(double)>;
+// The collectives of a step among the ranks that hold parts of the gradients (MPI or NCCL
+// all-reduces under ZeRO-3; identities on one rank). train/ makes them from its communicators;
+// optim/ knows no communicator.
+struct StepCollectives {
+  // The sum of a rank-local value over the ranks.
+  std::function<double(double)> sum;
+  // Replaces a tensor (f32, on any device) by its element-wise sum over the ranks.
+  std::function<void(Tensor&)> sum_in_place;
+};
+// The collectives of one rank alone: the identities.
+StepCollectives local_collectives();
 
 struct StepReport {
   double grad_norm = 0;   // before clipping
@@ -26,15 +35,15 @@ struct StepReport {
 class Optimizer : public Stateful {
  public:
   // The collectives and per-step scalars of step `step` (1-based) at learning rate `lr`.
-  virtual StepReport begin_step(double lr, int64_t step, const GlobalSum& global_sum) = 0;
+  virtual StepReport begin_step(double lr, int64_t step, const StepCollectives& collectives) = 0;
   // Updates trainable slice k (ParameterProvider::trainable()'s order), touching only its
   // tensors; after begin_step.
   virtual void update(size_t k) = 0;
   virtual size_t slices() const = 0;
 
   // begin_step, then every update, in order.
-  StepReport step(double lr, int64_t step, const GlobalSum& global_sum) {
-    const StepReport report = begin_step(lr, step, global_sum);
+  StepReport step(double lr, int64_t step, const StepCollectives& collectives) {
+    const StepReport report = begin_step(lr, step, collectives);
     for (size_t k = 0; k < slices(); ++k) update(k);
     return report;
   }

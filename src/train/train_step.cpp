@@ -8,10 +8,25 @@
 
 namespace frugal {
 
+StepCollectives step_collectives(Comm* comm, Comm* host_comm) {
+  if (!comm) return local_collectives();
+  if (!host_comm) host_comm = comm;
+  StepCollectives c;
+  c.sum = [comm](double local) { return comm->all_reduce_sum(local); };
+  // NCCL sums device memory only: tensors the optimizer keeps on the host (offload) go over
+  // MPI, among the same ranks.
+  c.sum_in_place = [comm, host_comm](Tensor& t) {
+    Comm& over = t.device() == Device::cpu ? *host_comm : *comm;
+    if (over.size() > 1) over.all_reduce_sum(t)->wait();
+  };
+  return c;
+}
+
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
-                      CheckpointPolicy policy) {
-  auto global_sum = [comm](double local) { return comm ? comm->all_reduce_sum(local) : local; };
+                      CheckpointPolicy policy, Comm* host_comm) {
+  const StepCollectives collectives = step_collectives(comm, host_comm);
+  const auto& global_sum = collectives.sum;
   int64_t local_tokens = 0;
   for (const Batch& b : micro_batches) local_tokens += counted_targets(b.targets);
   StepResult result;
@@ -34,7 +49,7 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& o
   // The previous step's updates are done by now (the forward gathered every unit); waiting
   // makes it certain before the optimizer's step state changes.
   params.wait_for_updates();
-  result.grad_norm = optimizer.begin_step(lr, step, global_sum).grad_norm;
+  result.grad_norm = optimizer.begin_step(lr, step, collectives).grad_norm;
   params.apply_update(optimizer.slices(), [&optimizer](size_t k) { optimizer.update(k); });
   result.optimizer_seconds = now_seconds() - backward_end;
   return result;

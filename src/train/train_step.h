@@ -24,9 +24,14 @@ struct StepResult {
   double optimizer_seconds = 0;
 };
 
-// `comm` sums across data-parallel ranks; nullptr means this rank alone.
+// The optimizer's collectives over `comm` (nullptr: this rank alone). Host tensors go over
+// `host_comm` when it is given: an MPI world beside an NCCL `comm`, among the same ranks.
+StepCollectives step_collectives(Comm* comm, Comm* host_comm = nullptr);
+
+// `comm` sums across data-parallel ranks; nullptr means this rank alone. `host_comm`: as for
+// step_collectives.
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
-                      CheckpointPolicy policy);
+                      CheckpointPolicy policy, Comm* host_comm = nullptr);
 
 }  // namespace frugal

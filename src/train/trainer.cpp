@@ -174,7 +174,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     for (int64_t m = 0; m < c.train.grad_accum_steps; ++m)
       micro.push_back(to_model_batch(run.sampler->next(), mesh));
     StepResult result = train_step(model, params, *run.optimizer, micro, &world, lr, step,
-                                   c.train.activation_checkpointing);
+                                   c.train.activation_checkpointing, run.host_mesh.world.get());
     if (!std::isfinite(result.loss))
       fail("training loss became ", result.loss, " at step ", step,
            "; try a lower train.lr or a stronger optim.grad_clip");

@@ -1,0 +1,74 @@
+// GaLore's elementwise steps on the GPU: grid-stride loops, one element per thread per
+// iteration (both are memory-bound and far cheaper than the projections' GEMMs). The math is
+// the CPU twin's, rounded the same way (__fmul_rn / __fadd_rn keep the compiler from fusing a
+// multiply-add), so fp32 results match kernels/cpu/galore.cpp bit for bit.
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/galore.h"
+#include "kernels/cuda/pack16.cuh"
+
+namespace frugal::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void galore_moments_kernel(float* m, float* v, float* r, int64_t n, float beta1,
+                                      float beta2, float one_minus_b1, float one_minus_b2,
+                                      float eps) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float g = r[i];
+    const float mi = __fadd_rn(__fmul_rn(m[i], beta1), __fmul_rn(one_minus_b1, g));
+    const float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(one_minus_b2, __fmul_rn(g, g)));
+    m[i] = mi;
+    v[i] = vi;
+    r[i] = __fdiv_rn(mi, __fadd_rn(__fsqrt_rn(vi), eps));
+  }
+}
+
+template <class T>
+__global__ void galore_apply_kernel(T* param, const float* delta, int64_t n, float step,
+                                    float decay, __nv_bfloat16* param_bf16) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float stepped = __fadd_rn(to_float(param[i]), __fmul_rn(step, delta[i]));
+    const float p = __fadd_rn(stepped, __fmul_rn(decay, stepped));
+    param[i] = from_float<T>(p);
+    if (param_bf16) param_bf16[i] = __float2bfloat16_rn(p);
+  }
+}
+
+template <class T>
+void launch_apply(T* param, const float* delta, int64_t n, float step, float decay,
+                  __nv_bfloat16* param_bf16, cudaStream_t stream) {
+  if (n <= 0) return;
+  galore_apply_kernel<T><<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      param, delta, n, step, decay, param_bf16);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void galore_moments(float* m, float* v, float* r, int64_t n, float beta1, float beta2, float eps,
+                    cudaStream_t stream) {
+  if (n <= 0) return;
+  const float one_minus_b1 = static_cast<float>(1.0 - double(beta1));
+  const float one_minus_b2 = static_cast<float>(1.0 - double(beta2));
+  galore_moments_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      m, v, r, n, beta1, beta2, one_minus_b1, one_minus_b2, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void galore_apply(float* param, const float* delta, int64_t n, float step, float decay,
+                  __nv_bfloat16* param_bf16, cudaStream_t stream) {
+  launch_apply(param, delta, n, step, decay, param_bf16, stream);
+}
+
+void galore_apply(__nv_bfloat16* param, const float* delta, int64_t n, float step, float decay,
+                  __nv_bfloat16* param_bf16, cudaStream_t stream) {
+  launch_apply(param, delta, n, step, decay, param_bf16, stream);
+}
+
+}  // namespace frugal::cuda

@@ -1,0 +1,282 @@
+// GaLore AdamW on row shards: refreshes and left-side projections in begin_step (collectives),
+// the moments and the projected-back step in update(k) (local).
+//
+// Per projected matrix and step, as galore-torch's GaLoreAdamW (t counts from 0, the
+// reference's state["step"] before its increment):
+//   if t is a refresh step: new projector from G (galore_projector.h)
+//   R = G Q^T (right) or P^T G (left), with the clipping factor
+//   m = b1 m + (1 - b1) R;  v = b2 v + (1 - b2) R^2;  N = m / (sqrt(v) + eps)
+//   W -= lr sqrt(1 - b2^(t+1)) / (1 - b1^(t+1)) * scale * (N Q or P N)
+//   W -= lr wd W   (after the step: the reference's order)
+#include "optim/galore_adamw.h"
+
+#include <cmath>
+
+#include "model/lora.h"
+#include "ops/ops.h"
+
+namespace frugal {
+
+bool galore_projects(const std::string& name, const Shape& shape) {
+  return shape.size() == 2 && is_block_projection(name);
+}
+
+GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& adamw,
+                         const GaloreConfig& galore, Arena& state_arena)
+    : shards_(std::move(shards)), adamw_(adamw), galore_(galore) {
+  FRUGAL_CHECK(galore_.update_proj_gap >= 1, "GaLore update_proj_gap ", galore_.update_proj_gap);
+  const int64_t r = galore_.projector.rank;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const TrainableShard& s = shards_[k];
+    const Shape& full = s.rows.full_shape;
+    if (!galore_projects(s.name, full)) {
+      matrix_of_.push_back(-1);
+      m_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
+      v_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
+      continue;
+    }
+    FRUGAL_CHECK(r <= std::min(full[0], full[1]), "config key 'galore.rank': ", r,
+                 " exceeds the smaller side of ", s.name, " ", shape_string(full));
+    Matrix x;
+    x.shard = k;
+    x.side = galore_side(full);
+    x.rows = full[0];
+    x.cols = full[1];
+    x.local_rows = s.rows.last_row - s.rows.first_row;
+    const int64_t buffer_rows = s.param.size(0);
+    // The projected moments and projectors are fp32 whatever optim.state_dtype says: they are
+    // small, and a subspace in bf16 would not stay orthonormal.
+    if (x.side == GaloreSide::right) {
+      x.exp_avg = ops::zeros({buffer_rows, r}, DType::f32, state_arena);
+      x.exp_avg_sq = ops::zeros({buffer_rows, r}, DType::f32, state_arena);
+      x.projector = ops::zeros({r, x.cols}, DType::f32, state_arena);
+    } else {
+      x.exp_avg = ops::zeros({r, x.cols}, DType::f32, state_arena);
+      x.exp_avg_sq = ops::zeros({r, x.cols}, DType::f32, state_arena);
+      x.projector = ops::zeros({buffer_rows, r}, DType::f32, state_arena);
+    }
+    matrix_of_.push_back(static_cast<int>(matrices_.size()));
+    m_.emplace_back();
+    v_.emplace_back();
+    matrices_.push_back(std::move(x));
+  }
+  // The refresh phases: spread evenly over the gap, in the shards' (forward) order.
+  const int64_t count = static_cast<int64_t>(matrices_.size()), gap = galore_.update_proj_gap;
+  for (int64_t j = 0; j < count; ++j)
+    matrices_[size_t(j)].phase = galore_.stagger ? j * gap / count : 0;
+}
+
+bool GaloreAdamW::refresh_due(size_t j, int64_t t) const {
+  return t == 0 || t % galore_.update_proj_gap == matrices_[j].phase;
+}
+
+int64_t GaloreAdamW::last_refresh(size_t j, int64_t t) const {
+  const int64_t phase = matrices_[j].phase;
+  if (t < phase) return 0;
+  return t - (t - phase) % galore_.update_proj_gap;
+}
+
+Tensor GaloreAdamW::gradient_rows(const Matrix& x) {
+  const Tensor rows = shards_[x.shard].grad.rows(0, x.local_rows);
+  if (rows.dtype() == DType::f32) return rows;
+  // A bf16 run's gradient, widened where it lives.
+  Tensor wide = galore_scratch(rows, rows.shape(), scratch_);
+  ops::assign(wide, rows);
+  return wide;
+}
+
+StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollectives& collectives) {
+  FRUGAL_CHECK(step >= 1, "GaloreAdamW step ", step, " (1-based)");
+  std::vector<Tensor> grads;
+  for (const TrainableShard& s : shards_) grads.push_back(s.grad);
+  StepReport report;
+  report.grad_norm = std::sqrt(collectives.sum(ops::sum_squares(grads)));
+  if (adamw_.grad_clip > 0 && report.grad_norm > adamw_.grad_clip)
+    report.clip_scale = adamw_.grad_clip / (report.grad_norm + 1e-6);
+  lr_ = lr;
+  step_ = step;
+  clip_scale_ = report.clip_scale;
+
+  const int64_t t = step - 1;
+  for (size_t j = 0; j < matrices_.size(); ++j)
+    if (refresh_due(j, t)) refresh(matrices_[j], t, collectives);
+
+  // The left side's projections P^T G: one sum over the ranks for all of them.
+  int64_t total = 0;
+  for (const Matrix& x : matrices_)
+    if (x.side == GaloreSide::left) total += galore_.projector.rank * x.cols;
+  if (total == 0) return report;
+  Tensor all;
+  int64_t offset = 0;
+  for (Matrix& x : matrices_) {
+    if (x.side != GaloreSide::left) continue;
+    if (!all.defined()) all = galore_scratch(x.projector, {total, 1}, scratch_);
+    const int64_t size = galore_.projector.rank * x.cols;
+    x.projected_grad = all.rows(offset, offset + size).view({galore_.projector.rank, x.cols});
+    offset += size;
+    ops::matmul(x.projected_grad, x.projector.rows(0, x.local_rows), true, gradient_rows(x), false,
+                static_cast<float>(clip_scale_));
+  }
+  collectives.sum_in_place(all);
+  return report;
+}
+
+void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectives) {
+  const TrainableShard& s = shards_[x.shard];
+  // The sketch's seed: the run's, the matrix's name and the iteration (FNV-1a of the name).
+  uint64_t seed = 0xCBF29CE484222325ull ^ galore_.seed;
+  for (char ch : s.name) seed = (seed ^ uint8_t(ch)) * 0x100000001B3ull;
+  seed ^= uint64_t(t) * 0x9E3779B97F4A7C15ull;
+
+  const bool rotate = t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::project;
+  Tensor old_projector;
+  if (rotate) old_projector = x.projector.clone(x.projector.arena());
+  Tensor target = x.side == GaloreSide::right ? x.projector : x.projector.rows(0, x.local_rows);
+  galore_projector(target, gradient_rows(x), {x.rows, x.cols}, galore_.projector, seed, collectives,
+                   scratch_);
+  if (rotate) rotate_moments(x, old_projector, collectives);
+  if (t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::reset) {
+    ops::zero(x.exp_avg);
+    ops::zero(x.exp_avg_sq);
+  }
+}
+
+// The moments' coordinates in the old subspace, carried into the new one by C, the [r, r]
+// matrix of the two bases' inner products: right, full-space m = M Q_old, so M <- M C with
+// C = Q_old Q_new^T; left, m = P_old M, so M <- C M with C = P_new^T P_old (a sum over the
+// row shards). The second moment, read as the variances of independent coordinates, goes with
+// the squares of C's entries: V <- V (C o C), or (C o C) V.
+void GaloreAdamW::rotate_moments(Matrix& x, const Tensor& old_projector,
+                                 const StepCollectives& collectives) {
+  const int64_t r = galore_.projector.rank;
+  Tensor c = galore_scratch(x.projector, {r, r}, scratch_);
+  const bool right = x.side == GaloreSide::right;
+  if (right) {
+    ops::matmul(c, old_projector, false, x.projector, true);
+  } else {
+    ops::matmul(c, x.projector.rows(0, x.local_rows), true, old_projector.rows(0, x.local_rows),
+                false);
+    collectives.sum_in_place(c);
+  }
+  Tensor c_squared64 = host_f64(c);
+  for (int64_t i = 0; i < r * r; ++i)
+    c_squared64.data<double>()[i] *= c_squared64.data<double>()[i];
+  const Tensor c_squared = f32_beside(c_squared64, c, scratch_);
+  const auto rotate = [&](Tensor& moment, const Tensor& by) {
+    Tensor rotated = galore_scratch(moment, moment.shape(), scratch_);
+    if (right)
+      ops::matmul(rotated, moment, false, by, false);
+    else
+      ops::matmul(rotated, by, false, moment, false);
+    ops::copy(moment, rotated);
+  };
+  Tensor m = right ? x.exp_avg.rows(0, x.local_rows) : x.exp_avg;
+  Tensor v = right ? x.exp_avg_sq.rows(0, x.local_rows) : x.exp_avg_sq;
+  rotate(m, c);
+  rotate(v, c_squared);
+}
+
+void GaloreAdamW::update(size_t k) {
+  FRUGAL_CHECK(k < shards_.size(), "GaloreAdamW slice ", k, " of ", shards_.size());
+  FRUGAL_CHECK(step_ >= 1, "GaloreAdamW::update before begin_step");
+  if (matrix_of_[k] >= 0) return update_projected(matrices_[size_t(matrix_of_[k])]);
+  TrainableShard& s = shards_[k];
+  ops::adamw_update(s.param, s.grad, m_[k], v_[k],
+                    adamw_step(adamw_, s.name, lr_, step_, clip_scale_), s.param_copy);
+}
+
+void GaloreAdamW::update_projected(Matrix& x) {
+  TrainableShard& s = shards_[x.shard];
+  const int64_t rows = x.local_rows, r = galore_.projector.rank;
+  const bool right = x.side == GaloreSide::right;
+  // This step's projected gradient: right, row-local R = G Q^T; left, made by begin_step.
+  Tensor projected;
+  if (right) {
+    projected = galore_scratch(x.projector, {rows, r}, scratch_);
+    ops::matmul(projected, gradient_rows(x), false, x.projector, true,
+                static_cast<float>(clip_scale_));
+  } else {
+    projected = x.projected_grad;
+  }
+  Tensor m = right ? x.exp_avg.rows(0, rows) : x.exp_avg;
+  Tensor v = right ? x.exp_avg_sq.rows(0, rows) : x.exp_avg_sq;
+  ops::galore_moments(m, v, projected, static_cast<float>(adamw_.beta1),
+                      static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps));
+
+  // Back to the weight's rows, scaled: N Q or P N.
+  Tensor step_back = galore_scratch(x.projector, {rows, x.cols}, scratch_);
+  if (right)
+    ops::matmul(step_back, projected, false, x.projector, false, static_cast<float>(galore_.scale));
+  else
+    ops::matmul(step_back, x.projector.rows(0, rows), false, projected, false,
+                static_cast<float>(galore_.scale));
+  x.projected_grad = Tensor();
+
+  // Bias corrections count the moments' updates: every step, or since the last reset.
+  const int64_t t = step_ - 1;
+  const size_t j = size_t(matrix_of_[x.shard]);
+  const int64_t updates =
+      galore_.moments_on_refresh == MomentsOnRefresh::reset ? t - last_refresh(j, t) + 1 : step_;
+  const double correction1 = 1.0 - std::pow(adamw_.beta1, double(updates));
+  const double correction2 = 1.0 - std::pow(adamw_.beta2, double(updates));
+  const double step_size = lr_ * std::sqrt(correction2) / correction1;
+  const double decay = decays(s.name) ? -lr_ * adamw_.weight_decay : 0.0;
+  Tensor param = s.param.rows(0, rows);
+  ops::galore_apply(param, step_back, static_cast<float>(-step_size), static_cast<float>(decay),
+                    s.param_copy.defined() ? s.param_copy.rows(0, rows) : Tensor());
+}
+
+std::vector<StateTensor> GaloreAdamW::state_tensors() {
+  std::vector<StateTensor> state;
+  const int64_t r = galore_.projector.rank;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const TrainableShard& s = shards_[k];
+    if (matrix_of_[k] < 0) {
+      state.push_back({"optim/exp_avg/" + s.name, m_[k], s.rows});
+      state.push_back({"optim/exp_avg_sq/" + s.name, v_[k], s.rows});
+      continue;
+    }
+    const Matrix& x = matrices_[size_t(matrix_of_[k])];
+    // Rows of [m, r] as the weight's rows, or a whole replicated [r, n].
+    RowShard weight_rows = s.rows;
+    weight_rows.full_shape = {x.rows, r};
+    const RowShard moment_rows =
+        x.side == GaloreSide::right ? weight_rows : whole_rows({r, x.cols}, true);
+    const RowShard projector_rows =
+        x.side == GaloreSide::right ? whole_rows({r, x.cols}, true) : weight_rows;
+    state.push_back({"optim/galore/exp_avg/" + s.name, x.exp_avg, moment_rows});
+    state.push_back({"optim/galore/exp_avg_sq/" + s.name, x.exp_avg_sq, moment_rows});
+    state.push_back({"optim/galore/projector/" + s.name, x.projector, projector_rows});
+  }
+  return state;
+}
+
+nlohmann::json GaloreAdamW::state_values() const {
+  return {{"rank", galore_.projector.rank}, {"update_proj_gap", galore_.update_proj_gap}};
+}
+
+void GaloreAdamW::load_state_values(const nlohmann::json& values) {
+  if (!values.is_object() || !values.contains("rank"))
+    fail("it has no GaLore state (was it trained with optim.type = adamw?)");
+  if (values["rank"].get<int64_t>() != galore_.projector.rank)
+    fail("its GaLore rank is ", values["rank"].dump(), " but galore.rank is ",
+         galore_.projector.rank);
+  // Another update_proj_gap is allowed: the schedule goes on from the loaded projectors.
+}
+
+GaloreAdamW::StateBytes GaloreAdamW::state_bytes() const {
+  StateBytes b;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    b.adamw_equivalent += 2 * shards_[k].param.bytes();
+    if (matrix_of_[k] < 0) {
+      b.adamw_moments += m_[k].bytes() + v_[k].bytes();
+      continue;
+    }
+    const Matrix& x = matrices_[size_t(matrix_of_[k])];
+    b.projected_moments += x.exp_avg.bytes() + x.exp_avg_sq.bytes();
+    b.projectors += x.projector.bytes();
+  }
+  return b;
+}
+
+}  // namespace frugal

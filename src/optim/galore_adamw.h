@@ -1,0 +1,112 @@
+// GaLore AdamW (Zhao et al. 2024; galore-torch's GaLoreAdamW): the blocks' attention and MLP
+// matrices keep Adam's moments in a rank-r subspace of their gradient, refreshed every
+// update_proj_gap steps; every other parameter (embeddings, norms, the head) takes frugal's
+// AdamW. Works on ZeRO-3 row shards: every product that needs more than this rank's rows is
+// summed over the ranks in begin_step, so no rank holds a whole gradient, and update(k) is
+// local (it may run on a thread of its own, as AdamW's does under offload).
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/parameter_provider.h"
+#include "optim/adamw.h"
+#include "optim/galore_projector.h"
+#include "optim/optimizer.h"
+
+namespace frugal {
+
+// galore.moments_on_refresh: what a refresh does to the moments of the old subspace. keep is
+// the reference (the coordinates carry over as they are), project rotates them into the new
+// subspace (the first moment exactly, the second as a diagonal covariance), reset zeroes them
+// (and the bias correction restarts with them).
+enum class MomentsOnRefresh { keep, project, reset };
+inline std::span<const EnumName<MomentsOnRefresh>> enum_names(MomentsOnRefresh) {
+  static constexpr EnumName<MomentsOnRefresh> names[] = {{MomentsOnRefresh::keep, "keep"},
+                                                         {MomentsOnRefresh::project, "project"},
+                                                         {MomentsOnRefresh::reset, "reset"}};
+  return names;
+}
+
+struct GaloreConfig {
+  GaloreProjectorSettings projector;
+  int64_t update_proj_gap = 200;
+  double scale = 0.25;  // the projected-back step is multiplied by it (the reference's scale)
+  MomentsOnRefresh moments_on_refresh = MomentsOnRefresh::keep;
+  // Spread the refreshes over the gap: matrix j of J refreshes at the steps t (0-based) with
+  // t % gap == j * gap / J, besides t = 0; off, every matrix refreshes at t % gap == 0 (the
+  // reference's schedule, whose refresh steps cost all the SVDs at once).
+  bool stagger = true;
+  uint64_t seed = 0;  // of the randomized sketches
+};
+
+// Whether GaLore projects a parameter: the blocks' attention and MLP matrices (q, k, v, o, gate,
+// up, down projections), as the reference's training script selects them.
+bool galore_projects(const std::string& name, const Shape& shape);
+
+class GaloreAdamW : public Optimizer {
+ public:
+  GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& adamw,
+              const GaloreConfig& galore, Arena& state_arena = host_arena());
+
+  // The global norm and clipping factor, the refreshes due at this step, and the left-side
+  // projections P^T G (each a sum over the ranks).
+  StepReport begin_step(double lr, int64_t step, const StepCollectives& collectives) override;
+  void update(size_t k) override;
+  size_t slices() const override { return shards_.size(); }
+  using Optimizer::step;
+
+  // "optim/galore/exp_avg/<name>", "optim/galore/exp_avg_sq/<name>" and
+  // "optim/galore/projector/<name>" of the projected matrices (row-sharded like the weight on
+  // the right side, replicated on the left side but for P), "optim/exp_avg/<name>" and
+  // "optim/exp_avg_sq/<name>" of the rest, as AdamW names them.
+  std::vector<StateTensor> state_tensors() override;
+  nlohmann::json state_values() const override;
+  void load_state_values(const nlohmann::json& values) override;
+
+  // This rank's optimizer state, and what AdamW's two moments of the same shards would take.
+  struct StateBytes {
+    size_t projected_moments = 0, projectors = 0, adamw_moments = 0;
+    size_t adamw_equivalent = 0;
+    size_t total() const { return projected_moments + projectors + adamw_moments; }
+  };
+  StateBytes state_bytes() const;
+  size_t projected_matrices() const { return matrices_.size(); }
+
+  // Whether matrix j (0-based among the projected ones) refreshes its projector at 0-based
+  // iteration t, and the last iteration <= t at which it did.
+  bool refresh_due(size_t j, int64_t t) const;
+  int64_t last_refresh(size_t j, int64_t t) const;
+
+ private:
+  struct Matrix {
+    size_t shard = 0;  // in shards_
+    GaloreSide side = GaloreSide::right;
+    int64_t rows = 0, cols = 0;  // the full matrix
+    int64_t local_rows = 0;      // rows this rank holds (the rest of the buffer is padding)
+    int64_t phase = 0;           // refreshes when t % gap == phase
+    Tensor exp_avg, exp_avg_sq;  // right: [buffer rows, r] like the weight; left: [r, n]
+    Tensor projector;            // right: Q [r, n]; left: P [buffer rows, r]
+    Tensor projected_grad;       // left: this step's P^T G [r, n], made by begin_step
+  };
+
+  // The f32 view of this rank's gradient rows of matrix x (a copy for a bf16 run).
+  Tensor gradient_rows(const Matrix& x);
+  void refresh(Matrix& x, int64_t t, const StepCollectives& collectives);
+  void rotate_moments(Matrix& x, const Tensor& old_projector, const StepCollectives& collectives);
+  void update_projected(Matrix& x);
+
+  // Temporaries of host tensors: the optimizer's own, since update(k) may run on a thread of
+  // its own beside the main thread's use of the host arena. Declared first, destroyed last.
+  Arena scratch_{"GaLore scratch (host)", Device::cpu};
+  std::vector<TrainableShard> shards_;
+  AdamWConfig adamw_;
+  GaloreConfig galore_;
+  std::vector<Tensor> m_, v_;   // AdamW's moments of the shards not projected (else empty)
+  std::vector<int> matrix_of_;  // shard -> index in matrices_, or -1
+  std::vector<Matrix> matrices_;
+  double lr_ = 0, clip_scale_ = 1;
+  int64_t step_ = 0;
+};
+
+}  // namespace frugal

@@ -1,0 +1,227 @@
+// GaLore's projector on row shards: the exact top-r singular vectors from the summed Gram
+// matrix, or a randomized range finder whose products are summed over the shards. Big products
+// run through ops (on the gradient's device); the small factorisations run on the host in
+// float64.
+#include "optim/galore_projector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "core/random.h"
+#include "ops/ops.h"
+
+namespace frugal {
+
+GaloreSide galore_side(const Shape& full_shape) {
+  FRUGAL_CHECK(full_shape.size() == 2, "GaLore projects matrices, not ", shape_string(full_shape));
+  return full_shape[0] >= full_shape[1] ? GaloreSide::right : GaloreSide::left;
+}
+
+Tensor galore_scratch(const Tensor& like, const Shape& shape, Arena& scratch) {
+  if (like.device() == Device::cpu) return Tensor::empty(shape, DType::f32, scratch);
+  return ops::empty_like(like, shape, DType::f32);
+}
+
+Tensor host_f64(const Tensor& t) {
+  const Tensor host = ops::to_host_f32(t);  // t itself when it is a host tensor: only read
+  Tensor out = Tensor::empty(t.shape(), DType::f64);
+  const float* in = host.data<float>();
+  double* o = out.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) o[i] = in[i];
+  return out;
+}
+
+Tensor f32_beside(const Tensor& host_f64_tensor, const Tensor& like, Arena& scratch) {
+  Tensor f32 = Tensor::empty(host_f64_tensor.shape(), DType::f32,
+                             like.device() == Device::cpu ? scratch : host_arena());
+  const double* in = host_f64_tensor.data<double>();
+  float* o = f32.data<float>();
+  for (int64_t i = 0; i < f32.numel(); ++i) o[i] = static_cast<float>(in[i]);
+  return ops::on_device_of(f32, like);
+}
+
+namespace {
+
+// Sums a tensor over the ranks, or leaves it (a matrix every rank holds whole).
+using SumInPlace = std::function<void(Tensor&)>;
+const SumInPlace kReplicated = [](Tensor&) {};
+
+// Flips each row of the host f64 [k, n] so that its largest component (the first of equal
+// ones) is positive: singular vectors are defined up to sign, and a fixed sign keeps the
+// subspace's coordinates, and so moments kept across a refresh, comparable between runs and
+// rank counts.
+void fix_signs(Tensor& rows) {
+  const int64_t k = rows.size(0), n = rows.size(1);
+  double* v = rows.data<double>();
+  for (int64_t i = 0; i < k; ++i) {
+    double* row = v + i * n;
+    int64_t largest = 0;
+    for (int64_t j = 1; j < n; ++j)
+      if (std::abs(row[j]) > std::abs(row[largest])) largest = j;
+    if (row[largest] < 0)
+      for (int64_t j = 0; j < n; ++j) row[j] = -row[j];
+  }
+}
+
+// The eigenvectors of the k largest eigenvalues of the symmetric host f64 gram [n, n], as
+// rows [k, n] (largest first, signs fixed), and the square roots of those eigenvalues (the
+// singular values of the matrix whose Gram it is; negative rounding clamped to zero).
+struct TopSingular {
+  Tensor vectors;  // host f64 [k, n]
+  std::vector<double> values;
+};
+TopSingular top_singular(Tensor gram, int64_t k) {
+  const int64_t n = gram.size(0);
+  Tensor eigenvalues = Tensor::empty({n}, DType::f64);
+  ops::symmetric_eigen(gram, eigenvalues);  // ascending; row i the vector of value i
+  TopSingular top{Tensor::empty({k, n}, DType::f64), {}};
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t from = n - 1 - i;
+    std::copy_n(gram.data<double>() + from * n, n, top.vectors.data<double>() + i * n);
+    top.values.push_back(std::sqrt(std::max(0.0, eigenvalues.data<double>()[from])));
+  }
+  fix_signs(top.vectors);
+  return top;
+}
+
+// Makes the columns of y [rows, l] orthonormal, y being this rank's rows of a tall matrix
+// (sum_in_place sums its Gram over the ranks), or, with `rows`, the rows of a wide y that every
+// rank holds whole: CholeskyQR2 (Fukaya et al. 2014), y <- y R^-1 (rows: R^-T y) with
+// R^T R = the Gram, twice, since one pass leaves an error of the order of the condition number
+// squared times the rounding. A Gram that is not positive definite in floating point (a sketch
+// of a gradient of lower rank than the sketch) is shifted by a small multiple of its trace
+// first, and one more pass then cleans up what the shift left (shifted CholeskyQR3).
+void orthonormalize(Tensor& y, bool rows, const SumInPlace& sum_in_place, Arena& scratch) {
+  const int64_t l = rows ? y.size(0) : y.size(1);
+  bool shifted = false;
+  for (int pass = 0; pass < (shifted ? 3 : 2); ++pass) {
+    Tensor gram = galore_scratch(y, {l, l}, scratch);
+    ops::matmul(gram, y, !rows, y, rows);
+    sum_in_place(gram);
+    const Tensor gram64 = host_f64(gram);
+    double trace = 0;
+    for (int64_t i = 0; i < l; ++i) trace += gram64.data<double>()[i * l + i];
+    Tensor r = gram64.clone();
+    for (double shift = 1e-6 * trace / double(l); !ops::cholesky_upper(r); shift *= 10) {
+      FRUGAL_CHECK(trace > 0 && std::isfinite(trace) && shift < trace, "CholeskyQR of ", l,
+                   " sketch vectors: their Gram is zero or not finite (trace ", trace, ")");
+      r = gram64.clone();
+      for (int64_t i = 0; i < l; ++i) r.data<double>()[i * l + i] += shift;
+      shifted = true;
+    }
+    ops::invert_upper(r);
+    const Tensor r_inverse = f32_beside(r, y, scratch);
+    Tensor product = galore_scratch(y, y.shape(), scratch);
+    if (rows)
+      ops::matmul(product, r_inverse, true, y, false);
+    else
+      ops::matmul(product, y, false, r_inverse, false);
+    ops::copy(y, product);
+  }
+}
+
+// The sketch's random matrix Omega [n, l]: standard normal entries, each a function of the
+// seed and its (row, column) alone (Box-Muller on a counter-based generator), so every rank and
+// every rank count draws the same one.
+Tensor sketch(int64_t n, int64_t l, uint64_t seed) {
+  Tensor omega = Tensor::empty({n, l}, DType::f64);
+  double* o = omega.data<double>();
+  for (int64_t i = 0; i < n * l; ++i) {
+    uint64_t state = seed ^ (uint64_t(i) * 0xD1B54A32D192ED03ull);
+    const double u1 = 1.0 - uniform01(state), u2 = uniform01(state);  // u1 in (0, 1]
+    o[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+  return omega;
+}
+
+// Exact: the Gram G^T G [n, n] summed over the row shards, whose top eigenvectors are G's top
+// right singular vectors V. Right side: Q = V^T. Left side: the left singular vectors of this
+// rank's rows, P = G V Sigma^-1 (row-local). A singular value of zero (a gradient of rank
+// below r) gives a zero column of P, where the reference's SVD would pick an arbitrary
+// orthonormal completion: both project nothing of the gradient there.
+void exact_projector(Tensor& projector, const Tensor& g, const Shape& full, int64_t rank,
+                     const StepCollectives& collectives, Arena& scratch) {
+  const int64_t n = full[1];
+  Tensor gram = galore_scratch(g, {n, n}, scratch);
+  ops::matmul(gram, g, true, g, false);
+  collectives.sum_in_place(gram);
+  const TopSingular top = top_singular(host_f64(gram), rank);
+  if (galore_side(full) == GaloreSide::right) {
+    ops::copy(projector, f32_beside(top.vectors, projector, scratch));
+    return;
+  }
+  Tensor v_over_sigma = Tensor::empty({n, rank}, DType::f64);  // V Sigma^-1
+  for (int64_t j = 0; j < rank; ++j) {
+    const double inverse = top.values[size_t(j)] > 0 ? 1.0 / top.values[size_t(j)] : 0.0;
+    for (int64_t i = 0; i < n; ++i)
+      v_over_sigma.data<double>()[i * rank + j] = top.vectors.data<double>()[j * n + i] * inverse;
+  }
+  ops::matmul(projector, g, false, f32_beside(v_over_sigma, g, scratch), false);
+}
+
+// Randomized: Y = G Omega (row-local), orthonormalized; q power iterations Y <- G (G^T Y) that
+// sharpen the decay of the spectrum; then B = Y^T G [l, n] (summed), whose small SVD, from the
+// eigen-decomposition of B B^T [l, l], gives the subspace: with B B^T = W S^2 W^T, G's left
+// singular vectors are about Y W (row-local: the left projector), its right ones the rows of
+// S^-1 W^T B (the right projector, orthonormalized once more against rounding).
+void randomized_projector(Tensor& projector, const Tensor& g, const Shape& full,
+                          const GaloreProjectorSettings& s, uint64_t seed,
+                          const StepCollectives& collectives, Arena& scratch) {
+  const int64_t rows = g.size(0), n = full[1], rank = s.rank;
+  const int64_t l = std::min(rank + s.oversampling, std::min(full[0], full[1]));
+  Tensor y = galore_scratch(g, {rows, l}, scratch);
+  ops::matmul(y, g, false, f32_beside(sketch(n, l, seed), g, scratch), false);
+  orthonormalize(y, false, collectives.sum_in_place, scratch);
+  for (int64_t q = 0; q < s.power_iterations; ++q) {
+    Tensor z = galore_scratch(g, {n, l}, scratch);
+    ops::matmul(z, g, true, y, false);
+    collectives.sum_in_place(z);
+    orthonormalize(z, false, kReplicated, scratch);
+    ops::matmul(y, g, false, z, false);
+    orthonormalize(y, false, collectives.sum_in_place, scratch);
+  }
+  Tensor b = galore_scratch(g, {l, n}, scratch);
+  ops::matmul(b, y, true, g, false);
+  collectives.sum_in_place(b);
+  Tensor bbt = galore_scratch(g, {l, l}, scratch);
+  ops::matmul(bbt, b, false, b, true);
+  const TopSingular top = top_singular(host_f64(bbt), rank);  // rows: columns of W
+  if (galore_side(full) == GaloreSide::left) {
+    // P = Y W_r: with W_r's columns the rows of top.vectors, Y [rows, l] times top.vectors^T.
+    ops::matmul(projector, y, false, f32_beside(top.vectors, y, scratch), true);
+    return;
+  }
+  Tensor w_over_s = top.vectors.clone();  // rows S^-1 W^T
+  for (int64_t j = 0; j < rank; ++j) {
+    const double inverse = top.values[size_t(j)] > 0 ? 1.0 / top.values[size_t(j)] : 0.0;
+    for (int64_t i = 0; i < l; ++i) w_over_s.data<double>()[j * l + i] *= inverse;
+  }
+  ops::matmul(projector, f32_beside(w_over_s, g, scratch), false, b, false);
+  orthonormalize(projector, true, kReplicated, scratch);
+}
+
+}  // namespace
+
+void galore_projector(Tensor& projector, const Tensor& grad_rows, const Shape& full_shape,
+                      const GaloreProjectorSettings& settings, uint64_t sketch_seed,
+                      const StepCollectives& collectives, Arena& scratch) {
+  const GaloreSide side = galore_side(full_shape);
+  const int64_t m = full_shape[0], n = full_shape[1], r = settings.rank;
+  FRUGAL_CHECK(r >= 1 && r <= std::min(m, n), "GaLore rank ", r, " for a ",
+               shape_string(full_shape), " matrix");
+  FRUGAL_CHECK(grad_rows.ndim() == 2 && grad_rows.size(1) == n && grad_rows.dtype() == DType::f32,
+               "GaLore gradient rows ", shape_string(grad_rows.shape()), " of ",
+               shape_string(full_shape));
+  const Shape expected = side == GaloreSide::right ? Shape{r, n} : Shape{grad_rows.size(0), r};
+  FRUGAL_CHECK(projector.shape() == expected && projector.dtype() == DType::f32,
+               "GaLore projector ", shape_string(projector.shape()), ", expected ",
+               shape_string(expected));
+  if (settings.kind == GaloreProjectorKind::svd)
+    exact_projector(projector, grad_rows, full_shape, r, collectives, scratch);
+  else
+    randomized_projector(projector, grad_rows, full_shape, settings, sketch_seed, collectives,
+                         scratch);
+}
+
+}  // namespace frugal

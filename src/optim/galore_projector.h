@@ -1,0 +1,63 @@
+// GaLore's projector (Zhao et al. 2024; galore-torch's GaLoreProjector, proj_type std): the
+// rank-r subspace of one weight matrix's gradient that Adam's moments live in, computed from
+// ZeRO-3 row shards of the gradient, so that no rank ever holds a whole gradient.
+//
+// A gradient G [m, n] is projected on its smaller side, as the reference does:
+//   right (m >= n): Q [r, n], orthonormal rows (the top right singular vectors);
+//                   projected R = G Q^T [m, r], row-local; the step goes back as N Q.
+//   left  (m < n):  P [m, r], orthonormal columns (the top left singular vectors);
+//                   projected R = P^T G [r, n], a sum over the row shards; back as P N.
+// Each rank holds rows [first, last) of G; the projector's products are computed on those rows
+// and summed over the ranks (StepCollectives::sum_in_place). Q is replicated; P is row-sharded
+// like G.
+#pragma once
+
+#include <cstdint>
+
+#include "core/enum_names.h"
+#include "core/tensor.h"
+#include "optim/optimizer.h"
+
+namespace frugal {
+
+// galore.projector: the exact top-r singular vectors (the reference's torch.linalg.svd), or a
+// randomized range finder (Halko, Martinsson and Tropp 2011) that costs a few GEMMs.
+enum class GaloreProjectorKind { svd, randomized };
+inline std::span<const EnumName<GaloreProjectorKind>> enum_names(GaloreProjectorKind) {
+  static constexpr EnumName<GaloreProjectorKind> names[] = {
+      {GaloreProjectorKind::svd, "svd"}, {GaloreProjectorKind::randomized, "randomized"}};
+  return names;
+}
+
+enum class GaloreSide { right, left };
+// The reference's rule: the right side when m >= n (the projected side is the smaller one).
+GaloreSide galore_side(const Shape& full_shape);
+
+struct GaloreProjectorSettings {
+  GaloreProjectorKind kind = GaloreProjectorKind::randomized;
+  int64_t rank = 128;
+  int64_t oversampling = 8;      // randomized: sketch columns beyond the rank
+  int64_t power_iterations = 1;  // randomized: passes of (G G^T) that sharpen the spectrum
+};
+
+// The projector of the gradient whose rows [first, last) of `full_shape` [m, n] this rank holds
+// in `grad_rows` ([last - first, n], f32): a collective of every rank holding rows of it (each
+// calls it alike, in the same order). Writes `projector`: right side Q [r, n] (the same on every
+// rank), left side this rank's rows of P [last - first, r]. Singular vectors' signs are fixed
+// (svd: the largest component of each right singular vector is positive, the first of equal
+// ones; randomized: likewise for the eigenvectors of the small B B^T).
+// `sketch_seed` draws the randomized sketch, a function of it and of the full shape alone, so
+// that any number of ranks computes the same subspace. `scratch` takes the temporaries of host
+// tensors (device tensors use the device's compute memory).
+void galore_projector(Tensor& projector, const Tensor& grad_rows, const Shape& full_shape,
+                      const GaloreProjectorSettings& settings, uint64_t sketch_seed,
+                      const StepCollectives& collectives, Arena& scratch);
+
+// Helpers shared with the optimizer: a tensor of `shape` (f32) where `like` lives, in `scratch`
+// for host tensors; the host float64 copy of an f32 tensor; and an f64 host tensor as f32 where
+// `like` lives.
+Tensor galore_scratch(const Tensor& like, const Shape& shape, Arena& scratch);
+Tensor host_f64(const Tensor& t);
+Tensor f32_beside(const Tensor& host_f64_tensor, const Tensor& like, Arena& scratch);
+
+}  // namespace frugal
