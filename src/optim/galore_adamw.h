@@ -16,18 +16,6 @@
 
 namespace frugal {
 
-// galore.moments_on_refresh: what a refresh does to the moments of the old subspace. keep is
-// the reference (the coordinates carry over as they are), project rotates them into the new
-// subspace (the first moment exactly, the second as a diagonal covariance), reset zeroes them
-// (and the bias correction restarts with them).
-enum class MomentsOnRefresh { keep, project, reset };
-inline std::span<const EnumName<MomentsOnRefresh>> enum_names(MomentsOnRefresh) {
-  static constexpr EnumName<MomentsOnRefresh> names[] = {{MomentsOnRefresh::keep, "keep"},
-                                                         {MomentsOnRefresh::project, "project"},
-                                                         {MomentsOnRefresh::reset, "reset"}};
-  return names;
-}
-
 struct GaloreConfig {
   GaloreProjectorSettings projector;
   int64_t update_proj_gap = 200;

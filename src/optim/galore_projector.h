@@ -14,20 +14,11 @@
 
 #include <cstdint>
 
-#include "core/enum_names.h"
 #include "core/tensor.h"
+#include "optim/galore_modes.h"
 #include "optim/optimizer.h"
 
 namespace frugal {
-
-// galore.projector: the exact top-r singular vectors (the reference's torch.linalg.svd), or a
-// randomized range finder (Halko, Martinsson and Tropp 2011) that costs a few GEMMs.
-enum class GaloreProjectorKind { svd, randomized };
-inline std::span<const EnumName<GaloreProjectorKind>> enum_names(GaloreProjectorKind) {
-  static constexpr EnumName<GaloreProjectorKind> names[] = {
-      {GaloreProjectorKind::svd, "svd"}, {GaloreProjectorKind::randomized, "randomized"}};
-  return names;
-}
 
 enum class GaloreSide { right, left };
 // The reference's rule: the right side when m >= n (the projected side is the smaller one).

@@ -18,7 +18,8 @@ const std::vector<ConfigSection>& config_sections() {
       {"data", "the prepared corpus"},
       {"train", "the run"},
       {"lora", "adapters (train.type = lora, qlora or hqq_lora)"},
-      {"optim", "AdamW and clipping"},
+      {"optim", "the optimizer and clipping"},
+      {"galore", "GaLore's low-rank moments (optim.type = galore_adamw)"},
       {"parallel", "ranks, sharding and offload (ZeRO-3 over every rank)"},
       {"ckpt", "checkpoints"},
       {"monitor", "progress and metrics"}};
@@ -84,6 +85,9 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "dropout probability on each adapter's input while training (PEFT's lora_dropout)"},
       {"lora.targets", &c.lora.targets, kLoraTargets, "the projections that get adapters"},
 
+      {"optim.type", &c.optim.type, kAny,
+       "adamw, or galore_adamw: the blocks' attention and MLP matrices keep Adam's moments in a "
+       "rank-r subspace of their gradient ([galore]; embeddings, norms and the head take AdamW)"},
       {"optim.beta1", &c.optim.beta1, closed_open(0, 1), "AdamW beta1"},
       {"optim.beta2", &c.optim.beta2, closed_open(0, 1), "AdamW beta2"},
       {"optim.eps", &c.optim.eps, above(0), "AdamW epsilon"},
@@ -94,6 +98,27 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"optim.state_dtype", &c.optim.state_dtype, kAny,
        "dtype of master weights, gradient shards and AdamW moments (bf16: GPUs only, no "
        "offload)"},
+
+      {"galore.rank", &c.galore.rank, kPositive,
+       "rank r of the subspace (at most the smaller side of every block matrix)"},
+      {"galore.update_proj_gap", &c.galore.update_proj_gap, kPositive,
+       "steps between two refreshes of a matrix's subspace"},
+      {"galore.scale", &c.galore.scale, above(0),
+       "the projected-back step is multiplied by this (galore-torch's scale)"},
+      {"galore.projector", &c.galore.projector, kAny,
+       "svd: the exact top-r singular vectors (an eigen-decomposition of the n x n Gram matrix "
+       "in float64 on the host: slow for wide matrices); randomized: a range finder of a few "
+       "GEMMs on the gradient's device"},
+      {"galore.oversampling", &c.galore.oversampling, at_least(0),
+       "randomized: sketch columns beyond the rank"},
+      {"galore.power_iterations", &c.galore.power_iterations, at_least(0),
+       "randomized: power iterations that sharpen the sketch"},
+      {"galore.moments_on_refresh", &c.galore.moments_on_refresh, kAny,
+       "at a refresh, keep the moments as they are (galore-torch), project them into the new "
+       "subspace, or reset them"},
+      {"galore.stagger", &c.galore.stagger, kAny,
+       "spread the refreshes over the gap, a few matrices per step (false: every matrix at "
+       "once every update_proj_gap steps, as galore-torch)"},
 
       {"parallel.offload", &c.parallel.offload, kAny,
        "what lives in host memory instead of the device: nothing, the optimizer state, or the "

@@ -5,8 +5,22 @@
 #include <cstdio>
 
 #include "core/checked.h"
+#include "optim/galore_adamw.h"
 
 namespace frugal {
+
+namespace {
+
+// GaLore's fp32 state of one matrix [m, n] on a rank holding shard_rows of its rows: right side
+// (m >= n) moments [shard_rows, r] and a replicated Q [r, n]; left side replicated moments
+// [r, n] and P's rows [shard_rows, r].
+size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank) {
+  const size_t r = size_t(rank), n = size_t(shape[1]);
+  if (galore_side(shape) == GaloreSide::right) return 4 * (2 * shard_rows * r + r * n);
+  return 4 * (2 * r * n + shard_rows * r);
+}
+
+}  // namespace
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s) {
   MemoryPlan plan;
@@ -27,7 +41,9 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
       if (p.trainable) {
         plan.params += checked_mul(shard, master, "the parameter shards' bytes");
         plan.grads += shard * master;
-        plan.optimizer += 2 * shard * master;
+        plan.optimizer += s.galore_rank > 0 && galore_projects(p.name, p.shape)
+                              ? galore_state_bytes(p.shape, shard_rows, s.galore_rank)
+                              : 2 * shard * master;
         if (s.gpu && s.state == StateDType::fp32) plan.copies += shard * 2;
       } else if (encoded) {
         // Two codes a byte (the block scales, a few % more, are left out: a lower bound).

@@ -18,7 +18,7 @@ struct MemoryPlan {
   // Per rank, by kind, as the run's arenas will count them.
   size_t params = 0;     // master shards (and frozen weights as stored: fp32, or 4-bit codes)
   size_t grads = 0;      // gradient shards of the trainable weights
-  size_t optimizer = 0;  // AdamW's two moments
+  size_t optimizer = 0;  // AdamW's two moments (GaLore: its projected moments and projectors)
   size_t copies = 0;     // GPU: the bf16 copies the ranks gather (4-bit codes of frozen weights)
   size_t gathered = 0;   // two units whole: weights in the compute dtype and fp32 gradients
   // Where they land: host memory (the CPU backend, or offloaded state) and the GPU.
@@ -31,6 +31,7 @@ struct PlanSettings {
   Offload offload = Offload::none;
   StateDType state = StateDType::fp32;
   std::function<bool(const ParamSpec&)> four_bit;  // frozen weights stored in 4 bits (QLoRA)
+  int64_t galore_rank = 0;                         // GaLore's rank (0: AdamW on every weight)
 };
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);

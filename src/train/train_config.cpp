@@ -2,6 +2,8 @@
 // (train/config_keys.cpp); the rules between keys are here.
 #include "train/train_config.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "train/config_keys.h"
 
@@ -13,6 +15,18 @@ void TrainConfig::resolve() {
 
 void TrainConfig::validate_model_dependent() const {
   model.validate();
+  if (optim.type == OptimizerType::galore_adamw) {
+    // The smallest side among the block matrices: q, o [heads x head_dim, hidden], k, v
+    // [kv heads x head_dim, hidden], gate, up, down [intermediate, hidden].
+    const int64_t head_dim = model.attention_head_dim();
+    const int64_t smallest =
+        std::min({model.hidden_size, model.intermediate_size, model.num_key_value_heads * head_dim,
+                  model.num_attention_heads * head_dim});
+    if (galore.rank > smallest)
+      fail("config key 'galore.rank': ", galore.rank,
+           " exceeds the smaller side of the model's smallest block matrix (", smallest,
+           "): a subspace cannot have more dimensions than the matrix has");
+  }
   if (train.seq_len > model.max_position_embeddings)
     fail("config key 'train.seq_len': ", train.seq_len,
          " exceeds model.max_position_embeddings = ", model.max_position_embeddings);
@@ -25,8 +39,15 @@ void TrainConfig::validate() const {
   for (const ConfigKey& key : config_keys(copy)) {
     // A full run has no adapters: it ignores [lora].
     if (key.section() == "lora" && train.type == TrainType::full) continue;
+    // AdamW ignores [galore].
+    if (key.section() == "galore" && optim.type != OptimizerType::galore_adamw) continue;
     key.check();
   }
+  if (optim.type == OptimizerType::galore_adamw && train.type != TrainType::full)
+    fail(
+        "config key 'optim.type': galore_adamw trains full weights (train.type = full), and "
+        "train.type is ",
+        train.type, ": LoRA's adapters are low-rank already, use adamw");
   if (optim.state_dtype == StateDType::bf16 && parallel.device == DeviceChoice::cpu)
     fail(
         "config key 'optim.state_dtype': bf16 needs parallel.device = cuda (the CPU backend "

@@ -10,6 +10,7 @@
 #include "core/enum_names.h"
 #include "model/checkpoint_policy.h"
 #include "model/llama_config.h"
+#include "optim/galore_modes.h"
 
 namespace frugal {
 
@@ -37,6 +38,14 @@ enum class StateDType { fp32, bf16 };
 inline std::span<const EnumName<StateDType>> enum_names(StateDType) {
   static constexpr EnumName<StateDType> names[] = {{StateDType::fp32, "fp32"},
                                                    {StateDType::bf16, "bf16"}};
+  return names;
+}
+
+// optim.type: AdamW on every weight, or GaLore's AdamW ([galore]) on the blocks' matrices.
+enum class OptimizerType { adamw, galore_adamw };
+inline std::span<const EnumName<OptimizerType>> enum_names(OptimizerType) {
+  static constexpr EnumName<OptimizerType> names[] = {
+      {OptimizerType::adamw, "adamw"}, {OptimizerType::galore_adamw, "galore_adamw"}};
   return names;
 }
 
@@ -80,12 +89,24 @@ struct LoraSettings {
 };
 
 struct OptimConfig {
+  OptimizerType type = OptimizerType::adamw;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   StateDType state_dtype = StateDType::fp32;
+};
+
+struct GaloreSettings {
+  int64_t rank = 128;
+  int64_t update_proj_gap = 200;
+  double scale = 0.25;
+  GaloreProjectorKind projector = GaloreProjectorKind::randomized;
+  int64_t oversampling = 8;
+  int64_t power_iterations = 1;
+  MomentsOnRefresh moments_on_refresh = MomentsOnRefresh::keep;
+  bool stagger = true;
 };
 
 struct ParallelConfig {
@@ -116,6 +137,7 @@ struct TrainConfig {
   TrainSettings train;
   LoraSettings lora;
   OptimConfig optim;
+  GaloreSettings galore;
   ParallelConfig parallel;
   CkptConfig ckpt;
   MonitorConfig monitor;

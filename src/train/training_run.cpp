@@ -12,6 +12,7 @@
 #include "monitor/metrics.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
+#include "optim/galore_adamw.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
@@ -212,7 +213,22 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
       c.train.seed, static_cast<float>(c.train.init_std), true, init);
   const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                                  c.optim.grad_clip};
-  optimizer = std::make_unique<AdamW>(params->trainable(), adamw_config, *memory->optimizer);
+  if (c.optim.type == OptimizerType::galore_adamw) {
+    GaloreConfig galore;
+    galore.projector.kind = c.galore.projector;
+    galore.projector.rank = c.galore.rank;
+    galore.projector.oversampling = c.galore.oversampling;
+    galore.projector.power_iterations = c.galore.power_iterations;
+    galore.update_proj_gap = c.galore.update_proj_gap;
+    galore.scale = c.galore.scale;
+    galore.moments_on_refresh = c.galore.moments_on_refresh;
+    galore.stagger = c.galore.stagger;
+    galore.seed = c.train.seed;
+    optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, galore,
+                                              *memory->optimizer);
+  } else {
+    optimizer = std::make_unique<AdamW>(params->trainable(), adamw_config, *memory->optimizer);
+  }
   schedule = {c.train.lr, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio};
 
   // --- checkpoints: every stateful part, by name ------------------------------------------------
@@ -253,6 +269,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   settings.gpu = use_gpu;
   settings.offload = c.parallel.offload;
   settings.state = c.optim.state_dtype;
+  if (c.optim.type == OptimizerType::galore_adamw) settings.galore_rank = c.galore.rank;
   if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
     settings.four_bit = projection;
   const MemoryPlan plan = plan_memory(units, settings);
@@ -345,6 +362,16 @@ void TrainingRun::log_plan(int64_t start_step) const {
            mib(2 * params->largest_unit_bytes(
                        dtype_bytes(ops::compute_dtype(memory->gathered->device())))),
            " (two units' weights and gradients)");
+  if (const auto* galore = dynamic_cast<const GaloreAdamW*>(optimizer.get())) {
+    const GaloreAdamW::StateBytes b = galore->state_bytes();
+    log_info("optimizer state per rank with GaLore (rank ", c.galore.rank, ", ",
+             galore->projected_matrices(), " projected matrices): ", mib(b.total()),
+             " = projected moments ", mib(b.projected_moments), " + projectors ", mib(b.projectors),
+             " + AdamW moments of the other weights ", mib(b.adamw_moments),
+             "; AdamW on every weight would hold ", mib(b.adamw_equivalent), " (GaLore's is ",
+             int(100.0 * double(b.total()) / double(std::max<size_t>(1, b.adamw_equivalent)) + 0.5),
+             " % of it)");
+  }
   log_info("data: ", train_tokens->size(), " training tokens, ", val_tokens->size(),
            " validation tokens; ", tokens_per_step(), " tokens per step; steps ", start_step + 1,
            "..", c.train.steps, "; activation checkpointing ",

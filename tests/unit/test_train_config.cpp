@@ -71,6 +71,15 @@ const std::map<std::string, std::string> kDefaults = {
     {"optim.weight_decay", "0.1"},
     {"optim.grad_clip", "1"},
     {"optim.state_dtype", "fp32"},
+    {"optim.type", "adamw"},
+    {"galore.rank", "128"},
+    {"galore.update_proj_gap", "200"},
+    {"galore.scale", "0.25"},
+    {"galore.projector", "randomized"},
+    {"galore.oversampling", "8"},
+    {"galore.power_iterations", "1"},
+    {"galore.moments_on_refresh", "keep"},
+    {"galore.stagger", "true"},
     {"parallel.offload", "none"},
     {"parallel.cp", "1"},
     {"parallel.timeout_s", "300"},
@@ -100,6 +109,12 @@ TEST_CASE("each mode's names round-trip, spelled as in the .cfg files", "[config
   check_round_trip<StateDType>();
   check_round_trip<DeviceChoice>();
   check_round_trip<CheckpointPolicy>();
+  check_round_trip<OptimizerType>();
+  check_round_trip<GaloreProjectorKind>();
+  check_round_trip<MomentsOnRefresh>();
+  CHECK(enum_name_list<OptimizerType>() == "adamw, galore_adamw");
+  CHECK(enum_name_list<GaloreProjectorKind>() == "svd, randomized");
+  CHECK(enum_name_list<MomentsOnRefresh>() == "keep, project, reset");
   CHECK(enum_name_list<TrainType>() == "full, lora, qlora, hqq_lora");
   CHECK(enum_name_list<Offload>() == "none, optimizer, params");
   CHECK(enum_name_list<StateDType>() == "fp32, bf16");
@@ -230,6 +245,29 @@ TEST_CASE("parallel.gpu_mem_limit is checked as a size, naming the key", "[confi
       test::contains(test::error_of([&] { c.validate(); }), "config key 'parallel.gpu_mem_limit'"));
   c.parallel.gpu_mem_limit = "24GiB";
   CHECK(test::error_of([&] { c.validate(); }).empty());
+}
+
+TEST_CASE("GaLore's keys: checked only with galore_adamw, rank within the block matrices",
+          "[config]") {
+  TrainConfig c;
+  c.model.hidden_size = 64;
+  c.model.intermediate_size = 96;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 1;  // k_proj, v_proj [16, 64]: the smallest side is 16
+  c.galore.rank = 0;                // AdamW ignores [galore]
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  c.optim.type = OptimizerType::galore_adamw;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }),
+                       "config key 'galore.rank': value 0 must be positive"));
+  c.galore.rank = 17;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }),
+                       "config key 'galore.rank': 17 exceeds the smaller side of the model's "
+                       "smallest block matrix (16)"));
+  c.galore.rank = 16;
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  c.train.type = TrainType::qlora;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }),
+                       "config key 'optim.type': galore_adamw trains full weights"));
 }
 
 TEST_CASE("optim.state_dtype = bf16 asks for GPUs without offload", "[config]") {

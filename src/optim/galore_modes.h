@@ -1,0 +1,31 @@
+// GaLore's modes as the configuration names them (train/config_keys.cpp): which projector finds
+// the subspace, and what a refresh does to the moments. Apart from the optimizer's headers so
+// the configuration can name them without the optimizer.
+#pragma once
+
+#include "core/enum_names.h"
+
+namespace frugal {
+
+// galore.projector: the exact top-r singular vectors (the reference's torch.linalg.svd), or a
+// randomized range finder (Halko, Martinsson and Tropp 2011) that costs a few GEMMs.
+enum class GaloreProjectorKind { svd, randomized };
+inline std::span<const EnumName<GaloreProjectorKind>> enum_names(GaloreProjectorKind) {
+  static constexpr EnumName<GaloreProjectorKind> names[] = {
+      {GaloreProjectorKind::svd, "svd"}, {GaloreProjectorKind::randomized, "randomized"}};
+  return names;
+}
+
+// galore.moments_on_refresh: what a refresh does to the moments of the old subspace. keep is
+// the reference (the coordinates carry over as they are, though the basis changed), project
+// carries them into the new subspace (the first moment as a vector, the second as the variances
+// of independent coordinates), reset zeroes them (and the bias correction restarts with them).
+enum class MomentsOnRefresh { keep, project, reset };
+inline std::span<const EnumName<MomentsOnRefresh>> enum_names(MomentsOnRefresh) {
+  static constexpr EnumName<MomentsOnRefresh> names[] = {{MomentsOnRefresh::keep, "keep"},
+                                                         {MomentsOnRefresh::project, "project"},
+                                                         {MomentsOnRefresh::reset, "reset"}};
+  return names;
+}
+
+}  // namespace frugal
