@@ -8,6 +8,7 @@
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "optim/adamw.h"
+#include "optim/galore_adamw.h"
 #include "parallel/comm.h"
 #include "parallel/zero3_parameters.h"
 #include "train/memory_plan.h"
@@ -59,6 +60,26 @@ TEST_CASE("memory plan: the bytes ZeRO-3 and AdamW allocate, before they do", "[
     CHECK(plan.gathered == 2 * m.gathered_per_unit);
     CHECK(plan.host == plan.params + plan.grads + plan.optimizer + plan.gathered);
     CHECK(plan.device == 0);
+  }
+  SECTION("GaLore: projected moments and projectors, AdamW's moments for the rest") {
+    const std::vector<UnitSpec> units = llama_units(config);
+    settings.galore_rank = 24;  // below the k, v projections' 64 rows
+    const MemoryPlan plan = plan_memory(units, settings);
+    Arena params("plan params", Device::cpu), grads("plan grads", Device::cpu),
+        gathered("plan gathered", Device::cpu), optim("plan optim", Device::cpu);
+    Zero3Parameters sharded(units, *comm, {&params, &grads, &gathered}, 5, 0.05f, true, {});
+    GaloreConfig galore;
+    galore.projector.rank = 24;
+    GaloreAdamW optimizer(sharded.trainable(), AdamWConfig{}, galore, optim);
+    CHECK(plan.optimizer == optim.stats().in_use_bytes);
+    CHECK(plan.optimizer == optimizer.state_bytes().total());
+    // On one rank GaLore's state is below AdamW's. Its replicated parts (the right side's Q,
+    // the left side's moments) do not shrink with the ranks, so on many ranks and matrices this
+    // small it may not be.
+    PlanSettings one_rank;
+    const size_t adamw_one = plan_memory(units, one_rank).optimizer;
+    one_rank.galore_rank = 24;
+    CHECK(plan_memory(units, one_rank).optimizer < adamw_one);
   }
   SECTION("LoRA: a frozen fp32 base, adapters with gradients and moments") {
     LoraConfig lora;
