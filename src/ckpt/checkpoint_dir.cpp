@@ -117,21 +117,34 @@ nlohmann::json read_manifest(const H5Reader& reader) {
   const bool has_crc = reader.has_attribute(kManifestCrc);
   if (has_crc && reader.attribute(kManifestCrc) != crc_text(text))
     fail("checkpoint file '", reader.path(), "': manifest checksum mismatch (the file is corrupt)");
-  nlohmann::json manifest;
-  try {
-    manifest = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint file '", reader.path(), "': manifest is not valid JSON: ", e.what());
-  }
-  if (!manifest.is_object())
-    fail("checkpoint file '", reader.path(), "': manifest is not a JSON object");
+  const nlohmann::json manifest = parse_manifest(reader.path(), text);
   // Version 1 files predate the manifest checksum; every later one must carry it.
   if (!has_crc && manifest.value("format", std::string()) != "frugal-checkpoint-1")
     fail("checkpoint file '", reader.path(), "': manifest has no checksum");
   return manifest;
 }
 
-// A rank file's manifest must be rank 0's but for its own rank, and of its directory's step.
+}  // namespace
+
+nlohmann::json parse_manifest(const std::string& path, const std::string& text) {
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint file '", path, "': manifest is not valid JSON: ", e.what());
+  }
+  if (!manifest.is_object()) fail("checkpoint file '", path, "': manifest is not a JSON object");
+  return manifest;
+}
+
+int manifest_world_size(const std::string& path, const nlohmann::json& manifest) {
+  const nlohmann::json world = manifest.value("world_size", nlohmann::json());
+  if (!world.is_number_integer() || world.get<int64_t>() < 1 || world.get<int64_t>() > (1 << 24))
+    fail("checkpoint file '", path, "': its manifest has world_size ", world.dump(),
+         ", not a number of ranks");
+  return world.get<int>();
+}
+
 void check_manifest_agrees(const std::string& path, const nlohmann::json& manifest,
                            const nlohmann::json& rank0, int64_t step, int rank) {
   const nlohmann::json saved_step = manifest.value("step", nlohmann::json());
@@ -152,8 +165,6 @@ void check_manifest_agrees(const std::string& path, const nlohmann::json& manife
     if (key != "rank" && !rank0.contains(key))
       fail("checkpoint file '", path, "': its manifest has '", key, "', which rank 0's has not");
 }
-
-}  // namespace
 
 bool CheckpointDir::holds_checkpoints(const std::string& path) {
   std::error_code ec;

@@ -150,7 +150,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const size_t data_bytes = file_bytes - 8 - header_bytes;
 
     std::vector<std::pair<size_t, size_t>> spans;
-    for (const auto& [name, value] : header.items()) {
+    for (const auto& item : header.items()) {
+      // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
+      const std::string& name = item.key();
+      const nlohmann::json& value = item.value();
       if (name == "__metadata__") {
         if (!value.is_object())
           fail("safetensors file '", path, "': __metadata__ is not an object");
