@@ -14,6 +14,7 @@
 #include "ckpt/crc32c.h"
 #include "ckpt/h5_file.h"
 #include "core/error.h"
+#include "core/json_integer.h"
 
 namespace fs = std::filesystem;
 
@@ -243,10 +244,12 @@ std::optional<int> CheckpointDir::committed_world_size(int64_t step) const {
   if (!fs::is_regular_file(path, ec)) return std::nullopt;
   try {
     const nlohmann::json j = nlohmann::json::parse(read_small_file(path));
-    const int64_t world = j.at("world_size").get<int64_t>();
-    if (j.at("step").get<int64_t>() != step || world < 1 || world > (1 << 24)) return std::nullopt;
+    const int64_t world = json_integer(j.at("world_size"), "world_size", 1, 1 << 24);
+    if (json_integer(j.at("step"), "step") != step) return std::nullopt;
     return int(world);
   } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  } catch (const Error&) {
     return std::nullopt;
   }
 }

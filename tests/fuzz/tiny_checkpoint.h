@@ -10,6 +10,7 @@
 
 #include "ckpt/checkpoint_manager.h"
 #include "core/error.h"
+#include "core/json_integer.h"
 #include "core/stateful.h"
 #include "core/tensor.h"
 
@@ -44,8 +45,7 @@ class TinyState : public Stateful {
   }
   nlohmann::json state_values() const override { return {{"seen", seen}}; }
   void load_state_values(const nlohmann::json& values) override {
-    seen = values.at("seen").get<int64_t>();
-    if (seen < 0) fail("'seen' is ", seen, ", below 0");
+    seen = json_integer(values.at("seen"), "'seen'", 0);
   }
 };
 
