@@ -14,6 +14,7 @@
 #include "ckpt/crc32c.h"
 #include "ckpt/h5_file.h"
 #include "core/error.h"
+#include "core/json_integer.h"
 
 namespace fs = std::filesystem;
 
@@ -117,21 +118,34 @@ nlohmann::json read_manifest(const H5Reader& reader) {
   const bool has_crc = reader.has_attribute(kManifestCrc);
   if (has_crc && reader.attribute(kManifestCrc) != crc_text(text))
     fail("checkpoint file '", reader.path(), "': manifest checksum mismatch (the file is corrupt)");
-  nlohmann::json manifest;
-  try {
-    manifest = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint file '", reader.path(), "': manifest is not valid JSON: ", e.what());
-  }
-  if (!manifest.is_object())
-    fail("checkpoint file '", reader.path(), "': manifest is not a JSON object");
+  const nlohmann::json manifest = parse_manifest(reader.path(), text);
   // Version 1 files predate the manifest checksum; every later one must carry it.
   if (!has_crc && manifest.value("format", std::string()) != "frugal-checkpoint-1")
     fail("checkpoint file '", reader.path(), "': manifest has no checksum");
   return manifest;
 }
 
-// A rank file's manifest must be rank 0's but for its own rank, and of its directory's step.
+}  // namespace
+
+nlohmann::json parse_manifest(const std::string& path, const std::string& text) {
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint file '", path, "': manifest is not valid JSON: ", e.what());
+  }
+  if (!manifest.is_object()) fail("checkpoint file '", path, "': manifest is not a JSON object");
+  return manifest;
+}
+
+int manifest_world_size(const std::string& path, const nlohmann::json& manifest) {
+  const nlohmann::json world = manifest.value("world_size", nlohmann::json());
+  if (!world.is_number_integer() || world.get<int64_t>() < 1 || world.get<int64_t>() > (1 << 24))
+    fail("checkpoint file '", path, "': its manifest has world_size ", world.dump(),
+         ", not a number of ranks");
+  return world.get<int>();
+}
+
 void check_manifest_agrees(const std::string& path, const nlohmann::json& manifest,
                            const nlohmann::json& rank0, int64_t step, int rank) {
   const nlohmann::json saved_step = manifest.value("step", nlohmann::json());
@@ -152,8 +166,6 @@ void check_manifest_agrees(const std::string& path, const nlohmann::json& manife
     if (key != "rank" && !rank0.contains(key))
       fail("checkpoint file '", path, "': its manifest has '", key, "', which rank 0's has not");
 }
-
-}  // namespace
 
 bool CheckpointDir::holds_checkpoints(const std::string& path) {
   std::error_code ec;
@@ -232,10 +244,12 @@ std::optional<int> CheckpointDir::committed_world_size(int64_t step) const {
   if (!fs::is_regular_file(path, ec)) return std::nullopt;
   try {
     const nlohmann::json j = nlohmann::json::parse(read_small_file(path));
-    const int64_t world = j.at("world_size").get<int64_t>();
-    if (j.at("step").get<int64_t>() != step || world < 1 || world > (1 << 24)) return std::nullopt;
+    const int64_t world = json_integer(j.at("world_size"), "world_size", 1, 1 << 24);
+    if (json_integer(j.at("step"), "step") != step) return std::nullopt;
     return int(world);
   } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  } catch (const Error&) {
     return std::nullopt;
   }
 }

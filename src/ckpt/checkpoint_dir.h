@@ -27,6 +27,17 @@ struct NamedTensor {
   Tensor tensor;
 };
 
+// The manifest of a rank file: its text (once its checksum is checked) as a JSON object; an
+// Error naming `path` otherwise.
+nlohmann::json parse_manifest(const std::string& path, const std::string& text);
+// The number of ranks that saved the step, from its manifest; an Error naming `path` when it is
+// not a plausible one (1 to 2^24).
+int manifest_world_size(const std::string& path, const nlohmann::json& manifest);
+// A rank file's manifest must be rank 0's (`rank0`) but for its own "rank", and of its
+// directory's step; an Error naming `path` and the first disagreement otherwise.
+void check_manifest_agrees(const std::string& path, const nlohmann::json& manifest,
+                           const nlohmann::json& rank0, int64_t step, int rank);
+
 class CheckpointDir {
  public:
   explicit CheckpointDir(std::string root) : root_(std::move(root)) {}

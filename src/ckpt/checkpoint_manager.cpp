@@ -184,19 +184,24 @@ size_t CheckpointManager::state_bytes(const std::vector<Part>& parts, int rank) 
   return bytes;
 }
 
-void CheckpointManager::load(int64_t step) {
-  const nlohmann::json manifest = dir_.manifest(step);
-  for (Part& p : parts_)
+void CheckpointManager::load_values(const std::vector<Part>& parts, const nlohmann::json& manifest,
+                                    const std::string& where) {
+  for (const Part& p : parts)
     if (manifest.contains(p.name)) {
       try {
         p.state->load_state_values(manifest.at(p.name));
       } catch (const Error& e) {
-        fail("checkpoint step ", step, " in '", dir_.step_dir(step), "': ", e.what());
+        fail(where, ": ", e.what());
       }
     } else if (!p.state->state_values().is_null()) {
-      fail("checkpoint step ", step, " in '", dir_.step_dir(step), "' has no '", p.name,
-           "' in its manifest");
+      fail(where, " has no '", p.name, "' in its manifest");
     }
+}
+
+void CheckpointManager::load(int64_t step) {
+  const nlohmann::json manifest = dir_.manifest(step);
+  load_values(parts_, manifest,
+              "checkpoint step " + std::to_string(step) + " in '" + dir_.step_dir(step) + "'");
   // This rank's rows of every tensor, whatever the number of ranks that saved them; a
   // replicated tensor whole from rank 0's file.
   ShardedTensorReader sharded(dir_, step, manifest.at("world_size").get<int>(), manifest);

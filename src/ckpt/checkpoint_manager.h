@@ -74,6 +74,11 @@ class CheckpointManager {
   // a tensor of another shape, a part's values refused). It trusts HDF5 with the files:
   // resume() checks them in child processes first.
   void load(int64_t step);
+  // Gives each part its values from `manifest` (an Error naming `where` and the part when one
+  // refuses them or is missing; a value of the wrong JSON type throws nlohmann's type_error,
+  // which resume() reports as a malformed manifest).
+  static void load_values(const std::vector<Part>& parts, const nlohmann::json& manifest,
+                          const std::string& where);
   // Loads the newest committed step that every rank can read, falling back to older committed
   // steps (naming why each newer one is unusable); 0 when there is none. Before a step is
   // loaded its files are read through in child processes (check_step, each rank a share), so

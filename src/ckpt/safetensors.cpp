@@ -150,7 +150,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const size_t data_bytes = file_bytes - 8 - header_bytes;
 
     std::vector<std::pair<size_t, size_t>> spans;
-    for (const auto& [name, value] : header.items()) {
+    for (const auto& item : header.items()) {
+      // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
+      const std::string& name = item.key();
+      const nlohmann::json& value = item.value();
       if (name == "__metadata__") {
         if (!value.is_object())
           fail("safetensors file '", path, "': __metadata__ is not an object");
@@ -282,10 +285,23 @@ Tensor SafetensorsFile::read(const std::string& name, Arena& arena) const {
 
 // --- SafetensorsSet -------------------------------------------------------------------------
 
+namespace {
+
+// Whether `path` exists; an Error naming it (as `what`) when that cannot be told, e.g. for a
+// name too long or a directory without permission, where std::filesystem would throw its own.
+bool path_exists(const fs::path& path, const std::string& what) {
+  std::error_code ec;
+  const bool exists = fs::exists(path, ec);
+  if (ec) fail(what, " '", path.string(), "' cannot be accessed: ", ec.message());
+  return exists;
+}
+
+}  // namespace
+
 SafetensorsSet::SafetensorsSet(const std::string& dir) : dir_(dir) {
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single_path = fs::path(dir) / "model.safetensors";
-  if (fs::exists(index_path)) {
+  if (path_exists(index_path, "safetensors index")) {
     description_ = index_path.string();
     nlohmann::json index;
     try {
@@ -308,7 +324,7 @@ SafetensorsSet::SafetensorsSet(const std::string& dir) : dir_(dir) {
       auto it = opened.find(shard_name);
       if (it == opened.end()) {
         const fs::path shard_path = fs::path(dir) / shard_name;
-        if (!fs::exists(shard_path))
+        if (!path_exists(shard_path, "safetensors index '" + description_ + "': shard"))
           fail("safetensors index '", description_, "': shard '", shard_path.string(),
                "' (holding tensor '", name, "') is missing");
         files_.push_back(std::make_unique<SafetensorsFile>(shard_path.string()));
@@ -319,7 +335,7 @@ SafetensorsSet::SafetensorsSet(const std::string& dir) : dir_(dir) {
              it->second->path(), "', which does not hold it");
       file_of_[name] = it->second;
     }
-  } else if (fs::exists(single_path)) {
+  } else if (path_exists(single_path, "safetensors file")) {
     description_ = single_path.string();
     files_.push_back(std::make_unique<SafetensorsFile>(single_path.string()));
     for (const std::string& name : files_.back()->tensor_names())

@@ -72,13 +72,12 @@ StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stri
   if (check_first)
     check.files.push_back({0, first_file, "", answer.at("tensors").get<int64_t>(),
                            answer.at("bytes").get<int64_t>()});
-  const nlohmann::json world = check.manifest.value("world_size", nlohmann::json());
-  if (!world.is_number_integer() || world.get<int64_t>() < 1 || world.get<int64_t>() > (1 << 24)) {
-    check.error = "checkpoint file '" + first_file + "': its manifest has world_size " +
-                  world.dump() + ", not a number of ranks";
+  try {
+    check.world_size = manifest_world_size(first_file, check.manifest);
+  } catch (const Error& e) {
+    check.error = e.what();
     return check;
   }
-  check.world_size = world.get<int>();
   const std::optional<int> committed = dir.committed_world_size(step);
   if (committed && *committed != check.world_size) {
     check.error = "checkpoint step " + std::to_string(step) + ": its COMMITTED file names " +

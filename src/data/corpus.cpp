@@ -209,7 +209,7 @@ std::vector<std::string> parse_jsonl(std::string_view text, const std::string& n
     json record;
     try {
       record = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
       fail(where, ": invalid JSON (", e.what(), ")");
     }
     docs.push_back(document_from_record(record, where));
@@ -245,7 +245,7 @@ void read_corpus_file(const std::string& path, CorpusFormat format, Corpus& corp
         json records;
         try {
           records = json::parse(text);
-        } catch (const json::parse_error& e) {
+        } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
           fail(path, ": invalid JSON (", e.what(), ")");
         }
         for (size_t i = 0; i < records.size(); ++i)

@@ -5,6 +5,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/json_integer.h"
 #include "data/shuffle.h"
 
 namespace frugal {
@@ -115,8 +116,8 @@ nlohmann::json BatchSampler::state_values() const {
 
 void BatchSampler::load_state_values(const nlohmann::json& values) {
   SamplerState state;
-  state.epoch = values.at("epoch").get<uint64_t>();
-  state.position = values.at("position").get<uint64_t>();
+  state.epoch = uint64_t(json_integer(values.at("epoch"), "sampler state 'epoch'", 0));
+  state.position = uint64_t(json_integer(values.at("position"), "sampler state 'position'", 0));
   restore(state);
 }
 

@@ -93,6 +93,7 @@ uint32_t token_bytes_for_vocab(uint32_t vocab_size) { return vocab_size <= 65536
 
 void TokenView::copy(uint64_t begin, uint64_t count, int32_t* out) const {
   FRUGAL_CHECK(begin + count <= size, "begin ", begin, " count ", count, " size ", size);
+  if (count == 0) return;  // `out` may then be null (an empty vector), which memcpy must not see
   if (token_bytes == 4) {
     std::memcpy(out, static_cast<const int32_t*>(data) + begin, count * sizeof(int32_t));
   } else {

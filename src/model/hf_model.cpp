@@ -9,6 +9,7 @@
 #include <set>
 
 #include "ckpt/safetensors.h"
+#include "core/json_integer.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 
@@ -45,9 +46,9 @@ void check_rope_type(const nlohmann::json& rope, const char* key, const std::str
 int32_t token_id(const nlohmann::json& j, const char* key) {
   if (!present(j, key)) return -1;
   const nlohmann::json& v = j.at(key);
-  if (v.is_number_integer()) return v.get<int32_t>();
-  if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int32_t>();
-  return -1;
+  const nlohmann::json& id = v.is_array() && !v.empty() ? v[0] : v;
+  if (!id.is_number_integer()) return -1;
+  return int32_t(json_integer(id, std::string("config.json key '") + key + "'", -1, INT32_MAX));
 }
 
 }  // namespace
@@ -111,8 +112,8 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
   if (present(j, "sliding_window")) {
     int64_t window = 0;
     try {
-      window = j.at("sliding_window").get<int64_t>();
-    } catch (const nlohmann::json::exception&) {
+      window = json_integer(j.at("sliding_window"), "sliding_window");
+    } catch (const Error&) {
       fail(source, ": key 'sliding_window' has value ", j.at("sliding_window").dump(),
            ", expected an integer or null");
     }

@@ -17,6 +17,7 @@
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
 #include "train/memory_plan.h"
+#include "train/run_state.h"
 #include "train/same_config.h"
 
 namespace fs = std::filesystem;
@@ -24,43 +25,6 @@ namespace fs = std::filesystem;
 namespace frugal {
 
 namespace {
-
-// The model's shape as checkpoint state: a checkpoint of another shape is refused by name.
-class ModelShapeState : public Stateful {
- public:
-  explicit ModelShapeState(const LlamaConfig& config) : config_(config) {}
-  nlohmann::json state_values() const override { return llama_config_to_json(config_); }
-  void load_state_values(const nlohmann::json& values) override {
-    if (values != llama_config_to_json(config_))
-      fail("it has model ", values.dump(), " but the config asks for ",
-           llama_config_to_json(config_).dump());
-  }
-
- private:
-  const LlamaConfig& config_;
-};
-
-// Every key in force, saved for the record (`frugal ckpt ls` and export show it). Resuming with
-// other settings is allowed (more steps, another eval interval) but said, key by key: another
-// seed or learning rate is rarely meant.
-class ResolvedConfigState : public Stateful {
- public:
-  explicit ResolvedConfigState(const std::map<std::string, std::string>& resolved)
-      : resolved_(resolved) {}
-  nlohmann::json state_values() const override { return resolved_; }
-  void load_state_values(const nlohmann::json& values) override {
-    std::map<std::string, std::string> now = resolved_;
-    auto saved = values.get<std::map<std::string, std::string>>();
-    now.erase("train.resume");  // what a resumed run always changes
-    saved.erase("train.resume");
-    const std::string differences = config_differences(now, saved, "checkpoint");
-    if (!differences.empty())
-      log_warn("resuming with settings that differ from the checkpoint's:", differences);
-  }
-
- private:
-  const std::map<std::string, std::string>& resolved_;
-};
 
 // One GPU per rank: `auto` takes the GPUs only when every node has one for each of its ranks,
 // and every rank decides the same (a rank on the CPU and one on a GPU cannot train together).

@@ -1,10 +1,11 @@
 // Checked size arithmetic (core/checked.h) and the sizes built on it: a shape's element count
-// and byte size, which every reader of shapes from files uses.
+// and byte size, which every reader of shapes from files uses; integers read from JSON.
 #include <cstdint>
 #include <limits>
 
 #include "catch_compat.h"
 #include "core/checked.h"
+#include "core/json_integer.h"
 #include "core/tensor.h"
 #include "test_support.h"
 
@@ -45,4 +46,24 @@ TEST_CASE("shape sizes: element counts and bytes past 64 bits are Errors naming 
   CHECK(contains(err, "tensor shape [1152921504606846976, 4] of f32"));
   CHECK(contains(err, "4611686018427387904 x 4 does not fit in uint64"));
   CHECK(contains(error_of([] { Tensor::empty({3, -2}); }), "negative dimension"));
+}
+
+TEST_CASE("json_integer: integers in range only, never a cast of a float or a wrap") {
+  using nlohmann::json;
+  CHECK(json_integer(json::parse("42"), "x") == 42);
+  CHECK(json_integer(json::parse("-7"), "x") == -7);
+  CHECK(json_integer(json::parse("9223372036854775807"), "x") == INT64_MAX);
+  // Out of int64 (stored unsigned by nlohmann), fractional, far beyond any integer type (a cast
+  // there is undefined behaviour: the fuzzed manifest's 3.3e93), not a number, below lo.
+  CHECK(contains(error_of([] { json_integer(json::parse("9223372036854775808"), "x"); }),
+                 "x is 9223372036854775808, outside"));
+  CHECK(contains(error_of([] { json_integer(json::parse("3.5"), "sampler state 'epoch'"); }),
+                 "sampler state 'epoch' is 3.5, not an integer"));
+  CHECK(contains(error_of([] { json_integer(json::parse("3.3e93"), "x"); }), "not an integer"));
+  CHECK(contains(error_of([] { json_integer(json::parse("\"4\""), "x"); }), "not an integer"));
+  CHECK(contains(error_of([] { json_integer(json::parse("-1"), "position", 0); }),
+                 "position is -1, outside [0, "));
+  CHECK(contains(error_of([] { json_integer(json::parse("5"), "w", 1, 4); }),
+                 "w is 5, outside [1, 4]"));
+  CHECK(json_integer(json::parse("4"), "w", 1, 4) == 4);
 }

@@ -1,0 +1,43 @@
+// Fuzz target: an HDF5 checkpoint rank file, resumed from. A checkpoint root holds two
+// committed steps of a tiny run (tiny_checkpoint.h); the input replaces step 4's rank file,
+// and the run resumes as `frugal train --train.resume=true` does: every file read through in a
+// child process first (so a file that makes HDF5 itself crash or hang only makes its step
+// unusable), then loaded here. The resume must end on step 4 (the input passed every check) or
+// fall back to step 2 with exactly step 2's values: never crash, never an Error, never other
+// values.
+#include <filesystem>
+
+#include "ckpt/checkpoint_manager.h"
+#include "fuzz_support.h"
+#include "tiny_checkpoint.h"
+
+namespace {
+
+struct Root {
+  std::string path;
+};
+
+const Root& root() {
+  static const Root r = [] {
+    Root made;
+    made.path = frugal::fuzz::scratch_dir() + "/ckpt";
+    frugal::fuzz::save_tiny_checkpoints(made.path);
+    return made;
+  }();
+  return r;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace frugal;
+  const Root& r = root();
+  fuzz::write_scratch("ckpt/step_00000004/rank_00000.h5", data, size);
+  fuzz::TinyState state;
+  // Reading a file through takes milliseconds here; a second means HDF5 is looping.
+  CheckpointManager manager = fuzz::tiny_manager(r.path, state, /*check_time_limit_s=*/1);
+  const int64_t step = manager.resume();
+  if (step != 4 && step != 2) abort();
+  if (step == 2 && !state.holds_step(2)) abort();
+  return 0;
+}
