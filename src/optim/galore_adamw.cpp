@@ -25,7 +25,6 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
                          const GaloreConfig& galore, Arena& state_arena)
     : shards_(std::move(shards)), adamw_(adamw), galore_(galore) {
   FRUGAL_CHECK(galore_.update_proj_gap >= 1, "GaLore update_proj_gap ", galore_.update_proj_gap);
-  const int64_t r = galore_.projector.rank;
   for (size_t k = 0; k < shards_.size(); ++k) {
     const TrainableShard& s = shards_[k];
     const Shape& full = s.rows.full_shape;
@@ -35,9 +34,9 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
       v_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
       continue;
     }
-    FRUGAL_CHECK(r <= std::min(full[0], full[1]), "config key 'galore.rank': ", r,
-                 " exceeds the smaller side of ", s.name, " ", shape_string(full));
     Matrix x;
+    x.rank = galore_rank_of(full, galore_.projector.rank);
+    const int64_t r = x.rank;
     x.shard = k;
     x.side = galore_side(full);
     x.rows = full[0];
@@ -104,15 +103,15 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   // The left side's projections P^T G: one sum over the ranks for all of them.
   int64_t total = 0;
   for (const Matrix& x : matrices_)
-    if (x.side == GaloreSide::left) total += galore_.projector.rank * x.cols;
+    if (x.side == GaloreSide::left) total += x.rank * x.cols;
   if (total == 0) return report;
   Tensor all;
   int64_t offset = 0;
   for (Matrix& x : matrices_) {
     if (x.side != GaloreSide::left) continue;
     if (!all.defined()) all = galore_scratch(x.projector, {total, 1}, scratch_);
-    const int64_t size = galore_.projector.rank * x.cols;
-    x.projected_grad = all.rows(offset, offset + size).view({galore_.projector.rank, x.cols});
+    const int64_t size = x.rank * x.cols;
+    x.projected_grad = all.rows(offset, offset + size).view({x.rank, x.cols});
     offset += size;
     ops::matmul(x.projected_grad, x.projector.rows(0, x.local_rows), true, gradient_rows(x), false,
                 static_cast<float>(clip_scale_));
@@ -130,9 +129,14 @@ void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectiv
 
   const bool rotate = t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::project;
   Tensor old_projector;
-  if (rotate) old_projector = x.projector.clone(x.projector.arena());
+  if (rotate) {  // (through ops: the projector may live on a GPU)
+    old_projector = ops::empty_like(x.projector, x.projector.shape(), x.projector.dtype());
+    ops::copy(old_projector, x.projector);
+  }
   Tensor target = x.side == GaloreSide::right ? x.projector : x.projector.rows(0, x.local_rows);
-  galore_projector(target, gradient_rows(x), {x.rows, x.cols}, galore_.projector, seed, collectives,
+  GaloreProjectorSettings settings = galore_.projector;
+  settings.rank = x.rank;
+  galore_projector(target, gradient_rows(x), {x.rows, x.cols}, settings, seed, collectives,
                    scratch_);
   if (rotate) rotate_moments(x, old_projector, collectives);
   if (t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::reset) {
@@ -148,7 +152,7 @@ void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectiv
 // the squares of C's entries: V <- V (C o C), or (C o C) V.
 void GaloreAdamW::rotate_moments(Matrix& x, const Tensor& old_projector,
                                  const StepCollectives& collectives) {
-  const int64_t r = galore_.projector.rank;
+  const int64_t r = x.rank;
   Tensor c = galore_scratch(x.projector, {r, r}, scratch_);
   const bool right = x.side == GaloreSide::right;
   if (right) {
@@ -187,7 +191,7 @@ void GaloreAdamW::update(size_t k) {
 
 void GaloreAdamW::update_projected(Matrix& x) {
   TrainableShard& s = shards_[x.shard];
-  const int64_t rows = x.local_rows, r = galore_.projector.rank;
+  const int64_t rows = x.local_rows, r = x.rank;
   const bool right = x.side == GaloreSide::right;
   // This step's projected gradient: right, row-local R = G Q^T; left, made by begin_step.
   Tensor projected;
@@ -228,7 +232,6 @@ void GaloreAdamW::update_projected(Matrix& x) {
 
 std::vector<StateTensor> GaloreAdamW::state_tensors() {
   std::vector<StateTensor> state;
-  const int64_t r = galore_.projector.rank;
   for (size_t k = 0; k < shards_.size(); ++k) {
     const TrainableShard& s = shards_[k];
     if (matrix_of_[k] < 0) {
@@ -237,6 +240,7 @@ std::vector<StateTensor> GaloreAdamW::state_tensors() {
       continue;
     }
     const Matrix& x = matrices_[size_t(matrix_of_[k])];
+    const int64_t r = x.rank;
     // Rows of [m, r] as the weight's rows, or a whole replicated [r, n].
     RowShard weight_rows = s.rows;
     weight_rows.full_shape = {x.rows, r};

@@ -71,6 +71,7 @@ class GaloreAdamW : public Optimizer {
     size_t shard = 0;  // in shards_
     GaloreSide side = GaloreSide::right;
     int64_t rows = 0, cols = 0;  // the full matrix
+    int64_t rank = 0;            // its subspace's (galore_rank_of)
     int64_t local_rows = 0;      // rows this rank holds (the rest of the buffer is padding)
     int64_t phase = 0;           // refreshes when t % gap == phase
     Tensor exp_avg, exp_avg_sq;  // right: [buffer rows, r] like the weight; left: [r, n]

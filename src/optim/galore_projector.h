@@ -12,6 +12,7 @@
 // like G.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -23,6 +24,12 @@ namespace frugal {
 enum class GaloreSide { right, left };
 // The reference's rule: the right side when m >= n (the projected side is the smaller one).
 GaloreSide galore_side(const Shape& full_shape);
+// The rank of matrix [m, n]'s subspace: galore.rank, or min(m, n) for a matrix with fewer
+// dimensions (galore-torch's SVD then yields min(m, n) vectors, and its slice [:rank] takes them
+// all: TinyLlama's k and v projections [256, 2048] at rank 512).
+inline int64_t galore_rank_of(const Shape& full_shape, int64_t rank) {
+  return std::min({rank, full_shape[0], full_shape[1]});
+}
 
 struct GaloreProjectorSettings {
   GaloreProjectorKind kind = GaloreProjectorKind::randomized;

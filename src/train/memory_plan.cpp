@@ -15,7 +15,7 @@ namespace {
 // (m >= n) moments [shard_rows, r] and a replicated Q [r, n]; left side replicated moments
 // [r, n] and P's rows [shard_rows, r].
 size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank) {
-  const size_t r = size_t(rank), n = size_t(shape[1]);
+  const size_t r = size_t(galore_rank_of(shape, rank)), n = size_t(shape[1]);
   if (galore_side(shape) == GaloreSide::right) return 4 * (2 * shard_rows * r + r * n);
   return 4 * (2 * r * n + shard_rows * r);
 }

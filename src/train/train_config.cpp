@@ -15,18 +15,6 @@ void TrainConfig::resolve() {
 
 void TrainConfig::validate_model_dependent() const {
   model.validate();
-  if (optim.type == OptimizerType::galore_adamw) {
-    // The smallest side among the block matrices: q, o [heads x head_dim, hidden], k, v
-    // [kv heads x head_dim, hidden], gate, up, down [intermediate, hidden].
-    const int64_t head_dim = model.attention_head_dim();
-    const int64_t smallest =
-        std::min({model.hidden_size, model.intermediate_size, model.num_key_value_heads * head_dim,
-                  model.num_attention_heads * head_dim});
-    if (galore.rank > smallest)
-      fail("config key 'galore.rank': ", galore.rank,
-           " exceeds the smaller side of the model's smallest block matrix (", smallest,
-           "): a subspace cannot have more dimensions than the matrix has");
-  }
   if (train.seq_len > model.max_position_embeddings)
     fail("config key 'train.seq_len': ", train.seq_len,
          " exceeds model.max_position_embeddings = ", model.max_position_embeddings);

@@ -251,6 +251,33 @@ TEST_CASE("GaloreAdamW equals galore-torch's GaLoreAdamW over three refresh peri
   CHECK(checked == 3 * int(names.size()));
 }
 
+TEST_CASE("a rank above a matrix's smaller side is that side (galore-torch's SVD slice)",
+          "[galore]") {
+  // galore-torch slices torch.linalg.svd's min(m, n) singular vectors by [:rank]: a larger rank
+  // takes them all. Both sides, against the same run with the rank set to the side.
+  for (const Shape& shape : {Shape{23, 9}, Shape{7, 31}}) {
+    const int64_t side = std::min(shape[0], shape[1]);
+    std::vector<Tensor> weights;
+    for (int64_t rank : {int64_t{1000}, side}) {
+      GaloreConfig galore;
+      galore.projector.kind = GaloreProjectorKind::svd;
+      galore.projector.rank = rank;
+      galore.update_proj_gap = 2;
+      std::vector<TrainableShard> shards = {
+          whole_shard("model.layers.0.mlp.up_proj.weight", random_tensor(shape, 3))};
+      GaloreAdamW optimizer(shards, AdamWConfig{}, galore);
+      for (int64_t step = 1; step <= 5; ++step) {
+        shards[0].grad.copy_from(random_tensor(shape, 10 + uint64_t(step)));
+        optimizer.step(1e-2, step, local_collectives());
+      }
+      weights.push_back(shards[0].param);
+    }
+    INFO(shape_string(shape));
+    CHECK(max_abs_difference(weights[0], weights[1]) == 0.0);
+    CHECK(max_abs_difference(weights[0], random_tensor(shape, 3)) > 1e-3);
+  }
+}
+
 TEST_CASE("the randomized projector spans the exact one's subspace", "[galore]") {
   Arena scratch("test scratch", Device::cpu);
   for (const Shape& shape : {Shape{61, 27}, Shape{19, 44}}) {
