@@ -20,7 +20,7 @@ inline int64_t json_integer(const nlohmann::json& value, const std::string& what
   if (!value.is_number_integer()) fail(what, " is ", value.dump(), ", not an integer");
   // A parsed non-negative integer is stored unsigned, and may not fit int64.
   const bool in_range = value.is_number_unsigned()
-                            ? value.get<uint64_t>() <= uint64_t(hi) &&
+                            ? hi >= 0 && value.get<uint64_t>() <= uint64_t(hi) &&
                                   (lo <= 0 || value.get<uint64_t>() >= uint64_t(lo))
                             : value.get<int64_t>() >= lo && value.get<int64_t>() <= hi;
   if (!in_range) fail(what, " is ", value.dump(), ", outside [", lo, ", ", hi, "]");

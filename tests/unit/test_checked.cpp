@@ -66,4 +66,7 @@ TEST_CASE("json_integer: integers in range only, never a cast of a float or a wr
   CHECK(contains(error_of([] { json_integer(json::parse("5"), "w", 1, 4); }),
                  "w is 5, outside [1, 4]"));
   CHECK(json_integer(json::parse("4"), "w", 1, 4) == 4);
+  CHECK(contains(error_of([] { json_integer(json::parse("3"), "n", -9, -1); }),
+                 "n is 3, outside [-9, -1]"));
+  CHECK(json_integer(json::parse("-3"), "n", -9, -1) == -3);
 }
