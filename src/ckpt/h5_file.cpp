@@ -570,4 +570,42 @@ std::string H5Reader::attribute(const std::string& name) const {
   return value;
 }
 
+std::vector<H5Reader::ByteRange> H5Reader::dataset_storage() const {
+  silence_hdf5();
+  std::vector<ByteRange> ranges;
+  for (const std::string& name : tensor_names()) {
+    const std::string key = dataset_key(path_, name);
+    Handle dataset = open_dataset(file_id_, path_, key);
+    Handle dcpl(H5Dget_create_plist(dataset.get()), H5Pclose);
+    const H5D_layout_t layout = dcpl.valid() ? H5Pget_layout(dcpl.get()) : H5D_LAYOUT_ERROR;
+    if (layout == H5D_CONTIGUOUS) {
+      const haddr_t offset = H5Dget_offset(dataset.get());
+      const hsize_t bytes = H5Dget_storage_size(dataset.get());
+      if (offset != HADDR_UNDEF && bytes > 0) ranges.push_back({int64_t(offset), int64_t(bytes)});
+    } else if (layout == H5D_CHUNKED) {
+#if H5_VERSION_GE(1, 10, 5)
+      // HDF5 1.10 wants the dataset's own dataspace here, not H5S_ALL.
+      Handle space(H5Dget_space(dataset.get()), H5Sclose);
+      hsize_t chunks = 0;
+      if (!space.valid() || H5Dget_num_chunks(dataset.get(), space.get(), &chunks) < 0)
+        fail_dataset(path_, key, with_detail("cannot count its chunks"));
+      for (hsize_t i = 0; i < chunks; ++i) {
+        haddr_t offset = HADDR_UNDEF;
+        hsize_t bytes = 0;
+        if (H5Dget_chunk_info(dataset.get(), space.get(), i, nullptr, nullptr, &offset, &bytes) < 0)
+          fail_dataset(path_, key, with_detail("cannot locate chunk " + std::to_string(i)));
+        if (offset != HADDR_UNDEF && bytes > 0) ranges.push_back({int64_t(offset), int64_t(bytes)});
+      }
+#else
+      fail_dataset(path_, key, "locating chunks needs HDF5 1.10.5 or later");
+#endif
+    } else if (layout != H5D_COMPACT) {  // compact data lies in the object header: metadata
+      fail_dataset(path_, key, with_detail("cannot read its storage layout"));
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+  return ranges;
+}
+
 }  // namespace frugal

@@ -81,6 +81,15 @@ class H5Reader {
   bool has_attribute(const std::string& name) const;
   std::string attribute(const std::string& name) const;  // root attribute; throws if absent
 
+  // Where the datasets' stored bytes lie in the file, sorted by offset: each chunk as stored
+  // (filtered: its data and Fletcher32's 4 bytes), each contiguous dataset's block (none for an
+  // empty one). The rest of the file is HDF5's metadata (superblock, object headers, B-trees,
+  // heaps, attribute values) and free space. For tools/ckpt_sweep; needs HDF5 1.10.5.
+  struct ByteRange {
+    int64_t offset = 0, bytes = 0;
+  };
+  std::vector<ByteRange> dataset_storage() const;
+
   const std::string& path() const { return path_; }
 
  private:

@@ -341,6 +341,47 @@ TEST_CASE("h5 corruption is caught") {
   }
 }
 
+TEST_CASE("h5 dataset_storage: where each dataset's bytes lie, the rest being metadata") {
+  TempDir dir;
+  const std::string path = dir.file("rank_00000.h5");
+  write_cases(path);
+  std::ifstream in(path, std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<H5Reader::ByteRange> ranges = H5Reader(path).dataset_storage();
+
+  // Sorted, disjoint, inside the file; one range a chunk (q_proj has several), none for the
+  // empty tensors.
+  size_t non_empty = 0;
+  for (const Case& c : kCases) non_empty += Tensor::zeros(c.shape, c.dtype).bytes() > 0;
+  CHECK(ranges.size() > non_empty);
+  int64_t end = 0, stored = 0;
+  for (const H5Reader::ByteRange& r : ranges) {
+    CHECK(r.offset >= end);
+    CHECK(r.bytes > 0);
+    end = r.offset + r.bytes;
+    stored += r.bytes;
+  }
+  CHECK(end <= int64_t(file.size()));
+  // Each dataset's first bytes (random, so found once) open one of the ranges.
+  uint32_t seed = 1;
+  for (const Case& c : kCases) {
+    INFO(c.name);
+    const Tensor t = random_tensor(c.shape, c.dtype, seed++);
+    if (t.bytes() < 8) continue;
+    const size_t at = file.find(std::string(static_cast<const char*>(t.raw()), 8));
+    REQUIRE(at != std::string::npos);
+    CHECK(std::any_of(ranges.begin(), ranges.end(),
+                      [&](const H5Reader::ByteRange& r) { return r.offset == int64_t(at); }));
+  }
+  // The rest is metadata: the manifest is there, outside every range.
+  const size_t manifest = file.find(R"({"step": 1200)");
+  REQUIRE(manifest != std::string::npos);
+  CHECK(std::none_of(ranges.begin(), ranges.end(), [&](const H5Reader::ByteRange& r) {
+    return int64_t(manifest) >= r.offset && int64_t(manifest) < r.offset + r.bytes;
+  }));
+  CHECK(stored < int64_t(file.size()));
+}
+
 TEST_CASE("h5 missing and foreign files") {
   TempDir dir;
   const std::string missing = dir.file("nope.h5");

@@ -6,16 +6,26 @@
 // else (wrong values, a resume that crashes or errs, verify and resume disagreeing) is a
 // failure, and the exit status is 1.
 //
-// usage: ckpt_sweep CKPT_DIR [RANGE...] [--signatures N] [--every K] [--jobs N]
-//                   [--resume-every K] [--time-limit S] [--examples FILE]
+// usage: ckpt_sweep CKPT_DIR [RANGE...] [--every K] [--metadata-every K] [--data-every K]
+//                   [--signatures N] [--jobs N] [--resume-every K] [--time-limit S]
+//                   [--examples FILE]
 //   CKPT_DIR  a run's ckpt/ directory, saved by one rank, with two committed steps or more;
 //             the newest step's rank_00000.h5 is swept (and restored after each flip)
 //   RANGE     START:END byte offsets of that file (negative: from its end; END 0: its end)
 //   --every K one bit in K of the ranges (default 1: every bit)
+//   --metadata-every K  also one bit in K of the file's metadata region: every byte outside
+//             the datasets' stored bytes (HDF5's superblock, object headers, B-trees, heaps,
+//             attribute values, the manifest, free space), found by asking HDF5 where each
+//             dataset's chunks lie (H5Reader::dataset_storage)
+//   --data-every K      also one bit in K of the data region (the datasets' chunks). An odd K
+//             meets every bit position of a byte; a multiple of 8 would flip bit 0 only.
+//             The full sweep: --metadata-every 1 --data-every 63 (tests/integration/ckpt_sweep.sh
+//             with CKPT_SWEEP_FULL=1).
 //   --jobs N  N worker processes, each on its own copy of CKPT_DIR (default 1)
-//   --resume-every K  resumes after one flip in K only (default 1: after every flip); verify
-//             runs on every flip. For the full sweep, where resuming after each of a million
-//             flips would take hours on two cores.
+//   --resume-every K  resumes after one flip in K only (default 1: after every flip), the one
+//             of each K flips in a row moving along (flips K*b + (b % K)), so that every bit
+//             position gets resumed; verify runs on every flip. For the full sweep, where
+//             resuming after each of nearly a million flips would take hours on two cores.
 //   --examples FILE  writes "OFFSET BIT OUTCOME" for up to 5 flips of each outcome
 //   --signatures N   also the first N bytes of every HDF5 metadata structure (found by its
 //             signature: object headers, B-tree nodes, heaps), where flips make HDF5 crash or
@@ -27,6 +37,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -166,8 +177,8 @@ std::string try_flip(const CheckpointDir& dir, const std::string& path, const Fl
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string ckpt, examples_path;
-  std::vector<std::pair<int64_t, int64_t>> ranges;  // START:END, END 0 = the end
-  int64_t every = 1;
+  std::vector<std::pair<int64_t, int64_t>> ranges;        // START:END, END 0 = the end
+  int64_t every = 1, metadata_every = 0, data_every = 0;  // 0: that region is not swept
   size_t resume_every = 1;
   int64_t signature_bytes = 0;
   double time_limit_s = 5;
@@ -176,6 +187,12 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i] == "--every" && i + 1 < args.size()) {
         every = std::stoll(args[++i]);
+      } else if (args[i] == "--metadata-every" && i + 1 < args.size()) {
+        metadata_every = std::stoll(args[++i]);
+        if (metadata_every < 1) fail("--metadata-every ", metadata_every, " is not 1 or more");
+      } else if (args[i] == "--data-every" && i + 1 < args.size()) {
+        data_every = std::stoll(args[++i]);
+        if (data_every < 1) fail("--data-every ", data_every, " is not 1 or more");
       } else if (args[i] == "--resume-every" && i + 1 < args.size()) {
         resume_every = std::stoull(args[++i]);
       } else if (args[i] == "--jobs" && i + 1 < args.size()) {
@@ -199,10 +216,12 @@ int main(int argc, char** argv) {
     std::cerr << "ckpt_sweep: " << e.what() << "\n";
     return 2;
   }
-  if (ckpt.empty() || (ranges.empty() && signature_bytes <= 0) || every < 1 || jobs < 1 ||
-      resume_every < 1 || !(time_limit_s > 0)) {
-    std::cerr << "usage: ckpt_sweep CKPT_DIR [START:END...] [--signatures N] [--every K] "
-                 "[--jobs N] [--resume-every K] [--time-limit S] [--examples FILE]\n";
+  if (ckpt.empty() ||
+      (ranges.empty() && signature_bytes <= 0 && metadata_every == 0 && data_every == 0) ||
+      every < 1 || jobs < 1 || resume_every < 1 || !(time_limit_s > 0)) {
+    std::cerr << "usage: ckpt_sweep CKPT_DIR [START:END...] [--every K] [--metadata-every K] "
+                 "[--data-every K] [--signatures N] [--jobs N] [--resume-every K] "
+                 "[--time-limit S] [--examples FILE]\n";
     return 2;
   }
   try {
@@ -227,19 +246,69 @@ int main(int argc, char** argv) {
              at = bytes.find(signature, at + 1))
           ranges.emplace_back(int64_t(at), int64_t(at) + signature_bytes);
     }
-    // Every byte once, in file order, whatever ranges overlap.
-    std::vector<bool> swept(size_t(size), false);
-    for (auto [start, end] : ranges) {
-      if (start < 0) start += size;
-      if (end <= 0) end += size;
-      for (int64_t offset = std::max<int64_t>(0, start); offset < std::min(size, end); ++offset)
-        swept[size_t(offset)] = true;
+    // The two regions: the bytes HDF5 says hold datasets' chunks (data), the rest (metadata).
+    std::vector<bool> is_data(size_t(size), false);
+    int64_t chunks = 0;
+    for (const H5Reader::ByteRange& r : H5Reader(path).dataset_storage()) {
+      if (r.offset < 0 || r.offset + r.bytes > size)
+        fail("HDF5 places a chunk at ", r.offset, "+", r.bytes, ", outside ", path);
+      std::fill(is_data.begin() + r.offset, is_data.begin() + r.offset + r.bytes, true);
+      ++chunks;
+    }
+    const auto data_bytes = int64_t(std::count(is_data.begin(), is_data.end(), true));
+    const int64_t metadata_bytes = size - data_bytes;
+    std::printf(
+        "ckpt_sweep: %s: %lld bytes: metadata %lld bytes (%lld bits), data %lld bytes "
+        "in %lld chunks (%lld bits)\n",
+        path.c_str(), static_cast<long long>(size), static_cast<long long>(metadata_bytes),
+        static_cast<long long>(metadata_bytes * 8), static_cast<long long>(data_bytes),
+        static_cast<long long>(chunks), static_cast<long long>(data_bytes * 8));
+    // The bits to flip, file order, each once whatever selections overlap: one in `every` of
+    // the ranges' bits (every byte of overlapping ranges counted once), one in metadata_every
+    // of the metadata region's, one in data_every of the data region's.
+    std::vector<bool> chosen(size_t(size) * 8, false);
+    {
+      std::vector<bool> in_ranges(size_t(size), false);
+      for (auto [start, end] : ranges) {
+        if (start < 0) start += size;
+        if (end <= 0) end += size;
+        for (int64_t offset = std::max<int64_t>(0, start); offset < std::min(size, end); ++offset)
+          in_ranges[size_t(offset)] = true;
+      }
+      int64_t n_ranges = 0, n_metadata = 0, n_data = 0;
+      for (int64_t offset = 0; offset < size; ++offset)
+        for (int bit = 0; bit < 8; ++bit) {
+          bool take = in_ranges[size_t(offset)] && n_ranges++ % every == 0;
+          if (is_data[size_t(offset)])
+            take |= data_every > 0 && n_data++ % data_every == 0;
+          else
+            take |= metadata_every > 0 && n_metadata++ % metadata_every == 0;
+          chosen[size_t(offset) * 8 + size_t(bit)] = take;
+        }
     }
     std::vector<Flip> flips;
-    int64_t n = 0;
+    int64_t metadata_flips = 0;
     for (int64_t offset = 0; offset < size; ++offset)
-      for (int bit = 0; swept[size_t(offset)] && bit < 8; ++bit)
-        if (n++ % every == 0) flips.push_back({offset, bit});
+      for (int bit = 0; bit < 8; ++bit)
+        if (chosen[size_t(offset) * 8 + size_t(bit)]) {
+          flips.push_back({offset, bit});
+          metadata_flips += !is_data[size_t(offset)];
+        }
+    const int64_t data_flips = int64_t(flips.size()) - metadata_flips;
+    auto one_in = [](int64_t k) {
+      return k == 1 ? std::string("every") : "1 in " + std::to_string(k);
+    };
+    std::string chosen_by;
+    if (!ranges.empty()) chosen_by += ", " + one_in(every) + " bit of the ranges";
+    if (metadata_every > 0) chosen_by += ", " + one_in(metadata_every) + " metadata bit";
+    if (data_every > 0) chosen_by += ", " + one_in(data_every) + " data bit";
+    std::printf(
+        "ckpt_sweep: %zu flips (%s): %lld in metadata, %lld in data; verify after each "
+        "flip, a resume after %s\n",
+        flips.size(), chosen_by.substr(2).c_str(), static_cast<long long>(metadata_flips),
+        static_cast<long long>(data_flips),
+        resume_every == 1 ? "each" : one_in(int64_t(resume_every)).c_str());
+    std::fflush(stdout);
     // A clean resume loads the newest step, or the sweep would mean nothing.
     if (resume_and_compare(dir, clean) != steps.front())
       fail("a clean resume of '", ckpt, "' does not load its newest step");
@@ -269,11 +338,21 @@ int main(int argc, char** argv) {
                 const std::string copy_path = copy_dir.rank_file(steps.front(), 0);
                 std::string lines;
                 for (size_t i = size_t(j); i < flips.size(); i += size_t(jobs)) {
-                  if (j == 0 && i > 0 && i % 20000 < size_t(jobs))
-                    std::fprintf(stderr, "ckpt_sweep: %zu of %zu flips\n", i, flips.size());
+                  if (j == 0 && i > 0 && i % 20000 < size_t(jobs)) {
+                    const double s =
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time)
+                            .count();
+                    std::fprintf(stderr,
+                                 "ckpt_sweep: %zu of %zu flips, %.0f s, %.0f flips/s, about "
+                                 "%.0f min left\n",
+                                 i, flips.size(), s, double(i) / s,
+                                 double(flips.size() - i) / (double(i) / s) / 60);
+                  }
+                  // One flip of each K in a row, at a position that moves along: a bit-0-only
+                  // sample when K is 8 would otherwise say nothing of the other bits.
+                  const bool resume_this = i % resume_every == (i / resume_every) % resume_every;
                   lines += std::to_string(i) + " " +
-                           try_flip(copy_dir, copy_path, flips[i], clean, i % resume_every == 0) +
-                           "\n";
+                           try_flip(copy_dir, copy_path, flips[i], clean, resume_this) + "\n";
                 }
                 return lines;
               },
@@ -294,11 +373,12 @@ int main(int argc, char** argv) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
 
-    std::map<std::string, int64_t> counts;
+    std::map<std::string, int64_t> counts, metadata_counts;
     std::map<std::string, std::vector<size_t>> examples;
     int64_t bad = 0;
     for (size_t i = 0; i < flips.size(); ++i) {
       ++counts[outcomes[i]];
+      if (!is_data[size_t(flips[i].offset)]) ++metadata_counts[outcomes[i]];
       if (examples[outcomes[i]].size() < 5) examples[outcomes[i]].push_back(i);
       if (outcomes[i].rfind("BAD", 0) == 0) ++bad;
     }
@@ -309,6 +389,12 @@ int main(int argc, char** argv) {
       for (size_t i : examples[outcome])
         std::printf(" %lld:%d", static_cast<long long>(flips[i].offset), flips[i].bit);
       std::printf("\n");
+    }
+    if (metadata_flips > 0 && data_flips > 0) {
+      std::printf("ckpt_sweep: by region (metadata, data):\n");
+      for (const auto& [outcome, count] : counts)
+        std::printf("  %8lld %8lld  %s\n", static_cast<long long>(metadata_counts[outcome]),
+                    static_cast<long long>(count - metadata_counts[outcome]), outcome.c_str());
     }
     if (!examples_path.empty()) {
       std::ofstream out(examples_path);
