@@ -16,8 +16,10 @@ namespace frugal {
 namespace {
 
 // One options_description per section, every key a string that ConfigKey::set parses (so a
-// bad value reads "config key 'train.lr': value 'abc' is not a number").
-po::options_description describe(const std::vector<ConfigKey>& keys) {
+// bad value reads "config key 'train.lr': value 'abc' is not a number"). The defaults are shown
+// by --help only: parsing sets the keys given and leaves the others at TrainConfig's defaults.
+enum class ShowDefaults { no, yes };
+po::options_description describe(const std::vector<ConfigKey>& keys, ShowDefaults show) {
   po::options_description all("frugal train options");
   for (const ConfigSection& section : config_sections()) {
     po::options_description options("[" + section.name + "] " + section.title);
@@ -26,12 +28,23 @@ po::options_description describe(const std::vector<ConfigKey>& keys) {
       const std::string allowed = key.allowed();
       const bool says_more = allowed != "any text" && allowed != "a path";
       const std::string doc = says_more ? key.doc + " (allowed: " + allowed + ")" : key.doc;
-      options.add_options()(key.name.c_str(), po::value<std::string>()->default_value(key.text()),
-                            doc.c_str());
+      auto* value = po::value<std::string>();
+      if (show == ShowDefaults::yes) value->default_value(key.text());
+      options.add_options()(key.name.c_str(), value, doc.c_str());
     }
     all.add(options);
   }
   return all;
+}
+
+// What the parser matches against, built once: the table is fixed, and building it (a hundred
+// options with their docs) cost more than parsing a .cfg file.
+const po::options_description& parsing_description() {
+  static const po::options_description* const all = [] {
+    TrainConfig defaults;
+    return new po::options_description(describe(config_keys(defaults), ShowDefaults::no));
+  }();
+  return *all;
 }
 
 // "config key 'train.lr': the required argument for option '--train.lr' is missing"
@@ -89,7 +102,7 @@ TrainOptions parse_train_options(const std::vector<std::string>& raw_args) {
   TrainOptions out;
   TrainConfig& c = out.config;
   const std::vector<ConfigKey> keys = config_keys(c);
-  const po::options_description all = describe(keys);
+  const po::options_description& all = parsing_description();
 
   po::options_description cli("command line");
   std::vector<std::string> config_files;
@@ -145,7 +158,7 @@ TrainOptions parse_train_options(const std::vector<std::string>& raw_args) {
   }
   for (const ConfigKey& key : keys) {
     const po::variable_value& value = vm[key.name];
-    if (!value.empty() && !value.defaulted()) key.set(value.as<std::string>());
+    if (!value.empty()) key.set(value.as<std::string>());
   }
   c.resolve();
   c.validate();
@@ -160,7 +173,7 @@ std::string train_options_help() {
          "[train] with `lr = 3e-3`), overridden by --section.key=value on the command line.\n"
          "Launch several ranks with mpirun -np N. --help-keys-markdown prints the keys as\n"
          "doc/usage.md's table.\n\n"
-      << describe(config_keys(defaults));
+      << describe(config_keys(defaults), ShowDefaults::yes);
   return out.str();
 }
 
