@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/checkpoint_index.h"
 #include "ckpt/step_check.h"
@@ -121,7 +122,7 @@ int cmd_ckpt(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    fail("ckpt: ", e.what(), " (see 'frugal ckpt --help')");
+    fail("ckpt: ", program_options_message(e), " (see 'frugal ckpt --help')");
   }
   if (vm.count("help") || action.empty()) {
     std::cout

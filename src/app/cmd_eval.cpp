@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "model/hf_model.h"
@@ -143,7 +144,7 @@ int cmd_eval(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(named).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    fail("eval: ", e.what(), " (see 'frugal eval --help')");
+    fail("eval: ", program_options_message(e), " (see 'frugal eval --help')");
   }
   if (vm.count("help")) {
     std::cout

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/hf_model.h"
@@ -42,7 +43,7 @@ int cmd_export(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(named).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    fail("export: ", e.what(), " (see 'frugal export --help')");
+    fail("export: ", program_options_message(e), " (see 'frugal export --help')");
   }
   if (vm.count("help")) {
     std::cout << "usage: frugal export --ckpt DIR --out DIR [--dtype f32|bf16] [--peft]\n\n"

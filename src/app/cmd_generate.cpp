@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "model/kv_cache.h"
@@ -91,7 +92,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(named).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    fail("generate: ", e.what(), " (see 'frugal generate --help')");
+    fail("generate: ", program_options_message(e), " (see 'frugal generate --help')");
   }
   if (vm.count("help")) {
     std::cout << "usage: frugal generate (--hf-model DIR | --ckpt DIR) (--prompt TEXT | "

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/corpus.h"
@@ -112,7 +113,7 @@ int cmd_prepare(const std::vector<std::string>& args) {
     po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    fail("prepare: ", e.what(), " (see 'frugal prepare --help')");
+    fail("prepare: ", program_options_message(e), " (see 'frugal prepare --help')");
   }
   if (vm.count("help")) {
     std::cout << "usage: frugal prepare --out DIR [options] INPUT...\n\n"

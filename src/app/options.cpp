@@ -47,6 +47,36 @@ const po::options_description& parsing_description() {
   return *all;
 }
 
+// An error's copy whose substituted texts hold no '%' (shown as the fullwidth '％'), so that no
+// substitution can bring back a placeholder: a derived class may rewrite its own base's
+// protected substitution tables.
+class PlaceholderFreeError : public po::error_with_option_name {
+ public:
+  explicit PlaceholderFreeError(const po::error_with_option_name& e)
+      : po::error_with_option_name(e) {
+    for (auto& [name, text] : m_substitutions) text = without_percent(text);
+    for (auto& [name, placeholder_and_text] : m_substitution_defaults)
+      placeholder_and_text.second = without_percent(placeholder_and_text.second);
+  }
+
+ private:
+  static std::string without_percent(const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '%' ? std::string("\xef\xbc\x85") : std::string(1, c);
+    return out;
+  }
+};
+
+}  // namespace
+
+std::string program_options_message(const po::error& e) {
+  if (auto* named = dynamic_cast<const po::error_with_option_name*>(&e))
+    return PlaceholderFreeError(*named).what();
+  return e.what();
+}
+
+namespace {
+
 // "config key 'train.lr': the required argument for option '--train.lr' is missing"
 [[noreturn]] void rethrow_as_error(const po::error& e) {
   if (auto* named = dynamic_cast<const po::error_with_option_name*>(&e)) {
@@ -55,9 +85,9 @@ const po::options_description& parsing_description() {
     key = key.substr(0, key.find('='));
     if (dynamic_cast<const po::unknown_option*>(&e))
       fail("unknown config key '", key, "' (see `frugal train --help` for every key)");
-    if (!key.empty()) fail("config key '", key, "': ", e.what());
+    if (!key.empty()) fail("config key '", key, "': ", program_options_message(e));
   }
-  fail(e.what());
+  fail(program_options_message(e));
 }
 
 // A file's values are parsed as they are read, so that a bad one names the file.

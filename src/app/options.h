@@ -10,6 +10,10 @@
 
 #include "train/train_config.h"
 
+namespace boost::program_options {
+class error;
+}
+
 namespace frugal {
 
 struct TrainOptions {
@@ -22,5 +26,12 @@ struct TrainOptions {
 // ...]
 TrainOptions parse_train_options(const std::vector<std::string>& args);
 std::string train_options_help();
+
+// What a Boost.Program_options error says, safe to ask for any input. Boost's own what() fills
+// its template by replacing each placeholder ("%canonical_option%") until none is left, so an
+// argument or a .cfg line that holds a placeholder's name makes it loop forever (found by
+// fuzzing the .cfg parser; `frugal export '--%canonical_option%'` hung). Every subcommand's
+// parsing errors go through here.
+std::string program_options_message(const boost::program_options::error& e);
 
 }  // namespace frugal

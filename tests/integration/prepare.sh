@@ -84,6 +84,9 @@ cmp -s out1/tokenizer.model out3/tokenizer.model || die "tokenizer.model was not
 expect_error "does not exist" "$FRUGAL" prepare --out bad missing_input_dir
 expect_error "unrecognised option '--no-such-option'" \
   "$FRUGAL" prepare --out bad --no-such-option corpus
+# An option naming one of Boost's placeholders once made its message loop forever.
+expect_error "unrecognised option '--.canonical_option" \
+  timeout 10 "$FRUGAL" prepare --out bad '--%canonical_option%' corpus
 expect_error "--out DIR is required" "$FRUGAL" prepare corpus
 expect_error "vocab-size 10 is too small" "$FRUGAL" prepare --out bad --vocab-size 10 corpus
 printf '{"text": "fine"}\n{"text": broken\n' > broken.jsonl

@@ -333,6 +333,23 @@ TEST_CASE("a .cfg file's bad value names the file and the key", "[config]") {
   CHECK(o.config.train.type == TrainType::full);  // the command line wins over the file
 }
 
+// Boost's messages replaced placeholders until none was left: text holding one looped forever
+// (fuzzing found the .cfg lines; every subcommand's command line had it too).
+TEST_CASE("text that names a Boost placeholder gets a message, not a hang", "[config]") {
+  test::TempDir dir;
+  const std::string cfg = dir.file("placeholder.cfg");
+  std::ofstream(cfg) << "[model]\n%invalid_line%\n";
+  const std::string percent = "\xef\xbc\x85";  // U+FF05, how a '%' of the input is shown
+  CHECK(test::error_of([&] { parse_train_options({cfg}); }) ==
+        "config file '" + cfg + "': the options configuration file contains an invalid line '" +
+            percent + "invalid_line" + percent + "'");
+  CHECK(test::contains(test::error_of([] { parse_train_options({"--%canonical_option%"}); }),
+                       "unknown config key '%canonical_option%'"));
+  std::ofstream(cfg) << "[model]\n%option%%original_token%=%value%\n";
+  CHECK(test::contains(test::error_of([&] { parse_train_options({cfg}); }),
+                       "unknown config key 'model.%option%%original_token%'"));
+}
+
 TEST_CASE("every shipped configs/*.cfg parses and validates", "[config]") {
   for (const auto& entry : std::filesystem::directory_iterator(FRUGAL_SOURCE_DIR "/configs")) {
     if (entry.path().extension() != ".cfg") continue;
