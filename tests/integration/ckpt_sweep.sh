@@ -11,6 +11,7 @@
 # datasets' chunks, one bit in 63 of its data region, a resume after one flip in 8: 825,885
 # flips, about 4 hours on two cores at 55 flips/s; doc/testing.md says how far it has run):
 #   CKPT_SWEEP_FULL=1 nice -n 10 bash tests/integration/ckpt_sweep.sh build/frugal .
+# CKPT_SWEEP_PART=K/N sweeps the K-th of N interleaved parts of the full sweep (ckpt_sweep --part).
 # usage: ckpt_sweep.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
@@ -44,7 +45,7 @@ if [ "${CKPT_SWEEP_FULL:-0}" = 1 ]; then
   # behind Fletcher32 and CRC32C: any flip there is refused), one flip in 8 also resumed; 2 s
   # before a check counts as hung, as for the heap headers below.
   "$sweep" "$work/run/ckpt" --metadata-every 1 --data-every 63 --resume-every 8 --time-limit 2 \
-    --jobs "$(getconf _NPROCESSORS_ONLN)" --examples "$work/examples.txt" | tee "$work/sweep.log"
+    --part "${CKPT_SWEEP_PART:-1/1}" --jobs "$(getconf _NPROCESSORS_ONLN)" --examples "$work/examples.txt" | tee "$work/sweep.log"
 else
   # The manifest is a string in HDF5's global heap: flips in the heap objects' 16-byte headers
   # around it make HDF5 crash or hang (3 of 8 bits there), which the check's children must

@@ -8,7 +8,7 @@
 //
 // usage: ckpt_sweep CKPT_DIR [RANGE...] [--every K] [--metadata-every K] [--data-every K]
 //                   [--signatures N] [--jobs N] [--resume-every K] [--time-limit S]
-//                   [--examples FILE]
+//                   [--examples FILE] [--part K/N]
 //   CKPT_DIR  a run's ckpt/ directory, saved by one rank, with two committed steps or more;
 //             the newest step's rank_00000.h5 is swept (and restored after each flip)
 //   RANGE     START:END byte offsets of that file (negative: from its end; END 0: its end)
@@ -27,6 +27,8 @@
 //             position gets resumed; verify runs on every flip. For the full sweep, where
 //             resuming after each of nearly a million flips would take hours on two cores.
 //   --examples FILE  writes "OFFSET BIT OUTCOME" for up to 5 flips of each outcome
+//   --part K/N       sweeps the K-th of N interleaved parts of the chosen flips (flips K-1,
+//             K-1+N, ...), each with its own summary: a long sweep run in several sittings
 //   --signatures N   also the first N bytes of every HDF5 metadata structure (found by its
 //             signature: object headers, B-tree nodes, heaps), where flips make HDF5 crash or
 //             hang; a range given twice is swept once
@@ -183,6 +185,7 @@ int main(int argc, char** argv) {
   int64_t signature_bytes = 0;
   double time_limit_s = 5;
   int jobs = 1;
+  int64_t part = 1, parts = 1;
   try {
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i] == "--every" && i + 1 < args.size()) {
@@ -201,6 +204,13 @@ int main(int argc, char** argv) {
         signature_bytes = std::stoll(args[++i]);
       } else if (args[i] == "--time-limit" && i + 1 < args.size()) {
         time_limit_s = std::stod(args[++i]);
+      } else if (args[i] == "--part" && i + 1 < args.size()) {
+        const std::string text = args[++i];
+        const size_t slash = text.find('/');
+        if (slash == std::string::npos) fail("--part '", text, "' is not K/N");
+        part = std::stoll(text.substr(0, slash));
+        parts = std::stoll(text.substr(slash + 1));
+        if (parts < 1 || part < 1 || part > parts) fail("--part '", text, "' needs 1 <= K <= N");
       } else if (args[i] == "--examples" && i + 1 < args.size()) {
         examples_path = args[++i];
       } else if (ckpt.empty()) {
@@ -221,7 +231,7 @@ int main(int argc, char** argv) {
       every < 1 || jobs < 1 || resume_every < 1 || !(time_limit_s > 0)) {
     std::cerr << "usage: ckpt_sweep CKPT_DIR [START:END...] [--every K] [--metadata-every K] "
                  "[--data-every K] [--signatures N] [--jobs N] [--resume-every K] "
-                 "[--time-limit S] [--examples FILE]\n";
+                 "[--time-limit S] [--examples FILE] [--part K/N]\n";
     return 2;
   }
   try {
@@ -287,10 +297,10 @@ int main(int argc, char** argv) {
         }
     }
     std::vector<Flip> flips;
-    int64_t metadata_flips = 0;
+    int64_t metadata_flips = 0, n_chosen = 0;
     for (int64_t offset = 0; offset < size; ++offset)
       for (int bit = 0; bit < 8; ++bit)
-        if (chosen[size_t(offset) * 8 + size_t(bit)]) {
+        if (chosen[size_t(offset) * 8 + size_t(bit)] && n_chosen++ % parts == part - 1) {
           flips.push_back({offset, bit});
           metadata_flips += !is_data[size_t(offset)];
         }
@@ -302,6 +312,9 @@ int main(int argc, char** argv) {
     if (!ranges.empty()) chosen_by += ", " + one_in(every) + " bit of the ranges";
     if (metadata_every > 0) chosen_by += ", " + one_in(metadata_every) + " metadata bit";
     if (data_every > 0) chosen_by += ", " + one_in(data_every) + " data bit";
+    if (parts > 1)
+      chosen_by += ", part " + std::to_string(part) + " of " + std::to_string(parts) + " (of " +
+                   std::to_string(n_chosen) + " flips)";
     std::printf(
         "ckpt_sweep: %zu flips (%s): %lld in metadata, %lld in data; verify after each "
         "flip, a resume after %s\n",
