@@ -181,6 +181,9 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
 
   // Added tokens: matched before anything else; special ones dropped by decode.
   std::vector<std::pair<std::string, int32_t>> added;
+  // HF gives an added token the id of the same text in the vocabulary, else the next one after
+  // the vocabulary, whatever the file says (with a warning): a file that disagrees is refused.
+  auto next_id = static_cast<int32_t>(vocab.size());
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     for (const json& t : j["added_tokens"]) {
       if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
@@ -189,6 +192,19 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
         fail(r.source, ": added token ", t.dump(), " lacks an integer id or a string content");
       const std::string content = t["content"].get<std::string>();
       const auto id = t["id"].get<int32_t>();
+      if (content.empty()) continue;  // HF ignores it
+      int32_t hf_id;
+      if (auto it = added_ids_.find(content); it != added_ids_.end())
+        hf_id = it->second;
+      else if (auto in_vocab = vocab.find(content); in_vocab != vocab.end())
+        hf_id = in_vocab->second;
+      else
+        hf_id = next_id++;
+      if (id != hf_id)
+        fail(r.source, ": added token '", content, "' has id ", id,
+             ", but HF tokenizers reads it as ", hf_id,
+             " (its vocabulary id, or the next id after the vocabulary of ", vocab.size(),
+             " tokens and the added tokens before it): the file is inconsistent");
       for (const char* key : {"single_word", "lstrip", "rstrip"})
         if (r.flag(t, key, false))
           r.refuse("added token '" + content + "' has " + key + " set, which is not supported");
@@ -279,7 +295,7 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
     if (p.value("type", "") == "TemplateProcessing" && p.contains("single") &&
         p["single"].is_array() && !p["single"].empty() && p["single"][0].contains("SpecialToken")) {
       const std::string bos = p["single"][0]["SpecialToken"].value("id", "");
-      bos_id_ = id_of(bos);
+      bos_id_ = template_bos_id_ = id_of(bos);
     }
 
   // tokenizer_config.json next to the file names bos, eos and pad as transformers reads them.

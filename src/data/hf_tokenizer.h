@@ -55,6 +55,7 @@ class HfTokenizer : public TokenizerModel {
   int32_t eos_id() const override { return eos_id_; }
   int32_t pad_id() const override { return pad_id_; }
   int32_t unk_id() const override { return unk_id_; }
+  bool prepends_bos() const override { return template_bos_id_ >= 0; }
 
  private:
   void encode_text(std::string_view text, std::vector<int32_t>& ids) const;
@@ -72,6 +73,7 @@ class HfTokenizer : public TokenizerModel {
   std::unordered_map<std::string, int32_t> added_ids_;
   std::unordered_set<std::string> special_tokens_;
   int32_t bos_id_ = -1, eos_id_ = -1, pad_id_ = -1, unk_id_ = -1;
+  int32_t template_bos_id_ = -1;  // what the TemplateProcessing post-processor puts first
 };
 
 }  // namespace frugal

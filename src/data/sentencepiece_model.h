@@ -27,6 +27,7 @@ class SentencePieceModel : public TokenizerModel {
   int32_t eos_id() const override;
   int32_t pad_id() const override;
   int32_t unk_id() const override;
+  bool prepends_bos() const override { return true; }  // LlamaTokenizer's add_bos_token
 
  private:
   std::string path_;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "data/hf_tokenizer.h"
 #include "data/sentencepiece_model.h"
 
@@ -52,6 +53,14 @@ std::string copy_tokenizer(const std::string& path, const std::string& dir) {
     fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
     if (ec) fail("cannot copy '", from.string(), "' to '", to.string(), "': ", ec.message());
   }
+  // A tokenizer.model left from before would win over the new tokenizer.json in find_tokenizer.
+  const fs::path stale = fs::path(dir) / tokenizer_file_name(TokenizerKind::sentencepiece);
+  if (kind == TokenizerKind::byte_level_bpe && fs::exists(stale, ec)) {
+    log_warn("removing '", stale.string(), "': ", copies.front().second.string(),
+             " is this directory's tokenizer now");
+    fs::remove(stale, ec);
+    if (ec) fail("cannot remove '", stale.string(), "': ", ec.message());
+  }
   return copies.front().second.string();
 }
 
@@ -84,6 +93,7 @@ std::string Tokenizer::piece(int32_t id) const {
   return model_->piece(id);
 }
 
+bool Tokenizer::prepends_bos() const { return model_->prepends_bos(); }
 int32_t Tokenizer::vocab_size() const { return model_->vocab_size(); }
 int32_t Tokenizer::bos_id() const { return model_->bos_id(); }
 int32_t Tokenizer::eos_id() const { return model_->eos_id(); }

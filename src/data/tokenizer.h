@@ -38,8 +38,9 @@ const char* tokenizer_file_name(TokenizerKind kind);
 // files, and the SentencePiece model is their original), else tokenizer.json, else "".
 std::string find_tokenizer(const std::string& dir);
 // Copies the tokenizer at `path` into `dir` under its kind's file name (with
-// tokenizer_config.json for a tokenizer.json that has one beside it); returns the new path.
-// Copying a file onto itself does nothing.
+// tokenizer_config.json for a tokenizer.json that has one beside it), so that it is what
+// find_tokenizer(dir) finds: a tokenizer.json copied removes a tokenizer.model already there
+// (with a warning). Returns the new path. Copying a file onto itself does nothing.
 std::string copy_tokenizer(const std::string& path, const std::string& dir);
 
 class Tokenizer {
@@ -63,6 +64,10 @@ class Tokenizer {
   // The vocabulary entry, e.g. "▁the", "<0x0A>" (SentencePiece), "Ġthe" (byte-level BPE).
   std::string piece(int32_t id) const;
 
+  // Whether a text is encoded as bos + ids by the model's convention: always for SentencePiece
+  // (Llama's), and for a tokenizer.json when its post-processor adds one (Llama 3 does, Qwen2
+  // does not).
+  bool prepends_bos() const;
   TokenizerKind kind() const { return kind_; }
   int32_t vocab_size() const;  // one past the largest id
   int32_t bos_id() const;      // -1 when the tokenizer has none

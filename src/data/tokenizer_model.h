@@ -23,6 +23,7 @@ class TokenizerModel {
   virtual int32_t eos_id() const = 0;
   virtual int32_t pad_id() const = 0;
   virtual int32_t unk_id() const = 0;
+  virtual bool prepends_bos() const = 0;
 };
 
 }  // namespace frugal

@@ -225,6 +225,30 @@ TEST_CASE("tokenizer kind: chosen from the file, found in a directory, copied wi
   std::ofstream(dir.file("tokenizer.model")) << "x";
   CHECK(find_tokenizer(dir.path.string()) == dir.file("tokenizer.model"));
   CHECK(tokenizer_kind_of(dir.file("tokenizer.model")) == TokenizerKind::sentencepiece);
+
+  // Copying a tokenizer.json where a tokenizer.model is removes the old one, so that the new
+  // one is found.
+  std::ofstream(dir.path / "data/tokenizer.model") << "stale";
+  copy_tokenizer(llama3, (dir.path / "data").string());
+  CHECK_FALSE(fs::exists(dir.path / "data/tokenizer.model"));
+  CHECK(find_tokenizer((dir.path / "data").string()) == copied);
+  CHECK(Tokenizer(copied).bos_id() == 3150);
+}
+
+TEST_CASE("tokenizer.json: normalized added tokens, characters outside the vocabulary",
+          "[data][tokenizer][bpe]") {
+  // The fuzz seeds: an 18-token vocabulary with "café" as a normalized (non-special) added
+  // token. Expected ids from HF tokenizers 0.23.3: with NFC, "cafe" + U+0301 finds "café"; with
+  // no normalizer it does not, and characters outside the vocabulary (no unk) are dropped.
+  const fs::path seeds = fs::path(FRUGAL_SOURCE_DIR) / "tests/fuzz/corpus/tokenizer_json";
+  const Tokenizer l3((seeds / "llama3_style.json").string());
+  const Tokenizer q2((seeds / "qwen2_style.json").string());
+  for (const Tokenizer* t : {&l3, &q2}) {
+    CHECK(t->encode("Hello it's caf\xC3\xA9") == std::vector<int32_t>{15, 17, 7, 8, 4, 20});
+    CHECK(t->encode("xcaf\xC3\xA9x") == std::vector<int32_t>{20});
+  }
+  CHECK(l3.encode("cafe\xCC\x81<|begin_of_text|>Hell") == std::vector<int32_t>{1, 18, 14});
+  CHECK(q2.encode("cafe\xCC\x81<|begin_of_text|>Hell") == std::vector<int32_t>{20, 18, 14});
 }
 
 TEST_CASE("tokenizer.json: what frugal does not implement is refused by name",
@@ -275,6 +299,8 @@ TEST_CASE("tokenizer.json: what frugal does not implement is refused by name",
   CHECK(contains(error_with([](auto& j) { j["model"]["merges"][0] = "Ġ zzzq"; }),
                  "'zzzq', which is not in the vocabulary"));
   CHECK(contains(error_with([](auto& j) { j["model"].erase("type"); }), "model has no \"type\""));
+  CHECK(contains(error_with([](auto& j) { j["added_tokens"][1]["id"] = 5000; }),
+                 "added token '<|end_of_text|>' has id 5000, but HF tokenizers reads it as 3151"));
   std::ofstream(dir.file("broken.json")) << "{\"model\": ";
   CHECK(contains(error_of([&] { Tokenizer t(dir.file("broken.json")); }), "is not valid JSON"));
   CHECK(contains(error_of([&] { Tokenizer t(dir.file("missing.json")); }), "missing.json"));
