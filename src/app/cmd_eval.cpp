@@ -96,7 +96,7 @@ std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
   return lines;
 }
 
-// One document per non-empty line: bos, then the line's ids (no eos).
+// One document per non-empty line: bos (when `bos` >= 0), then the line's ids (no eos).
 std::vector<std::vector<int32_t>> read_text_lines(const std::string& path,
                                                   const Tokenizer& tokenizer, int32_t bos) {
   std::ifstream in(path);
@@ -105,7 +105,8 @@ std::vector<std::vector<int32_t>> read_text_lines(const std::string& path,
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    std::vector<int32_t> ids{bos};
+    std::vector<int32_t> ids;
+    if (bos >= 0) ids.push_back(bos);
     const std::vector<int32_t> text = tokenizer.encode(line);
     ids.insert(ids.end(), text.begin(), text.end());
     lines.push_back(std::move(ids));
@@ -128,10 +129,10 @@ int cmd_eval(const std::vector<std::string>& args) {
       ("tokens", po::value<std::string>(&opt.tokens_path)->value_name("FILE"),
        "whitespace-separated token ids, one sequence per line")
       ("text", po::value<std::string>(&opt.text_path)->value_name("FILE"),
-       "text, one document per non-empty line, encoded with the model's tokenizer.model as "
-       "bos + ids (no eos)")
+       "text, one document per non-empty line, encoded with the model's tokenizer as "
+       "bos + ids (no eos; no bos where the tokenizer adds none, as Qwen2's)")
       ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
-       "tokenizer.model for --text (default: the model's own)")
+       "tokenizer.model or tokenizer.json for --text (default: the model's own)")
       ("quant", po::value<std::string>(&opt.quant)->default_value(opt.quant)->value_name("Q"),
        "none, nf4 (NF4 with double quantization) or hqq (HQQ 4-bit): store the blocks' "
        "linear weights 4-bit on load and evaluate with them (rows must be multiples of 64)")
@@ -185,12 +186,14 @@ int cmd_eval(const std::vector<std::string>& args) {
         opt.tokenizer_path.empty() ? model.tokenizer_path : opt.tokenizer_path;
     if (tokenizer_path.empty())
       fail("eval: --text needs a tokenizer, and ", model.source,
-           " has no tokenizer.model: pass --tokenizer PATH");
+           " has no tokenizer.model or tokenizer.json: pass --tokenizer PATH");
     Tokenizer tokenizer(tokenizer_path);
     if (tokenizer.vocab_size() > c.vocab_size)
       fail("eval: tokenizer '", tokenizer_path, "' has ", tokenizer.vocab_size(),
            " pieces, more than the model's vocab_size ", c.vocab_size);
-    const int32_t bos = tokenizer.bos_id() >= 0 ? tokenizer.bos_id() : model.bos_id;
+    const int32_t bos = !tokenizer.prepends_bos() ? -1
+                        : tokenizer.bos_id() >= 0 ? tokenizer.bos_id()
+                                                  : model.bos_id;
     lines = read_text_lines(opt.text_path, tokenizer, bos);
   }
   if (lines.empty()) fail("eval: '", input, "' holds no sequences");

@@ -85,7 +85,7 @@ int cmd_generate(const std::vector<std::string>& args) {
        "re-run the whole prefix for every token instead of using the KV cache (same tokens, "
        "slower; for checking)")
       ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
-       "tokenizer.model to use (default: the model's own)");
+       "tokenizer.model or tokenizer.json to use (default: the model's own)");
   // clang-format on
   po::variables_map vm;
   try {
@@ -128,13 +128,13 @@ int cmd_generate(const std::vector<std::string>& args) {
            " pieces, more than the model's vocab_size ", c.vocab_size);
   }
   if (!tokenizer && (vm.count("prompt") || !opt.print_ids))
-    fail("generate: ", model.source, " has no tokenizer.model, needed for ",
+    fail("generate: ", model.source, " has no tokenizer.model or tokenizer.json, needed for ",
          vm.count("prompt") ? "--prompt" : "printing text",
          ": pass --tokenizer PATH, or use --prompt-ids and --ids");
 
   std::vector<int32_t> prompt;
   if (vm.count("prompt")) {
-    if (!opt.no_bos)
+    if (!opt.no_bos && tokenizer->prepends_bos())
       prompt.push_back(tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : model.bos_id);
     const std::vector<int32_t> ids = tokenizer->encode(opt.prompt);
     prompt.insert(prompt.end(), ids.begin(), ids.end());

@@ -1,5 +1,5 @@
-// `frugal prepare`: corpus -> tokenizer.model, train.tok, val.tok and prepare.json in one
-// directory, ready for `frugal train`.
+// `frugal prepare`: corpus -> tokenizer (.model or .json), train.tok, val.tok and prepare.json in
+// one directory, ready for `frugal train`.
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <filesystem>
@@ -90,7 +90,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
       ("seed", po::value<uint64_t>(&opt.seed)->default_value(opt.seed)->value_name("N"),
        "seed of the train/val split and of tokenizer training")
       ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
-       "use this tokenizer.model instead of training one (copied to DIR)")
+       "use this tokenizer.model (SentencePiece) or tokenizer.json (byte-level BPE) instead "
+       "of training one (copied to DIR)")
       ("format", po::value<std::string>(&opt.format)->default_value(opt.format)
            ->value_name("F"),
        "input format: auto, text (a file is a document), fortune (documents between '%' "
@@ -119,7 +120,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
     std::cout << "usage: frugal prepare --out DIR [options] INPUT...\n\n"
                  "Reads a corpus (text files, fortune files, JSONL, or directories of them),\n"
                  "trains a SentencePiece tokenizer on the training documents (or takes\n"
-                 "--tokenizer), and writes DIR/tokenizer.model, DIR/train.tok, DIR/val.tok\n"
+                 "--tokenizer: a tokenizer.model or a tokenizer.json), and writes the tokenizer\n"
+                 "(DIR/tokenizer.model or DIR/tokenizer.json), DIR/train.tok, DIR/val.tok\n"
                  "and DIR/prepare.json. Documents are split into train and val by a seeded\n"
                  "shuffle; each is stored as bos, ids..., eos.\n\n"
               << named << "\n";
@@ -191,7 +193,7 @@ int cmd_prepare(const std::vector<std::string>& args) {
   std::error_code ec;
   fs::create_directories(opt.out_dir, ec);
   if (ec) fail("prepare: cannot create output directory '", opt.out_dir, "': ", ec.message());
-  const std::string model_path = (fs::path(opt.out_dir) / "tokenizer.model").string();
+  std::string model_path = (fs::path(opt.out_dir) / "tokenizer.model").string();
   double tokenizer_seconds = 0;
   if (train_new) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -206,18 +208,18 @@ int cmd_prepare(const std::vector<std::string>& args) {
     log_info("prepare: tokenizer trained in ", fixed(tokenizer_seconds, 2), " s -> ", model_path);
   } else {
     Tokenizer given(opt.tokenizer_path);  // validates before copying
-    if (!(fs::exists(model_path) && fs::equivalent(opt.tokenizer_path, model_path))) {
-      fs::copy_file(opt.tokenizer_path, model_path, fs::copy_options::overwrite_existing, ec);
-      if (ec)
-        fail("prepare: cannot copy '", opt.tokenizer_path, "' to '", model_path,
-             "': ", ec.message());
-    }
-    log_info("prepare: using tokenizer ", opt.tokenizer_path, " (vocab ", given.vocab_size(), ")");
+    model_path = copy_tokenizer(opt.tokenizer_path, opt.out_dir);
+    log_info("prepare: using ", enum_name(given.kind()), " tokenizer ", opt.tokenizer_path,
+             " (vocab ", given.vocab_size(), ")");
   }
   Tokenizer tokenizer(model_path);
   if (tokenizer.bos_id() < 0 || tokenizer.eos_id() < 0)
     fail("prepare: tokenizer '", model_path, "' has no bos or eos piece (bos ", tokenizer.bos_id(),
-         ", eos ", tokenizer.eos_id(), "); token files need both");
+         ", eos ", tokenizer.eos_id(), "); token files need both",
+         tokenizer.kind() == TokenizerKind::byte_level_bpe
+             ? " (a tokenizer.json takes them from bos_token and eos_token of the "
+               "tokenizer_config.json beside it, bos also from its TemplateProcessing)"
+             : "");
 
   // 4. The token files.
   const auto t_encode = std::chrono::steady_clock::now();

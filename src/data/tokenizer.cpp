@@ -1,43 +1,82 @@
-// SentencePiece behind frugal's Tokenizer, and deterministic tokenizer training.
+// The Tokenizer facade: which kind a file is, where a directory keeps it, and the checks
+// every kind shares.
 #include "data/tokenizer.h"
 
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
-
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <unordered_map>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "data/hf_tokenizer.h"
+#include "data/sentencepiece_model.h"
 
 namespace frugal {
 
 namespace fs = std::filesystem;
 
-Tokenizer::Tokenizer(const std::string& model_path)
-    : path_(model_path), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+TokenizerKind tokenizer_kind_of(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_regular_file(model_path, ec))
-    fail("tokenizer model '", model_path, "' does not exist or is not a file");
-  auto status = processor_->Load(model_path);
-  if (!status.ok())
-    fail("tokenizer model '", model_path, "' is not a valid SentencePiece model (",
-         status.ToString(), ")");
-  if (processor_->GetPieceSize() <= 0) fail("tokenizer model '", model_path, "' has no pieces");
+  if (!fs::is_regular_file(path, ec))
+    fail("tokenizer '", path, "' does not exist or is not a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("tokenizer '", path, "' cannot be read");
+  // A SentencePiece model is a protobuf: it starts with a field tag, never with '{'.
+  char c = 0;
+  while (in.get(c) && (c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
+  }
+  return in && c == '{' ? TokenizerKind::byte_level_bpe : TokenizerKind::sentencepiece;
+}
+
+const char* tokenizer_file_name(TokenizerKind kind) {
+  return kind == TokenizerKind::sentencepiece ? "tokenizer.model" : "tokenizer.json";
+}
+
+std::string find_tokenizer(const std::string& dir) {
+  for (TokenizerKind kind : {TokenizerKind::sentencepiece, TokenizerKind::byte_level_bpe}) {
+    const fs::path p = fs::path(dir) / tokenizer_file_name(kind);
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return p.string();
+  }
+  return "";
+}
+
+std::string copy_tokenizer(const std::string& path, const std::string& dir) {
+  const TokenizerKind kind = tokenizer_kind_of(path);
+  std::vector<std::pair<fs::path, fs::path>> copies = {
+      {path, fs::path(dir) / tokenizer_file_name(kind)}};
+  const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (kind == TokenizerKind::byte_level_bpe && fs::is_regular_file(config, ec))
+    copies.emplace_back(config, fs::path(dir) / "tokenizer_config.json");
+  for (const auto& [from, to] : copies) {
+    if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) continue;
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+    if (ec) fail("cannot copy '", from.string(), "' to '", to.string(), "': ", ec.message());
+  }
+  // A tokenizer.model left from before would win over the new tokenizer.json in find_tokenizer.
+  const fs::path stale = fs::path(dir) / tokenizer_file_name(TokenizerKind::sentencepiece);
+  if (kind == TokenizerKind::byte_level_bpe && fs::exists(stale, ec)) {
+    log_warn("removing '", stale.string(), "': ", copies.front().second.string(),
+             " is this directory's tokenizer now");
+    fs::remove(stale, ec);
+    if (ec) fail("cannot remove '", stale.string(), "': ", ec.message());
+  }
+  return copies.front().second.string();
+}
+
+Tokenizer::Tokenizer(const std::string& path) : path_(path), kind_(tokenizer_kind_of(path)) {
+  if (kind_ == TokenizerKind::sentencepiece)
+    model_ = std::make_unique<SentencePieceModel>(path);
+  else
+    model_ = std::make_unique<HfTokenizer>(path);
+  if (model_->vocab_size() <= 0) fail("tokenizer '", path, "' has no tokens");
 }
 
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  std::vector<int> ids;
-  auto status = processor_->Encode(text, &ids);
-  if (!status.ok()) fail("tokenizer '", path_, "': encoding failed: ", status.ToString());
-  return std::vector<int32_t>(ids.begin(), ids.end());
-}
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const { return model_->encode(text); }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   const int32_t n = vocab_size();
@@ -45,131 +84,20 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
     if (ids[i] < 0 || ids[i] >= n)
       fail("tokenizer '", path_, "': id ", ids[i], " at position ", i,
            " is outside the vocabulary [0, ", n, ")");
-  std::string text;
-  auto status = processor_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
-  if (!status.ok()) fail("tokenizer '", path_, "': decoding failed: ", status.ToString());
-  return text;
+  return model_->decode(ids);
 }
 
 std::string Tokenizer::piece(int32_t id) const {
   if (id < 0 || id >= vocab_size())
     fail("tokenizer '", path_, "': id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
-  return processor_->IdToPiece(id);
+  return model_->piece(id);
 }
 
-int32_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
-int32_t Tokenizer::bos_id() const { return processor_->bos_id(); }
-int32_t Tokenizer::eos_id() const { return processor_->eos_id(); }
-int32_t Tokenizer::pad_id() const { return processor_->pad_id(); }
-int32_t Tokenizer::unk_id() const { return processor_->unk_id(); }
-
-namespace {
-
-// Cuts a document into training sentences of at most max_bytes, at line ends where it can
-// (after the '\n', so newlines are learnt) and otherwise at a UTF-8 character boundary.
-// SentencePiece skips longer sentences, which would silently drop whole plain-text books.
-void append_sentences(const std::string& doc, size_t max_bytes, std::vector<std::string>& out) {
-  size_t begin = 0;
-  while (begin < doc.size()) {
-    size_t end = std::min(doc.size(), begin + max_bytes);
-    if (end < doc.size()) {
-      size_t newline = doc.rfind('\n', end - 1);
-      if (newline != std::string::npos && newline >= begin) {
-        end = newline + 1;
-      } else {
-        // No line end in reach: back up to the start of a UTF-8 character.
-        while (end > begin + 1 && (static_cast<unsigned char>(doc[end]) & 0xC0) == 0x80) --end;
-      }
-    }
-    out.push_back(doc.substr(begin, end - begin));
-    begin = end;
-  }
-}
-
-class VectorSentenceIterator : public sentencepiece::SentenceIterator {
- public:
-  explicit VectorSentenceIterator(const std::vector<std::string>& sentences)
-      : sentences_(sentences) {}
-  bool done() const override { return index_ >= sentences_.size(); }
-  void Next() override { ++index_; }
-  const std::string& value() const override { return sentences_[index_]; }
-  sentencepiece::util::Status status() const override { return {}; }
-
- private:
-  const std::vector<std::string>& sentences_;
-  size_t index_ = 0;
-};
-
-}  // namespace
-
-void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_path,
-                     const TokenizerTrainOptions& options) {
-  if (options.vocab_size < kMinTokenizerVocab)
-    fail("tokenizer vocab size ", options.vocab_size, " is too small: byte fallback alone takes ",
-         "259 ids (256 bytes, unk, bos, eos); use at least ", kMinTokenizerVocab);
-  if (options.model_type != "bpe" && options.model_type != "unigram")
-    fail("tokenizer model type '", options.model_type, "' is not one of: bpe, unigram");
-  if (options.max_sentence_bytes < 16)
-    fail("tokenizer max sentence bytes ", options.max_sentence_bytes, " is below 16");
-
-  std::vector<std::string> sentences;
-  for (const std::string& doc : documents)
-    append_sentences(doc, static_cast<size_t>(options.max_sentence_bytes), sentences);
-  if (sentences.empty()) fail("cannot train a tokenizer: the corpus holds no text");
-
-  // Llama's settings, spelled out: identity normalization and kept whitespace make
-  // decode(encode(text)) == text for any UTF-8 text.
-  const std::unordered_map<std::string, std::string> args = {
-      {"model_type", options.model_type},
-      {"vocab_size", std::to_string(options.vocab_size)},
-      {"character_coverage", std::to_string(options.character_coverage)},
-      {"byte_fallback", "true"},
-      {"split_digits", "true"},
-      {"allow_whitespace_only_pieces", "true"},
-      {"normalization_rule_name", "identity"},
-      {"remove_extra_whitespaces", "false"},
-      {"add_dummy_prefix", "true"},
-      {"unk_id", "0"},
-      {"bos_id", "1"},
-      {"eos_id", "2"},
-      {"pad_id", "-1"},
-      {"num_threads", "1"},
-      {"input_sentence_size", std::to_string(options.input_sentence_size)},
-      {"shuffle_input_sentence", "true"},
-      {"max_sentence_length", std::to_string(options.max_sentence_bytes)},
-      // Pieces containing "\n" would make SentencePiece warn about its .vocab file, which we
-      // do not write (an empty model_prefix and a serialized model instead).
-      {"minloglevel", "2"},
-  };
-  // SentencePiece reserves seed 0xffffffff for "seed from std::random_device".
-  sentencepiece::SetRandomGeneratorSeed(options.seed == 0xffffffffu ? 0x7fffffffu : options.seed);
-  VectorSentenceIterator iterator(sentences);
-  std::string model;
-  auto status = sentencepiece::SentencePieceTrainer::Train(args, &iterator, &model);
-  if (!status.ok())
-    fail("training the tokenizer (", options.model_type, ", vocab size ", options.vocab_size, ", ",
-         sentences.size(), " sentences) failed: ", status.ToString());
-
-  // Write to a temporary name and rename, so a crash never leaves half a model behind.
-  const std::string tmp_path = model_path + ".tmp";
-  {
-    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write tokenizer model '", tmp_path, "'");
-    out.write(model.data(), static_cast<std::streamsize>(model.size()));
-    if (!out) fail("writing tokenizer model '", tmp_path, "' failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp_path, model_path, ec);
-  if (ec) fail("cannot rename '", tmp_path, "' to '", model_path, "': ", ec.message());
-}
-
-void train_tokenizer_from_file(const std::string& text_path, const std::string& model_path,
-                               const TokenizerTrainOptions& options) {
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) fail("cannot open tokenizer training text '", text_path, "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  train_tokenizer({text.str()}, model_path, options);
-}
+bool Tokenizer::prepends_bos() const { return model_->prepends_bos(); }
+int32_t Tokenizer::vocab_size() const { return model_->vocab_size(); }
+int32_t Tokenizer::bos_id() const { return model_->bos_id(); }
+int32_t Tokenizer::eos_id() const { return model_->eos_id(); }
+int32_t Tokenizer::pad_id() const { return model_->pad_id(); }
+int32_t Tokenizer::unk_id() const { return model_->unk_id(); }
 
 }  // namespace frugal

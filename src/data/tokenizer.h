@@ -1,39 +1,76 @@
-// Tokenizer: a SentencePiece model (BPE or unigram with byte fallback, Llama's conventions:
-// unk 0, bos 1, eos 2, no pad), loading, encoding and decoding, and training a new one.
+// Tokenizer: the tokenizer a model comes with, whichever format it is in (TokenizerKind):
+// a SentencePiece tokenizer.model (Llama 1 and 2, and what `frugal prepare` trains: unk 0,
+// bos 1, eos 2, no pad) or a Hugging Face tokenizer.json of the byte-level BPE kind (Llama 3,
+// Qwen2). Finding the tokenizer in a directory, copying it with its companion files, and
+// training a new SentencePiece model.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
+#include "core/enum_names.h"
 
 namespace frugal {
 
+class TokenizerModel;
+
+enum class TokenizerKind {
+  sentencepiece,   // tokenizer.model (protobuf)
+  byte_level_bpe,  // tokenizer.json, with tokenizer_config.json beside it for bos and eos
+};
+inline std::span<const EnumName<TokenizerKind>> enum_names(TokenizerKind) {
+  static constexpr EnumName<TokenizerKind> names[] = {
+      {TokenizerKind::sentencepiece, "sentencepiece"},
+      {TokenizerKind::byte_level_bpe, "byte-level BPE"}};
+  return names;
+}
+
+// The kind of the file at `path`, from its content (a JSON object is a tokenizer.json,
+// anything else is taken for SentencePiece). Throws Error when it cannot be read.
+TokenizerKind tokenizer_kind_of(const std::string& path);
+// The file name a kind has in a model or data directory: tokenizer.model, tokenizer.json.
+const char* tokenizer_file_name(TokenizerKind kind);
+// DIR's tokenizer: tokenizer.model when there is one (Llama 1 and 2 directories hold both
+// files, and the SentencePiece model is their original), else tokenizer.json, else "".
+std::string find_tokenizer(const std::string& dir);
+// Copies the tokenizer at `path` into `dir` under its kind's file name (with
+// tokenizer_config.json for a tokenizer.json that has one beside it), so that it is what
+// find_tokenizer(dir) finds: a tokenizer.json copied removes a tokenizer.model already there
+// (with a warning). Returns the new path. Copying a file onto itself does nothing.
+std::string copy_tokenizer(const std::string& path, const std::string& dir);
+
 class Tokenizer {
  public:
-  // Loads a SentencePiece `tokenizer.model`; throws Error naming the file when it is missing
-  // or is not a SentencePiece model.
-  explicit Tokenizer(const std::string& model_path);
+  // Loads the tokenizer at `path`, of the kind its content says; throws Error naming the file
+  // when it is missing, is neither kind, or uses what frugal does not implement.
+  explicit Tokenizer(const std::string& path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // The ids of `text`, without bos or eos (the token file writer adds those). Thread-safe.
+  // The ids of `text`, without bos or eos (the token file writer adds those). Text that is not
+  // valid UTF-8 is encoded as its U+FFFD-repaired form by tokenizer.json (as transformers
+  // sees it), byte by byte by SentencePiece's byte fallback. Thread-safe.
   std::vector<int32_t> encode(std::string_view text) const;
-  // The text of `ids`; control ids (bos, eos) are dropped. Throws Error on an id outside
-  // [0, vocab_size).
+  // The text of `ids`; control and special ids (bos, eos, <|im_end|>, ...) are dropped.
+  // Throws Error on an id outside [0, vocab_size()).
   std::string decode(const std::vector<int32_t>& ids) const;
-  std::string piece(int32_t id) const;  // the vocabulary entry, e.g. "▁the", "<0x0A>"
+  // The vocabulary entry, e.g. "▁the", "<0x0A>" (SentencePiece), "Ġthe" (byte-level BPE).
+  std::string piece(int32_t id) const;
 
-  int32_t vocab_size() const;
-  int32_t bos_id() const;
+  // Whether a text is encoded as bos + ids by the model's convention: always for SentencePiece
+  // (Llama's), and for a tokenizer.json when its post-processor adds one (Llama 3 does, Qwen2
+  // does not).
+  bool prepends_bos() const;
+  TokenizerKind kind() const { return kind_; }
+  int32_t vocab_size() const;  // one past the largest id
+  int32_t bos_id() const;      // -1 when the tokenizer has none
   int32_t eos_id() const;
   int32_t pad_id() const;  // -1 when the model has no pad piece (Llama's convention)
   int32_t unk_id() const;
@@ -41,7 +78,8 @@ class Tokenizer {
 
  private:
   std::string path_;
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  TokenizerKind kind_;
+  std::unique_ptr<TokenizerModel> model_;
 };
 
 struct TokenizerTrainOptions {
@@ -54,6 +92,8 @@ struct TokenizerTrainOptions {
   int32_t max_sentence_bytes = 4096;
   uint32_t seed = 1234;
 };
+
+// Training a SentencePiece model (implemented in sentencepiece_model.cpp).
 
 // The fewest ids a byte-fallback model can have: 256 bytes + unk, bos, eos, plus room for
 // the characters and merges that make it better than a byte tokenizer.

@@ -198,10 +198,7 @@ HfModelDir::~HfModelDir() = default;
 HfModelDir::HfModelDir(HfModelDir&&) noexcept = default;
 HfModelDir& HfModelDir::operator=(HfModelDir&&) noexcept = default;
 
-std::string HfModelDir::tokenizer_path() const {
-  const fs::path p = fs::path(dir_) / "tokenizer.model";
-  return fs::exists(p) ? p.string() : std::string();
-}
+std::string HfModelDir::tokenizer_path() const { return find_tokenizer(dir_); }
 
 const Shape& HfModelDir::expected_shape(const std::string& hf_name) const {
   for (const UnitSpec& unit : specs_)
@@ -400,15 +397,10 @@ void export_hf(const std::string& dir, const LlamaConfig& config, ParameterProvi
                                                       options.eos_token_id));
   write_json_file(out / "generation_config.json",
                   {{"bos_token_id", options.bos_token_id}, {"eos_token_id", options.eos_token_id}});
-  if (tokenizer) {
-    const fs::path model_path = out / "tokenizer.model";
-    std::error_code ec;
-    if (!(fs::exists(model_path) && fs::equivalent(options.tokenizer_path, model_path))) {
-      fs::copy_file(options.tokenizer_path, model_path, fs::copy_options::overwrite_existing, ec);
-      if (ec)
-        fail("export: cannot copy '", options.tokenizer_path, "' to '", model_path.string(),
-             "': ", ec.message());
-    }
+  // A tokenizer.json travels with the tokenizer_config.json that was beside it (bos, eos, chat
+  // template); a SentencePiece model gets one for LlamaTokenizer.
+  if (tokenizer) copy_tokenizer(options.tokenizer_path, dir);
+  if (tokenizer && tokenizer->kind() == TokenizerKind::sentencepiece) {
     auto piece_or_null = [&](int32_t id) -> nlohmann::json {
       if (id < 0) return nullptr;
       return tokenizer->piece(id);

@@ -47,7 +47,7 @@ class HfModelDir {
   // From config.json; -1 when absent (a list of eos ids gives its first).
   int32_t bos_token_id() const { return bos_token_id_; }
   int32_t eos_token_id() const { return eos_token_id_; }
-  // DIR/tokenizer.model, or empty when the directory has none.
+  // DIR/tokenizer.model, else DIR/tokenizer.json, or empty when the directory has neither.
   std::string tokenizer_path() const;
 
   // Every parameter frugal's model needs, by unit, with the shapes config.json implies. A
@@ -92,7 +92,7 @@ class HfModelDir {
 
 struct HfExportOptions {
   DType dtype = DType::f32;    // f32 or bf16 on disk
-  std::string tokenizer_path;  // copied as tokenizer.model when not empty
+  std::string tokenizer_path;  // copied as tokenizer.model or tokenizer.json when not empty
   int32_t bos_token_id = 1;
   int32_t eos_token_id = 2;
   // Under ZeRO-3 every rank must take part in the gathers, but one writes: the others pass
@@ -102,7 +102,8 @@ struct HfExportOptions {
 
 // Writes DIR/config.json, DIR/model.safetensors (every parameter under its Hugging Face name;
 // a tied model writes only the embedding) and, given a tokenizer, DIR/tokenizer.model with a
-// tokenizer_config.json for LlamaTokenizer. Weights are gathered from `params` one unit at a
+// tokenizer_config.json for LlamaTokenizer, or DIR/tokenizer.json with the
+// tokenizer_config.json that was beside it. Weights are gathered from `params` one unit at a
 // time and written as they arrive. Creates DIR; overwrites these files in it.
 void export_hf(const std::string& dir, const LlamaConfig& config, ParameterProvider& params,
                const HfExportOptions& options);

@@ -46,10 +46,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "share the embedding matrix with the output head"},
       {"model.hf_path", &c.model_hf_path, kPath,
        "start from this Hugging Face model directory: its config.json replaces the [model] "
-       "shape and its weights the initialisation (prepare the data with its tokenizer.model)"},
+       "shape and its weights the initialisation (prepare the data with its tokenizer)"},
 
       {"data.dir", &c.data.dir, kPath,
-       "directory written by `frugal prepare` (train.tok, val.tok, tokenizer.model)"},
+       "directory written by `frugal prepare` (train.tok, val.tok, tokenizer.model or tokenizer.json)"},
 
       {"train.steps", &t.steps, kPositive, "optimizer steps"},
       {"train.seed", &t.seed, kAny, "seed of initialisation and data order"},

@@ -9,6 +9,7 @@
 #include "ckpt/safetensors.h"
 #include "ckpt/sharded_reader.h"
 #include "core/log.h"
+#include "data/tokenizer.h"
 #include "model/hf_model.h"
 #include "model/lora.h"
 #include "ops/ops.h"
@@ -162,8 +163,7 @@ SavedModel load_saved_model(const std::string& path) {
         saved.params->param(spec.name).copy_from(
             reader.read_full("model/" + spec.name, spec.shape));
   }
-  if (fs::exists(run_dir / "tokenizer.model"))
-    saved.tokenizer_path = (run_dir / "tokenizer.model").string();
+  saved.tokenizer_path = find_tokenizer(run_dir.string());
   return saved;
 }
 
@@ -173,7 +173,8 @@ void export_peft_adapters(const std::string& path, const std::string& out_dir) {
   const std::string source = opened.dir->rank_file(opened.step, 0);
   const TrainType type = train_type_of_run(config, source);
   if (type == TrainType::full)
-    fail("checkpoint '", source, "' is of a full training run: it has no adapters to export as "
+    fail("checkpoint '", source,
+         "' is of a full training run: it has no adapters to export as "
          "PEFT (export it without --peft)");
   const LlamaConfig shape = llama_config_from_json(opened.manifest.at("model"), source);
   const LoraConfig lora = lora_of_run(config, source);

@@ -14,7 +14,7 @@ struct SavedModel {
   std::unique_ptr<LocalParameters> params;  // whole weights, no gradients
   int64_t step = 0;
   std::string step_dir;        // the checkpoint step directory that was read
-  std::string tokenizer_path;  // the run's tokenizer.model, empty when there is none
+  std::string tokenizer_path;  // the run's tokenizer.model or .json, empty when there is none
 };
 
 // `path` may be a run directory (out_dir of `frugal train`), its ckpt/ directory, or one

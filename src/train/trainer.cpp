@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/log.h"
+#include "data/tokenizer.h"
 #include "model/sampling.h"
 #include "monitor/metrics.h"
 #include "ops/ops.h"
@@ -137,9 +138,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     if (start_step > 0) truncate_metrics(metrics_path, start_step);
     metrics.emplace(metrics_path.string(), start_step > 0);
     // The run directory is self-contained: eval, generate and export need only it.
-    fs::copy_file(fs::path(c.data.dir) / "tokenizer.model",
-                  fs::path(c.train.out_dir) / "tokenizer.model",
-                  fs::copy_options::overwrite_existing);
+    copy_tokenizer(run.tokenizer->path(), c.train.out_dir);
     std::ofstream config_out(fs::path(c.train.out_dir) / "train_config.json");
     config_out << nlohmann::json(c.resolved).dump(2) << "\n";
   }

@@ -106,13 +106,17 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
 
   // --- data ----------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
-  for (const char* f : {"train.tok", "val.tok", "tokenizer.model"})
+  for (const char* f : {"train.tok", "val.tok"})
     if (!fs::exists(data_dir / f))
       fail("config key 'data.dir': '", c.data.dir, "' has no ", f,
            " (make it with `frugal prepare TEXT... --out ", c.data.dir, "`)");
+  const std::string data_tokenizer = find_tokenizer(c.data.dir);
+  if (data_tokenizer.empty())
+    fail("config key 'data.dir': '", c.data.dir, "' has no tokenizer.model or tokenizer.json",
+         " (make it with `frugal prepare TEXT... --out ", c.data.dir, "`)");
   train_tokens = std::make_unique<TokenFile>((data_dir / "train.tok").string());
   val_tokens = std::make_unique<TokenFile>((data_dir / "val.tok").string());
-  tokenizer = std::make_unique<Tokenizer>((data_dir / "tokenizer.model").string());
+  tokenizer = std::make_unique<Tokenizer>(data_tokenizer);
   if (int64_t(train_tokens->header().vocab_size) > c.model.vocab_size)
     fail("config key 'model.vocab_size': ", c.model.vocab_size,
          " is smaller than the vocabulary of '", c.data.dir, "' (",
@@ -217,7 +221,8 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     log_info("weights: ", c.model_hf_path, " (", c.model.parameter_count(), " parameters)");
     const std::string hf_tokenizer = hf->tokenizer_path();
     if (!hf_tokenizer.empty() &&
-        fs::file_size(hf_tokenizer) != fs::file_size(data_dir / "tokenizer.model"))
+        (fs::path(hf_tokenizer).filename() != fs::path(tokenizer->path()).filename() ||
+         fs::file_size(hf_tokenizer) != fs::file_size(tokenizer->path())))
       log_warn("the tokenizer of ", c.data.dir, " differs from ", hf_tokenizer,
                "; prepare the data with `frugal prepare --tokenizer ", hf_tokenizer, "`");
   }
