@@ -9,7 +9,7 @@
 # a signal, not hung) and `frugal train --train.resume=true` continues with exactly the losses
 # of a straight run. The full sweep (every bit of the file's metadata region, as HDF5 places the
 # datasets' chunks, one bit in 63 of its data region, a resume after one flip in 8: 825,885
-# flips, about 4 hours on two cores at 55 flips/s; doc/testing.md says how far it has run):
+# flips, about 4 hours on two cores, 9 minutes on 16; doc/testing.md has its run):
 #   CKPT_SWEEP_FULL=1 nice -n 10 bash tests/integration/ckpt_sweep.sh build/frugal .
 # CKPT_SWEEP_PART=K/N sweeps the K-th of N interleaved parts of the full sweep (ckpt_sweep --part).
 # usage: ckpt_sweep.sh FRUGAL_BINARY REPO_ROOT
