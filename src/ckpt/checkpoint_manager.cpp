@@ -44,23 +44,25 @@ struct CheckpointManager::Write {
 
 CheckpointManager::CheckpointManager(CheckpointDir dir, int rank, int world_size,
                                      AllRanksAgree agree, std::vector<Part> parts, int64_t keep,
-                                     Arena* staging)
+                                     Arena* staging, int replica)
     : dir_(std::move(dir)),
       rank_(rank),
       world_size_(world_size),
+      writes_(replica == 0),
+      leader_(replica == 0 && rank == 0),
       agree_(std::move(agree)),
       parts_(std::move(parts)),
       keep_(keep),
       staging_(staging) {
   // The staging buffers up front: pinning ~13 GB of host memory takes seconds, which the first
-  // save would otherwise stall for.
-  if (staging_)
+  // save would otherwise stall for. (A replica that writes nothing stages nothing.)
+  if (staging_ && writes_)
     for (Part& p : parts_)
       for (const StateTensor& t : p.state->state_tensors())
         if (!t.rows.replicated || rank_ == 0)
           staging_buffers_[t.name] = Tensor::empty(t.tensor.shape(), DType::f32, *staging_);
   // A save that was killed mid-file left its temporary file: never part of a committed step.
-  if (rank_ != 0) return;
+  if (!leader_) return;
   const std::vector<std::string> leftovers = dir_.temporary_files();
   if (leftovers.empty()) return;
   std::string names;
@@ -77,7 +79,7 @@ CheckpointManager::~CheckpointManager() {
   if (!in_flight_) return;
   // No collective here (this may run while an error unwinds): the step stays uncommitted, and
   // the previous committed one is what a resume finds.
-  in_flight_->thread.join();
+  if (in_flight_->thread.joinable()) in_flight_->thread.join();
   if (!in_flight_->error.empty())
     log_warn("checkpoint of step ", in_flight_->step, " failed: ", in_flight_->error);
 }
@@ -132,6 +134,17 @@ void CheckpointManager::save(int64_t step) {
   // it shares with other parts), then any part's tensors are read.
   for (Part& p : parts_) p.state->before_save();
   auto write = std::make_unique<Write>();
+  if (!writes_) {
+    // The first replica's ranks write these rows; this one takes part in the same agreements,
+    // at the same points as they do (at once, or from poll() when saves are asynchronous).
+    write->step = step;
+    write->done = true;
+    if (staging_)
+      in_flight_ = std::move(write);
+    else
+      commit(*write);
+    return;
+  }
   const auto stage_start = std::chrono::steady_clock::now();
   stage(step, *write);
   write->stage_seconds =
@@ -155,7 +168,7 @@ void CheckpointManager::poll() {
 void CheckpointManager::finish() {
   if (!in_flight_) return;
   const std::unique_ptr<Write> write = std::move(in_flight_);
-  write->thread.join();
+  if (write->thread.joinable()) write->thread.join();
   commit(*write);
 }
 
@@ -165,7 +178,7 @@ void CheckpointManager::commit(Write& write) {
   if (!write.error.empty()) fail("checkpoint of step ", write.step, " failed: ", write.error);
   if (!all_written)
     fail("checkpoint of step ", write.step, " failed on another rank (see its message)");
-  if (rank_ == 0) dir_.commit(write.step, world_size_, keep_);
+  if (leader_) dir_.commit(write.step, world_size_, keep_);
   agree_(true);  // no rank goes on (and may save again) before the commit
   committed_ = Committed{write.step, write.bytes, write.stage_seconds, write.seconds};
 }
@@ -220,7 +233,7 @@ void CheckpointManager::load(int64_t step) {
 }
 
 int64_t CheckpointManager::resume() {
-  if (rank_ == 0) dir_.remove_pruned_leftovers();
+  if (leader_) dir_.remove_pruned_leftovers();
   const std::vector<int64_t> steps = dir_.committed_steps();
   if (steps.empty()) {
     log_info("train.resume: no committed checkpoint under ", dir_.root(),
@@ -228,7 +241,7 @@ int64_t CheckpointManager::resume() {
     return 0;
   }
   const std::string pointer = dir_.latest_problem();
-  if (!pointer.empty() && rank_ == 0)
+  if (!pointer.empty() && leader_)
     log_warn("train.resume: ", pointer, "; resuming from the newest committed step directory");
   std::string errors;
   for (int64_t step : steps) {
@@ -260,7 +273,7 @@ int64_t CheckpointManager::resume() {
 
 void CheckpointManager::start_afresh() {
   std::string error, aside;
-  if (rank_ == 0) {
+  if (leader_) {
     try {
       aside = dir_.set_aside();
     } catch (const Error& e) {

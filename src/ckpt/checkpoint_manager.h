@@ -34,9 +34,13 @@ class CheckpointManager {
   // Every rank builds the same parts in the same order. `keep`: committed steps kept.
   // `staging`: where the host copies of an asynchronous save live (pinned host memory on a GPU),
   // allocated here and reused by every save; null: saves are synchronous. Every rank must choose
-  // alike.
+  // alike. `rank` of `world_size`: the rank files. Under hybrid sharding they are the ranks of
+  // one replica, and `replica` says which replica this rank is in: the ranks of replicas past the
+  // first hold the same rows as the first's, so they write nothing, but read their rows and take
+  // part in every agreement like the others (`agree` is over every rank).
   CheckpointManager(CheckpointDir dir, int rank, int world_size, AllRanksAgree agree,
-                    std::vector<Part> parts, int64_t keep, Arena* staging = nullptr);
+                    std::vector<Part> parts, int64_t keep, Arena* staging = nullptr,
+                    int replica = 0);
   ~CheckpointManager();  // a save still in flight is waited for (its error is only logged)
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -103,6 +107,8 @@ class CheckpointManager {
 
   CheckpointDir dir_;
   int rank_, world_size_;
+  bool writes_;   // this rank's replica writes the rank files (the first one)
+  bool leader_;   // rank 0 of the first replica: commits, indexes, prunes
   AllRanksAgree agree_;
   std::vector<Part> parts_;
   int64_t keep_;

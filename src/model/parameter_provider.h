@@ -50,6 +50,10 @@ class ParameterProvider {
 
   // Start of an optimizer step: zero the gradients.
   virtual void zero_grads() = 0;
+  // A micro-batch's forward and backward follow; `last`: the step's last one, after which the
+  // gradients are final (hybrid sharding sums each unit's across the replicas as they come in).
+  // Without the call every micro-batch counts as the last.
+  virtual void begin_micro_batch(bool /*last*/) {}
   // The optimizer has changed the trainable shards (copies of them must be made again).
   virtual void weights_updated() {}
   // The optimizer's update: update_slice(k) for every trainable slice k < n_slices

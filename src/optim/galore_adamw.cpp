@@ -86,6 +86,11 @@ Tensor GaloreAdamW::gradient_rows(const Matrix& x) {
 
 StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollectives& collectives) {
   FRUGAL_CHECK(step >= 1, "GaloreAdamW step ", step, " (1-based)");
+  if (galore_.projected_replica_sums && collectives.replicas > 1) {
+    lr_ = lr;
+    step_ = step;
+    return begin_step_across_replicas(collectives);
+  }
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
   StepReport report;
@@ -117,6 +122,82 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
                 static_cast<float>(clip_scale_));
   }
   collectives.sum_in_place(all);
+  return report;
+}
+
+StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collectives) {
+  const int64_t t = step_ - 1;
+  // The refreshes first (a projector does not depend on the clipping factor). A randomized
+  // range finder's products with G are linear in it: each crosses the replicas (a few columns).
+  // The Gram of the exact one is not: its matrix's whole gradient rows do, once.
+  StepCollectives summed = collectives;
+  summed.replica_sum_in_place = [](Tensor&) {};
+  std::vector<bool> whole(matrices_.size(), false);  // gradient rows summed over the replicas
+  for (size_t j = 0; j < matrices_.size(); ++j) {
+    if (!refresh_due(j, t)) continue;
+    Matrix& x = matrices_[j];
+    if (galore_.projector.kind == GaloreProjectorKind::svd) {
+      Tensor rows = shards_[x.shard].grad.rows(0, x.local_rows);
+      collectives.replica_sum_in_place(rows);
+      whole[j] = true;
+    }
+    refresh(x, t, whole[j] ? summed : collectives);
+  }
+
+  // The projections, before clipping: right R = G Q^T (row-local: summed over the replicas),
+  // left R = P^T G (summed over the shard group, then over the replicas); neither crosses the
+  // replicas where the gradient rows already did. Each group of them is one buffer and one
+  // collective: 0 right, 1 right of whole rows, 2 left, 3 left of whole rows.
+  int64_t sizes[4] = {0, 0, 0, 0};
+  const auto group_of = [&](size_t j) {
+    return (matrices_[j].side == GaloreSide::right ? 0 : 2) + (whole[j] ? 1 : 0);
+  };
+  const auto size_of = [](const Matrix& x) {
+    return x.side == GaloreSide::right ? x.local_rows * x.rank : x.rank * x.cols;
+  };
+  for (size_t j = 0; j < matrices_.size(); ++j) sizes[group_of(j)] += size_of(matrices_[j]);
+  Tensor buffers[4];
+  int64_t offsets[4] = {0, 0, 0, 0};
+  for (size_t j = 0; j < matrices_.size(); ++j) {
+    Matrix& x = matrices_[j];
+    const int group = group_of(j);
+    if (!buffers[group].defined())
+      buffers[group] = galore_scratch(x.projector, {std::max<int64_t>(1, sizes[group]), 1}, scratch_);
+    const int64_t size = size_of(x);
+    Tensor r = buffers[group].rows(offsets[group], offsets[group] + size);
+    offsets[group] += size;
+    if (x.side == GaloreSide::right) {
+      x.projected_grad = r.view({x.local_rows, x.rank});
+      if (x.local_rows > 0)
+        ops::matmul(x.projected_grad, gradient_rows(x), false, x.projector, true);
+    } else {
+      x.projected_grad = r.view({x.rank, x.cols});
+      ops::matmul(x.projected_grad, x.projector.rows(0, x.local_rows), true, gradient_rows(x),
+                  false);
+    }
+  }
+  for (int group : {2, 3})
+    if (buffers[group].defined()) collectives.sum_in_place(buffers[group]);
+  for (int group : {0, 2})
+    if (buffers[group].defined()) collectives.replica_sum_in_place(buffers[group]);
+
+  // The norm: the other weights' gradient shards (summed over the replicas by ZeRO-3) and the
+  // right side's projected rows, summed over the shard group; the left side's projections are
+  // whole on every rank.
+  std::vector<Tensor> local, replicated;
+  for (size_t k = 0; k < shards_.size(); ++k)
+    if (matrix_of_[k] < 0) local.push_back(shards_[k].grad);
+  for (const Matrix& x : matrices_)
+    (x.side == GaloreSide::right ? local : replicated).push_back(x.projected_grad);
+  StepReport report;
+  report.grad_norm =
+      std::sqrt(collectives.sum(ops::sum_squares(local)) + ops::sum_squares(replicated));
+  if (adamw_.grad_clip > 0 && report.grad_norm > adamw_.grad_clip)
+    report.clip_scale = adamw_.grad_clip / (report.grad_norm + 1e-6);
+  clip_scale_ = report.clip_scale;
+  if (clip_scale_ != 1)
+    for (Tensor& b : buffers)
+      if (b.defined()) ops::scale_inplace(b, static_cast<float>(clip_scale_));
   return report;
 }
 
@@ -195,7 +276,7 @@ void GaloreAdamW::update_projected(Matrix& x) {
   const bool right = x.side == GaloreSide::right;
   // This step's projected gradient: right, row-local R = G Q^T; left, made by begin_step.
   Tensor projected;
-  if (right) {
+  if (right && !x.projected_grad.defined()) {
     projected = galore_scratch(x.projector, {rows, r}, scratch_);
     ops::matmul(projected, gradient_rows(x), false, x.projector, true,
                 static_cast<float>(clip_scale_));

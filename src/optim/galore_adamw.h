@@ -26,6 +26,13 @@ struct GaloreConfig {
   // reference's schedule, whose refresh steps cost all the SVDs at once).
   bool stagger = true;
   uint64_t seed = 0;  // of the randomized sketches
+  // Hybrid sharding (StepCollectives::replicas > 1): the projected matrices' gradient shards are
+  // one replica's sums, and what crosses the replicas is their projections R (r x n or m x r
+  // instead of m x n; exact, the projection being linear) and the randomized refreshes' small
+  // products; an exact (svd) refresh sums its matrix's whole gradient rows. The gradient norm
+  // then counts a projected matrix by its projected gradient's norm (the whole gradient's sum
+  // is nowhere). False: every gradient shard arrives summed over the replicas.
+  bool projected_replica_sums = false;
 };
 
 // Whether GaLore projects a parameter: the blocks' attention and MLP matrices (q, k, v, o, gate,
@@ -76,12 +83,15 @@ class GaloreAdamW : public Optimizer {
     int64_t phase = 0;           // refreshes when t % gap == phase
     Tensor exp_avg, exp_avg_sq;  // right: [buffer rows, r] like the weight; left: [r, n]
     Tensor projector;            // right: Q [r, n]; left: P [buffer rows, r]
-    Tensor projected_grad;       // left: this step's P^T G [r, n], made by begin_step
+    Tensor projected_grad;       // left: this step's P^T G [r, n], made by begin_step (right:
+                                 // G Q^T, made there too under projected_replica_sums)
   };
 
   // The f32 view of this rank's gradient rows of matrix x (a copy for a bf16 run).
   Tensor gradient_rows(const Matrix& x);
   void refresh(Matrix& x, int64_t t, const StepCollectives& collectives);
+  // begin_step when the projected matrices' gradients are not summed over the replicas.
+  StepReport begin_step_across_replicas(const StepCollectives& collectives);
   void rotate_moments(Matrix& x, const Tensor& old_projector, const StepCollectives& collectives);
   void update_projected(Matrix& x);
 

@@ -170,20 +170,30 @@ void randomized_projector(Tensor& projector, const Tensor& g, const Shape& full,
                           const StepCollectives& collectives, Arena& scratch) {
   const int64_t rows = g.size(0), n = full[1], rank = s.rank;
   const int64_t l = std::min(rank + s.oversampling, std::min(full[0], full[1]));
+  // Under hybrid sharding with G one replica's sum, every product with G is summed over the
+  // replicas too (replica_sum_in_place; the identity otherwise): they are linear in G, and
+  // what they multiply it by (Omega, Y, Z) is the same on every replica.
+  const auto over_replicas = [&](Tensor& t) {
+    if (collectives.replica_sum_in_place) collectives.replica_sum_in_place(t);
+  };
   Tensor y = galore_scratch(g, {rows, l}, scratch);
   ops::matmul(y, g, false, f32_beside(sketch(n, l, seed), g, scratch), false);
+  over_replicas(y);
   orthonormalize(y, false, collectives.sum_in_place, scratch);
   for (int64_t q = 0; q < s.power_iterations; ++q) {
     Tensor z = galore_scratch(g, {n, l}, scratch);
     ops::matmul(z, g, true, y, false);
     collectives.sum_in_place(z);
+    over_replicas(z);
     orthonormalize(z, false, kReplicated, scratch);
     ops::matmul(y, g, false, z, false);
+    over_replicas(y);
     orthonormalize(y, false, collectives.sum_in_place, scratch);
   }
   Tensor b = galore_scratch(g, {l, n}, scratch);
   ops::matmul(b, y, true, g, false);
   collectives.sum_in_place(b);
+  over_replicas(b);
   Tensor bbt = galore_scratch(g, {l, l}, scratch);
   ops::matmul(bbt, b, false, b, true);
   const TopSingular top = top_singular(host_f64(bbt), rank);  // rows: columns of W

@@ -23,6 +23,12 @@ struct StepCollectives {
   std::function<double(double)> sum;
   // Replaces a tensor (f32, on any device) by its element-wise sum over the ranks.
   std::function<void(Tensor&)> sum_in_place;
+  // Hybrid sharding: the replicas holding the same rows (1: none; `sum` and `sum_in_place` are
+  // then over one replica's ranks, whose gradient shards the replicas have already summed), and
+  // the in-place sum over them of a tensor made from gradients they have not (GaLore's
+  // projections, with parallel.replica_galore_projection). The identity without replicas.
+  int replicas = 1;
+  std::function<void(Tensor&)> replica_sum_in_place;
 };
 // The collectives of one rank alone: the identities.
 StepCollectives local_collectives();

@@ -10,8 +10,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
+#include "parallel/link_traffic.h"
 
 namespace frugal {
 
@@ -83,8 +85,14 @@ class Comm {
   virtual int64_t all_reduce_max(int64_t value) = 0;
   virtual std::string broadcast_string(const std::string& value, int root) = 0;
 
-  // Ranks with the same color form a new group, ordered by key.
+  // Ranks with the same color form a new group, ordered by key. The group inherits the
+  // topology (its ranks' nodes and the traffic counters).
   virtual std::unique_ptr<Comm> split(int color, int key) const = 0;
+
+  // Which node each rank of this group is on, and the counters every tensor operation adds its
+  // bytes to (link_traffic.h); set on the world by make_mesh, inherited by splits.
+  void set_topology(CommTopology topology) { topology_ = std::move(topology); }
+  const CommTopology& topology() const { return topology_; }
 
   // The operations issued between begin_group() and end_group() run as one (NCCL launches
   // them together; a send and a recv between the same ranks must be grouped there, or they
@@ -95,6 +103,7 @@ class Comm {
 
  protected:
   std::shared_ptr<CommFailure> failure_;
+  CommTopology topology_;
 };
 
 // A group of operations for the lifetime of a scope: CommGroup group(comm); ...; group.end();
@@ -132,5 +141,8 @@ int mpi_world_rank();
 int mpi_world_size();
 // The ranks on this node (those that share its memory): a collective of every rank.
 int mpi_node_size();
+// By world rank, the node each rank is on (those that share memory), numbered 0, 1, ... in the
+// order of their first rank: a collective of every rank.
+std::vector<int> mpi_node_of_rank();
 
 }  // namespace frugal

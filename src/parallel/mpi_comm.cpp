@@ -1,6 +1,7 @@
 // Comm over MPI: non-blocking MPI-3 collectives on host buffers, with timed waits.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -124,6 +125,7 @@ class MpiComm : public Comm {
     FRUGAL_CHECK(recv.numel() == send.numel() * size_ && recv.dtype() == send.dtype(),
                  "all_gather of ", send.numel(), " into ", recv.numel(), " elements on ", size_,
                  " ranks");
+    topology_.count(topology_.link(), all_gather_bytes(size_, send.bytes()));
     MPI_Request r;
     const int n = mpi_count(send.numel(), "all_gather");
     MPI_Iallgather(send.raw(), n, mpi_type(send.dtype()), recv.raw(), n, mpi_type(recv.dtype()),
@@ -137,6 +139,7 @@ class MpiComm : public Comm {
     FRUGAL_CHECK(send.numel() == recv.numel() * size_ && recv.dtype() == send.dtype(),
                  "reduce_scatter of ", send.numel(), " into ", recv.numel(), " elements on ", size_,
                  " ranks");
+    topology_.count(topology_.link(), reduce_scatter_bytes(size_, recv.bytes()));
     MPI_Request r;
     MPI_Ireduce_scatter_block(send.raw(), recv.raw(), mpi_count(recv.numel(), "reduce_scatter"),
                               mpi_type(send.dtype()), MPI_SUM, comm_, &r);
@@ -146,6 +149,10 @@ class MpiComm : public Comm {
   Pending all_reduce_sum(Tensor& buffer) override {
     check_usable("all-reduce");
     check_host(buffer, "all_reduce");
+    FRUGAL_CHECK(buffer.dtype() != DType::bf16 && buffer.dtype() != DType::f16,
+                 "all_reduce_sum of ", dtype_name(buffer.dtype()),
+                 " on the MPI communicator, which sums no 16-bit floats");
+    topology_.count(topology_.link(), all_reduce_bytes(size_, buffer.bytes()));
     MPI_Request r;
     MPI_Iallreduce(MPI_IN_PLACE, buffer.raw(), mpi_count(buffer.numel(), "all_reduce"),
                    mpi_type(buffer.dtype()), MPI_SUM, comm_, &r);
@@ -164,6 +171,8 @@ class MpiComm : public Comm {
   Pending recv(Tensor& buffer, int peer, int tag) override {
     check_usable("receive");
     check_host(buffer, "recv");
+    if (!topology_.node_of_rank.empty())
+      topology_.count(topology_.link_between(rank_, peer), buffer.bytes());
     MPI_Request r;
     MPI_Irecv(buffer.raw(), mpi_count(buffer.numel(), "recv"), mpi_type(buffer.dtype()), peer, tag,
               comm_, &r);
@@ -173,6 +182,7 @@ class MpiComm : public Comm {
   void broadcast(Tensor& buffer, int root) override {
     check_usable("broadcast");
     check_host(buffer, "broadcast");
+    if (rank_ != root) topology_.count(topology_.link(), buffer.bytes());
     MPI_Request r;
     MPI_Ibcast(buffer.raw(), mpi_count(buffer.numel(), "broadcast"), mpi_type(buffer.dtype()), root,
                comm_, &r);
@@ -225,11 +235,32 @@ class MpiComm : public Comm {
     pending(r, "barrier before a split")->wait();
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, key, &sub);
-    return std::make_unique<MpiComm>(sub, timeout_s_, group_ + "/" + std::to_string(color),
-                                     failure_);
+    auto out = std::make_unique<MpiComm>(sub, timeout_s_, group_ + "/" + std::to_string(color),
+                                         failure_);
+    out->set_topology(sub_topology(sub));
+    return out;
   }
 
  private:
+  // The topology of a group split from this one: its ranks' nodes, found by translating its
+  // ranks into this group's (a local call).
+  CommTopology sub_topology(MPI_Comm sub) const {
+    CommTopology out;
+    out.traffic = topology_.traffic;
+    if (topology_.node_of_rank.empty()) return out;
+    MPI_Group mine, theirs;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(sub, &theirs);
+    int n = 0;
+    MPI_Group_size(theirs, &n);
+    std::vector<int> ranks(static_cast<size_t>(n)), here(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ranks[size_t(i)] = i;
+    MPI_Group_translate_ranks(theirs, n, ranks.data(), mine, here.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&theirs);
+    for (int r : here) out.node_of_rank.push_back(topology_.node_of_rank.at(size_t(r)));
+    return out;
+  }
   // No operation starts after a failed wait: it could not complete, and the job is ending.
   void check_usable(const char* what) const {
     if (failure_->failed())
@@ -273,6 +304,25 @@ int mpi_node_size() {
   MPI_Comm_size(node, &size);
   MPI_Comm_free(&node);
   return size;
+}
+
+std::vector<int> mpi_node_of_rank() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int rank = 0, size = 1, first = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Allreduce(&rank, &first, 1, MPI_INT, MPI_MIN, node);  // the node's first world rank
+  MPI_Comm_free(&node);
+  std::vector<int> firsts(size_t(size), 0);
+  MPI_Allgather(&first, 1, MPI_INT, firsts.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::vector<int> node_of_rank, seen;
+  for (int f : firsts) {
+    const auto it = std::find(seen.begin(), seen.end(), f);
+    node_of_rank.push_back(int(it - seen.begin()));
+    if (it == seen.end()) seen.push_back(f);
+  }
+  return node_of_rank;
 }
 
 }  // namespace frugal

@@ -205,6 +205,8 @@ class NcclComm final : public Comm {
     handle_->rank = rank_;
     FRUGAL_CHECK(rank_ == host_->rank() && size_ == host_->size(), "NCCL rank ", rank_, " of ",
                  size_, " but MPI rank ", host_->rank(), " of ", host_->size(), " on ", name());
+    // The same ranks as the MPI group under it: the same nodes and counters.
+    topology_ = host_->topology();
     // A one-element buffer for barrier(), allocated once.
     barrier_buffer_ = Tensor::empty({1}, DType::i32, context_->device_memory());
     fill_zero_async(barrier_buffer_, context_->compute());
@@ -228,6 +230,7 @@ class NcclComm final : public Comm {
     void* out = recv.raw();
     const size_t count = size_t(send.numel());
     const ncclDataType_t type = nccl_type(send.dtype(), false);
+    topology_.count(topology_.link(), all_gather_bytes(size_, send.bytes()));
     return enqueue("all-gather", {send, recv}, [&](cudaStream_t stream) {
       return ncclAllGather(in, out, count, type, handle_->comm, stream);
     });
@@ -243,6 +246,7 @@ class NcclComm final : public Comm {
     void* out = recv.raw();
     const size_t count = size_t(recv.numel());
     const ncclDataType_t type = nccl_type(send.dtype(), true);
+    topology_.count(topology_.link(), reduce_scatter_bytes(size_, recv.bytes()));
     return enqueue("reduce-scatter", {send, recv}, [&](cudaStream_t stream) {
       return ncclReduceScatter(in, out, count, type, ncclSum, handle_->comm, stream);
     });
@@ -253,6 +257,7 @@ class NcclComm final : public Comm {
     void* data = buffer.raw();
     const size_t count = size_t(buffer.numel());
     const ncclDataType_t type = nccl_type(buffer.dtype(), true);
+    topology_.count(topology_.link(), all_reduce_bytes(size_, buffer.bytes()));
     return enqueue("all-reduce", {buffer}, [&](cudaStream_t stream) {
       return ncclAllReduce(data, data, count, type, ncclSum, handle_->comm, stream);
     });
@@ -275,6 +280,8 @@ class NcclComm final : public Comm {
     void* data = buffer.raw();
     const size_t count = size_t(buffer.numel());
     const ncclDataType_t type = nccl_type(buffer.dtype(), false);
+    if (!topology_.node_of_rank.empty())
+      topology_.count(topology_.link_between(rank_, peer), buffer.bytes());
     return enqueue("receive from rank " + std::to_string(peer), {buffer}, [&](cudaStream_t stream) {
       return ncclRecv(data, count, type, peer, handle_->comm, stream);
     });
@@ -287,6 +294,7 @@ class NcclComm final : public Comm {
     void* data = buffer.raw();
     const size_t count = size_t(buffer.numel());
     const ncclDataType_t type = nccl_type(buffer.dtype(), false);
+    if (rank_ != root) topology_.count(topology_.link(), buffer.bytes());
     enqueue("broadcast", {buffer}, [&](cudaStream_t stream) {
       return ncclBroadcast(data, data, count, type, root, handle_->comm, stream);
     })->wait_host();
@@ -425,8 +433,17 @@ Mesh make_nccl_mesh(Mesh& host_mesh, DeviceContext& context, double timeout_s) {
   mesh.cp_rank = host_mesh.cp_rank;
   mesh.local_rank = host_mesh.local_rank;
   // The same colors and keys as make_mesh, so the groups match the MPI mesh's.
+  mesh.dp_shard = host_mesh.dp_shard;
+  mesh.dp_replicate = host_mesh.dp_replicate;
+  mesh.replica_rank = host_mesh.replica_rank;
+  mesh.node_of_rank = host_mesh.node_of_rank;
+  mesh.traffic = host_mesh.traffic;
+  const int per_replica = mesh.dp_shard * mesh.cp_size;
+  const int place = mesh.world->rank() % per_replica;
   mesh.cp = mesh.world->split(mesh.dp_rank, mesh.cp_rank);
   mesh.dp = mesh.world->split(mesh.cp_rank, mesh.dp_rank);
+  mesh.shard = mesh.world->split(mesh.replica_rank, place);
+  mesh.replica = mesh.world->split(place, mesh.replica_rank);
   return mesh;
 }
 

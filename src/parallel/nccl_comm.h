@@ -32,7 +32,7 @@ class DeviceContext;
 std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap_mpi, DeviceContext& context, double timeout_s);
 
 // The same mesh (ranks, groups, sizes) with NCCL communicators: world from host_mesh.world,
-// then dp and cp split from it exactly as make_mesh splits the MPI world.
+// then dp, cp, shard and replica split from it exactly as make_mesh splits the MPI world.
 Mesh make_nccl_mesh(Mesh& host_mesh, DeviceContext& context, double timeout_s);
 
 #endif  // FRUGAL_HAVE_CUDA

@@ -25,8 +25,13 @@ std::unique_ptr<WeightEncoding> encoding_for(const ParamSpec& spec, const Zero3I
 
 Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
                                  uint64_t seed, float init_std, bool with_grads,
-                                 const Zero3Init& init_from)
-    : units_(std::move(units)), comm_(comm), arenas_(arenas), placement_(arenas) {
+                                 const Zero3Init& init_from, const Zero3Replicas& replicas)
+    : units_(std::move(units)),
+      comm_(comm),
+      arenas_(arenas),
+      placement_(arenas),
+      replicas_(replicas),
+      replica_summed_(units_.size(), false) {
   const int rank = comm_.rank(), ranks = comm_.size();
   const EncodingContext encoding_context{comm_, *arenas_.gathered, placement_.encoded_store()};
   // A 70B model takes minutes to initialise and quantize: a progress line every 15 s.
@@ -278,10 +283,48 @@ void Zero3Parameters::complete_reduction() {
   placement_.complete_download(grad_shards_);
   if (!in_flight_) return;
   for (Pending& op : in_flight_->ops) op->wait();
-  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i)
-    if (in_flight_->shard_sum[i].defined())  // not frozen
-      ops::add_inplace(grad_shards_[in_flight_->unit][i], in_flight_->shard_sum[i]);
+  const int64_t unit = in_flight_->unit;
+  // A unit whose shards were already summed across the replicas this step (a tied embedding's
+  // second gradients): this contribution crosses the replicas on its own before it is added.
+  const bool summed = has_replicas() && replica_summed_[size_t(unit)];
+  if (summed) wait_replica_sums();
+  for (size_t i = 0; i < in_flight_->shard_sum.size(); ++i) {
+    Tensor& sum = in_flight_->shard_sum[i];
+    if (!sum.defined()) continue;  // frozen
+    if (summed && !summed_elsewhere(unit, i)) replica_comm_for(sum).all_reduce_sum(sum)->wait();
+    ops::add_inplace(grad_shards_[unit][i], sum);
+  }
   in_flight_.reset();
+  if (has_replicas() && last_micro_batch_ && !summed) post_replica_sum(unit);
+}
+
+bool Zero3Parameters::summed_elsewhere(int64_t unit, size_t i) const {
+  return replicas_.summed_elsewhere && replicas_.summed_elsewhere(units_[size_t(unit)].params[i]);
+}
+
+Comm& Zero3Parameters::replica_comm_for(const Tensor& t) const {
+  return t.device() == Device::cpu && replicas_.host_comm ? *replicas_.host_comm : *replicas_.comm;
+}
+
+void Zero3Parameters::post_replica_sum(int64_t unit) {
+  replica_summed_[size_t(unit)] = true;
+  for (size_t i = 0; i < grad_shards_[unit].size(); ++i) {
+    Tensor& shard = grad_shards_[unit][i];
+    if (!shard.defined() || summed_elsewhere(unit, i)) continue;  // frozen, or GaLore's
+    // In the shards' own dtype: a bf16 run's gradients cross the nodes in bf16.
+    replica_ops_.push_back(replica_comm_for(shard).all_reduce_sum(shard));
+  }
+}
+
+void Zero3Parameters::finish_replica_sums() {
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (!replica_summed_[u] && !grad_shards_[u].empty()) post_replica_sum(int64_t(u));
+  wait_replica_sums();
+}
+
+void Zero3Parameters::wait_replica_sums() {
+  for (Pending& op : replica_ops_) op->wait();
+  replica_ops_.clear();
 }
 
 void Zero3Parameters::grads_done(int64_t unit) {
@@ -291,7 +334,7 @@ void Zero3Parameters::grads_done(int64_t unit) {
   FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");
   std::vector<Tensor> full = std::move(it->second);
   full_grads_.erase(it);
-  if (alone() && !placement_.host_state()) {
+  if (alone() && !placement_.host_state() && !has_replicas()) {
     // One rank with bf16 shards: the unit's fp32 sums go in, rounded once per micro-batch.
     for (size_t i = 0; i < full.size(); ++i)
       if (full[i].defined()) ops::add_inplace(grad_shards_[unit][i], full[i]);
@@ -312,9 +355,15 @@ void Zero3Parameters::finish_backward() {
   placement_.finish_backward(grad_shards_);
   FRUGAL_CHECK(full_grads_.empty(), full_grads_.size(),
                " units still hold whole gradients at the end of the backward");
+  // The step's gradients are final: every unit's crosses the replicas (those posted during the
+  // backward are waited for; gradient shards in host memory go now, over MPI).
+  if (has_replicas() && last_micro_batch_) finish_replica_sums();
 }
 
 void Zero3Parameters::zero_grads() {
+  FRUGAL_CHECK(replica_ops_.empty(), replica_ops_.size(),
+               " sums across the replicas still in flight at the start of a step");
+  std::fill(replica_summed_.begin(), replica_summed_.end(), false);
   // (No wait for apply_update's thread: with it, the placement only marks the shards; the
   // gradients land in them after the forward has waited for every unit's update.)
   placement_.zero_grads(grad_shards_);

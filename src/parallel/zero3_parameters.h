@@ -44,13 +44,27 @@ struct Zero3Init {
   std::function<std::unique_ptr<WeightEncoding>(const ParamSpec&)> encoding;
 };
 
+// Hybrid sharding (HSDP): the replicas of the sharded model on other ranks (the mesh's replica
+// group), whose gradient shards this one's are summed with once per step.
+struct Zero3Replicas {
+  Comm* comm = nullptr;  // null or one rank: no replicas
+  // The same ranks over MPI, for gradient shards in host memory (offload on a GPU); null: comm.
+  Comm* host_comm = nullptr;
+  // Parameters whose gradients cross the replicas in another form (GaLore's projections, summed
+  // by the optimizer): their gradient shards stay this replica's sums.
+  std::function<bool(const ParamSpec&)> summed_elsewhere;
+};
+
 class Zero3Parameters : public ParameterProvider {
  public:
   // Shards `units` over `comm`; each rank initialises only its own rows (init_parameter_rows,
   // so the model equals a one-rank model of the same seed, or init.load_rows).
+  // With `replicas`, `comm` is one replica's ranks, and every gradient shard (but those
+  // summed_elsewhere) is all-reduced across the replicas in the step's last micro-batch, each
+  // unit's as soon as its reduce-scatter is done, beside the backward of the units after it.
   Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
                   uint64_t seed, float init_std, bool with_grads = true,
-                  const Zero3Init& init = {});
+                  const Zero3Init& init = {}, const Zero3Replicas& replicas = {});
   ~Zero3Parameters() override;
 
   void prefetch(int64_t unit) override;
@@ -64,6 +78,7 @@ class Zero3Parameters : public ParameterProvider {
   void grads_done(int64_t unit) override;
   void finish_backward() override;
   void zero_grads() override;
+  void begin_micro_batch(bool last) override { last_micro_batch_ = last; }
   void weights_updated() override;
   // With the optimizer on the host (offload), in the background unit by unit (see
   // ParameterProvider); otherwise at once.
@@ -102,6 +117,14 @@ class Zero3Parameters : public ParameterProvider {
   Tensor decode(int64_t unit, size_t i, const Gathered& g) const;  // [rows_padded, ...]
   GradReduction post_reduce_scatter(int64_t unit, std::vector<Tensor> full);
   void complete_reduction();
+  // Hybrid sharding: the all-reduce of unit's gradient shards across the replicas (posted);
+  // all of them done (every unit's not yet posted, posted first).
+  bool has_replicas() const { return replicas_.comm && replicas_.comm->size() > 1; }
+  void post_replica_sum(int64_t unit);
+  bool summed_elsewhere(int64_t unit, size_t i) const;
+  void finish_replica_sums();
+  void wait_replica_sums();  // those posted
+  Comm& replica_comm_for(const Tensor& t) const;
   std::vector<Tensor> unpadded(int64_t unit, const std::vector<Tensor>& full) const;
 
   std::vector<UnitSpec> units_;
@@ -112,7 +135,7 @@ class Zero3Parameters : public ParameterProvider {
   bool alone() const { return comm_.size() == 1; }
   // One rank whose backward can accumulate straight into its fp32 gradient shards.
   bool direct_grads() const {
-    return alone() && arenas_.grads->device() == arenas_.gathered->device() &&
+    return alone() && !has_replicas() && arenas_.grads->device() == arenas_.gathered->device() &&
            arenas_.master == DType::f32;
   }
 
@@ -127,6 +150,12 @@ class Zero3Parameters : public ParameterProvider {
   // The last unit's reduce-scatter while the next unit's backward runs (gradient shards on the
   // gathering device; with host_state() the placement's download holds it instead).
   std::optional<GradReduction> in_flight_;
+  // Hybrid sharding: the replicas, whether this micro-batch is the step's last, which units'
+  // shards are summed across the replicas (or their sums posted) this step, and those in flight.
+  Zero3Replicas replicas_;
+  bool last_micro_batch_ = true;
+  std::vector<bool> replica_summed_;
+  std::vector<Pending> replica_ops_;
   // apply_update's host optimizer, unit by unit (host_state()); declared last, so destroyed
   // (its thread joined) before the tensors it updates.
   BackgroundUpdates updates_;

@@ -20,7 +20,7 @@ const std::vector<ConfigSection>& config_sections() {
       {"lora", "adapters (train.type = lora, qlora or hqq_lora)"},
       {"optim", "the optimizer and clipping"},
       {"galore", "GaLore's low-rank moments (optim.type = galore_adamw)"},
-      {"parallel", "ranks, sharding and offload (ZeRO-3 over every rank)"},
+      {"parallel", "ranks, sharding and offload (ZeRO-3 within a replica, replicas across nodes)"},
       {"ckpt", "checkpoints"},
       {"monitor", "progress and metrics"}};
   return sections;
@@ -126,6 +126,16 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"parallel.cp", &c.parallel.cp, at_least(1),
        "context-parallel ranks: each sequence is split over them and attention runs as a ring "
        "(must divide the number of ranks; the rest are data-parallel)"},
+      {"parallel.dp_shard", &c.parallel.dp_shard, at_least(0),
+       "data-parallel ranks of one replica, which ZeRO-3 shards the weights over; the replicas "
+       "sum their gradients once per step (hybrid sharding). 0: the ranks of one node / cp "
+       "(every rank when the nodes differ)"},
+      {"parallel.node_ranks", &c.parallel.node_ranks, at_least(0),
+       "ranks per node, as blocks of consecutive ranks (0: the ranks that share memory); for "
+       "tests that place one machine's ranks as if on several nodes"},
+      {"parallel.replica_galore_projection", &c.parallel.replica_galore_projection, kAny,
+       "with GaLore and several replicas: its projected matrices cross the replicas as their "
+       "rank-r projections (grad_norm counts them so); false: as whole gradient shards"},
       {"parallel.timeout_s", &c.parallel.timeout_s, above(0),
        "seconds a collective may wait for the other ranks before the run stops with an error"},
       {"parallel.device", &c.parallel.device, kAny,

@@ -8,25 +8,52 @@
 
 namespace frugal {
 
-StepCollectives step_collectives(Comm* comm, Comm* host_comm) {
-  if (!comm) return local_collectives();
+namespace {
+
+// Sums a tensor over `comm`, or over `host_comm` when it lives in host memory (NCCL sums device
+// memory only: tensors the optimizer keeps on the host under offload go over MPI).
+std::function<void(Tensor&)> sum_over(Comm* comm, Comm* host_comm) {
+  if (!comm) return [](Tensor&) {};
   if (!host_comm) host_comm = comm;
-  StepCollectives c;
-  c.sum = [comm](double local) { return comm->all_reduce_sum(local); };
-  // NCCL sums device memory only: tensors the optimizer keeps on the host (offload) go over
-  // MPI, among the same ranks.
-  c.sum_in_place = [comm, host_comm](Tensor& t) {
+  return [comm, host_comm](Tensor& t) {
     Comm& over = t.device() == Device::cpu ? *host_comm : *comm;
     if (over.size() > 1) over.all_reduce_sum(t)->wait();
   };
+}
+
+}  // namespace
+
+StepCollectives step_collectives(const StepComms& comms) {
+  Comm* shard = comms.shard ? comms.shard : comms.world;
+  if (!shard) return local_collectives();
+  StepCollectives c;
+  c.sum = [shard](double local) { return shard->all_reduce_sum(local); };
+  c.sum_in_place = sum_over(shard, comms.host_shard);
+  c.replicas = comms.replica ? comms.replica->size() : 1;
+  c.replica_sum_in_place = sum_over(c.replicas > 1 ? comms.replica : nullptr, comms.host_replica);
   return c;
+}
+
+StepCollectives step_collectives(Comm* comm, Comm* host_comm) {
+  return step_collectives(StepComms{comm, comm, nullptr, host_comm, nullptr});
 }
 
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
                       CheckpointPolicy policy, Comm* host_comm) {
-  const StepCollectives collectives = step_collectives(comm, host_comm);
-  const auto& global_sum = collectives.sum;
+  return train_step(model, params, optimizer, micro_batches,
+                    StepComms{comm, comm, nullptr, host_comm, nullptr}, lr, step, policy);
+}
+
+StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
+                      const std::vector<Batch>& micro_batches, const StepComms& comms, double lr,
+                      int64_t step, CheckpointPolicy policy) {
+  const StepCollectives collectives = step_collectives(comms);
+  // The token count and the loss: over every rank.
+  Comm* world = comms.world;
+  const auto global_sum = [world](double local) {
+    return world ? world->all_reduce_sum(local) : local;
+  };
   int64_t local_tokens = 0;
   for (const Batch& b : micro_batches) local_tokens += counted_targets(b.targets);
   StepResult result;
@@ -40,6 +67,7 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& o
   double loss_sum = 0;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     model.set_noise(uint64_t(step) * 4096 + m + 1);  // a dropout mask per micro-batch
+    params.begin_micro_batch(m + 1 == micro_batches.size());
     loss_sum += model.forward_backward(micro_batches[m], params, grad_scale, policy);
   }
   model.set_noise(0);

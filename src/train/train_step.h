@@ -24,12 +24,28 @@ struct StepResult {
   double optimizer_seconds = 0;
 };
 
-// The optimizer's collectives over `comm` (nullptr: this rank alone). Host tensors go over
-// `host_comm` when it is given: an MPI world beside an NCCL `comm`, among the same ranks.
+// The ranks a step sums over (nullptr: this rank alone, or none).
+struct StepComms {
+  Comm* world = nullptr;  // every rank: the token count and the loss
+  Comm* shard = nullptr;  // the ranks holding different rows of the state (ZeRO-3's); null: world
+  Comm* replica = nullptr;  // hybrid sharding: the ranks holding the same rows in other replicas
+  // MPI groups of the same ranks as `shard` and `replica`, for host tensors beside NCCL ones
+  // (offload); null: `shard` and `replica` themselves.
+  Comm* host_shard = nullptr;
+  Comm* host_replica = nullptr;
+};
+
+// The optimizer's collectives: sums over the shard group, and over the replicas.
+StepCollectives step_collectives(const StepComms& comms);
+// Over `comm` (nullptr: this rank alone). Host tensors go over `host_comm` when it is given: an
+// MPI world beside an NCCL `comm`, among the same ranks.
 StepCollectives step_collectives(Comm* comm, Comm* host_comm = nullptr);
 
-// `comm` sums across data-parallel ranks; nullptr means this rank alone. `host_comm`: as for
-// step_collectives.
+StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
+                      const std::vector<Batch>& micro_batches, const StepComms& comms, double lr,
+                      int64_t step, CheckpointPolicy policy);
+// `comm` sums across data-parallel ranks (ZeRO-3 over all of them); nullptr means this rank
+// alone. `host_comm`: as for step_collectives.
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
                       CheckpointPolicy policy, Comm* host_comm = nullptr);

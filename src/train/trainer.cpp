@@ -172,8 +172,19 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     std::vector<Batch> micro;
     for (int64_t m = 0; m < c.train.grad_accum_steps; ++m)
       micro.push_back(to_model_batch(run.sampler->next(), mesh));
-    StepResult result = train_step(model, params, *run.optimizer, micro, &world, lr, step,
-                                   c.train.activation_checkpointing, run.host_mesh.world.get());
+    // The bytes this step's collectives move, by link class (the evaluation's not among them).
+    if (mesh.traffic) mesh.traffic->reset();
+    StepComms comms;
+    comms.world = &world;
+    comms.shard = mesh.shard.get();
+    comms.replica = mesh.replica.get();
+    comms.host_shard = run.host_mesh.shard.get();
+    comms.host_replica = run.host_mesh.replica.get();
+    StepResult result = train_step(model, params, *run.optimizer, micro, comms, lr, step,
+                                   c.train.activation_checkpointing);
+    nlohmann::json link_bytes = nlohmann::json::object();
+    for (LinkClass link : {LinkClass::intra_node, LinkClass::inter_node})
+      link_bytes[link_class_name(link)] = mesh.traffic ? mesh.traffic->bytes(link) : 0;
     if (!std::isfinite(result.loss))
       fail("training loss became ", result.loss, " at step ", step,
            "; try a lower train.lr or a stronger optim.grad_clip");
@@ -188,6 +199,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
                              {"seconds",
                               {{"forward_backward", result.forward_backward_seconds},
                                {"optimizer", result.optimizer_seconds}}},
+                             {"link_bytes", link_bytes},
                              {"peak_memory_bytes", run.memory->peak_bytes()},
                              {"memory", run.memory->report()}};
     if (record["memory"].contains("device_peak_bytes"))  // a GPU run

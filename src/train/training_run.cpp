@@ -100,7 +100,11 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
       c.resolved["model." + it.key()] = it.value().dump();
     c.validate_model_dependent();
   }
-  host_mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);
+  MeshShape shape;
+  shape.cp = c.parallel.cp;
+  shape.dp_shard = c.parallel.dp_shard;
+  shape.node_ranks = c.parallel.node_ranks;
+  host_mesh = make_mesh(shape, c.parallel.timeout_s);
   check_same_config(*host_mesh.world, c.resolved);
   use_gpu = decide_gpu(c, *host_mesh.world);
 
@@ -174,15 +178,28 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
   std::vector<UnitSpec> units = lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model);
   check_memory_plan(units, projection);
+  // Hybrid sharding: ZeRO-3 within a replica; the replicas sum their gradient shards, GaLore's
+  // projected matrices as their projections (the optimizer sums those).
+  const bool galore_on = c.optim.type == OptimizerType::galore_adamw;
+  const bool projected_replica_sums =
+      galore_on && c.parallel.replica_galore_projection && mesh().dp_replicate > 1;
+  Zero3Replicas replicas;
+  replicas.comm = mesh().replica.get();
+  if (use_gpu) replicas.host_comm = host_mesh.replica.get();
+  if (projected_replica_sums)
+    replicas.summed_elsewhere = [](const ParamSpec& p) {
+      return p.trainable && galore_projects(p.name, p.shape);
+    };
   params = std::make_unique<Zero3Parameters>(
-      std::move(units), world(),
+      std::move(units), *mesh().shard,
       Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
                   memory->copies.get(), bf16_state ? DType::bf16 : DType::f32},
-      c.train.seed, static_cast<float>(c.train.init_std), true, init);
+      c.train.seed, static_cast<float>(c.train.init_std), true, init, replicas);
   const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                                  c.optim.grad_clip};
-  if (c.optim.type == OptimizerType::galore_adamw) {
+  if (galore_on) {
     GaloreConfig galore;
+    galore.projected_replica_sums = projected_replica_sums;
     galore.projector.kind = c.galore.projector;
     galore.projector.rank = c.galore.rank;
     galore.projector.oversampling = c.galore.oversampling;
@@ -208,11 +225,14 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
                                                 {"optim", optimizer.get()},
                                                 {"sampler", sampler.get()},
                                                 {"config", states[2].get()}};
-  Arena* staging = checkpoint_staging(CheckpointManager::state_bytes(parts, world().rank()));
+  // The rank files are one replica's (a checkpoint of ZeRO-3 over its ranks, which any mesh
+  // resumes); the other replicas hold the same rows and write nothing.
+  Comm& shard = *mesh().shard;
+  Arena* staging = checkpoint_staging(CheckpointManager::state_bytes(parts, shard.rank()));
   checkpoints = std::make_unique<CheckpointManager>(
-      CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), world().rank(), world().size(),
+      CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), shard.rank(), shard.size(),
       [&world = world()](bool ok) { return world.all_reduce_max(ok ? 0 : 1) == 0; },
-      std::move(parts), c.ckpt.keep, staging);
+      std::move(parts), c.ckpt.keep, staging, mesh().replica_rank);
   if (staging)
     log_info("checkpoints: ", mib(memory->staging->stats().in_use_bytes), " of ",
              memory->staging->name(), " reserved for the copies");
@@ -234,7 +254,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
                                     const std::function<bool(const ParamSpec&)>& projection) {
   const TrainConfig& c = config;
   PlanSettings settings;
-  settings.ranks = world().size();
+  settings.ranks = mesh().shard->size();  // ZeRO-3 divides the state among one replica's ranks
   settings.gpu = use_gpu;
   settings.offload = c.parallel.offload;
   settings.state = c.optim.state_dtype;
@@ -305,10 +325,31 @@ void TrainingRun::log_plan(int64_t start_step) const {
            c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
            c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
            c.model.vocab_size, "); ", m.world->size(), " rank(s) = dp ", m.dp_size, " x cp ",
-           m.cp_size, ", ZeRO-3, offload ", c.parallel.offload, ", ",
+           m.cp_size, ", ZeRO-3",
+           m.dp_replicate > 1 ? " within each of " + std::to_string(m.dp_replicate) +
+                                    " replicas (HSDP: dp_replicate " +
+                                    std::to_string(m.dp_replicate) + " x dp_shard " +
+                                    std::to_string(m.dp_shard) + " x cp " +
+                                    std::to_string(m.cp_size) + ")"
+                              : std::string(),
+           ", offload ", c.parallel.offload, ", ",
            !use_gpu     ? "CPU (fp32)"
            : bf16_state ? "GPU (bf16 compute, bf16 master weights, gradients and moments)"
                         : "GPU (bf16 compute, fp32 master weights)");
+  {
+    std::string mesh_line = "mesh: " + m.describe() + "; weights gathered and gradients " +
+                            "reduce-scattered over " + std::to_string(m.shard->size()) +
+                            " rank(s) (" + link_class_name(m.shard->topology().link()) + ")";
+    if (m.dp_replicate > 1)
+      mesh_line += std::string("; gradient shards all-reduced over ") +
+                   std::to_string(m.dp_replicate) + " replicas (" +
+                   link_class_name(m.replica->topology().link()) + ")" +
+                   (c.optim.type == OptimizerType::galore_adamw &&
+                            c.parallel.replica_galore_projection
+                        ? ", GaLore's projected matrices as their rank-r projections"
+                        : "");
+    log_info(mesh_line);
+  }
   if (lora.enabled()) {
     int64_t adapters = 0;
     for (const UnitSpec& u : params->units())
