@@ -101,9 +101,12 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   step_ = step;
   clip_scale_ = report.clip_scale;
 
+  // Every gradient shard arrived summed over the replicas (if any): nothing more crosses them.
+  StepCollectives summed = collectives;
+  summed.replica_sum_in_place = [](Tensor&) {};
   const int64_t t = step - 1;
   for (size_t j = 0; j < matrices_.size(); ++j)
-    if (refresh_due(j, t)) refresh(matrices_[j], t, collectives);
+    if (refresh_due(j, t)) refresh(matrices_[j], t, summed);
 
   // The left side's projections P^T G: one sum over the ranks for all of them.
   int64_t total = 0;

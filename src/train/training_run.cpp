@@ -263,9 +263,10 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
     settings.four_bit = projection;
   const MemoryPlan plan = plan_memory(units, settings);
   const std::string advice =
-      ": more ranks (ZeRO-3 divides the state among them), parallel.offload = optimizer or "
-      "params on GPUs, or train.type = lora or qlora (a frozen base has no gradients or "
-      "moments) would lower it";
+      ": more ranks per replica (ZeRO-3 divides the state among them; parallel.dp_shard = all "
+      "data-parallel ranks shards it over every node), parallel.offload = optimizer or params "
+      "on GPUs, or train.type = lora or qlora (a frozen base has no gradients or moments) would "
+      "lower it";
   // Every rank of a node draws on the same host memory.
   const size_t node_ranks = size_t(mpi_node_size());
   const size_t available = available_host_bytes();
