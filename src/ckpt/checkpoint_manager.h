@@ -107,8 +107,8 @@ class CheckpointManager {
 
   CheckpointDir dir_;
   int rank_, world_size_;
-  bool writes_;   // this rank's replica writes the rank files (the first one)
-  bool leader_;   // rank 0 of the first replica: commits, indexes, prunes
+  bool writes_;  // this rank's replica writes the rank files (the first one)
+  bool leader_;  // rank 0 of the first replica: commits, indexes, prunes
   AllRanksAgree agree_;
   std::vector<Part> parts_;
   int64_t keep_;

@@ -165,7 +165,8 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
     Matrix& x = matrices_[j];
     const int group = group_of(j);
     if (!buffers[group].defined())
-      buffers[group] = galore_scratch(x.projector, {std::max<int64_t>(1, sizes[group]), 1}, scratch_);
+      buffers[group] =
+          galore_scratch(x.projector, {std::max<int64_t>(1, sizes[group]), 1}, scratch_);
     const int64_t size = size_of(x);
     Tensor r = buffers[group].rows(offsets[group], offsets[group] + size);
     offsets[group] += size;

@@ -63,7 +63,7 @@ struct CommTopology {
   }
   LinkClass link_between(int a, int b) const {
     return node_of_rank.at(size_t(a)) == node_of_rank.at(size_t(b)) ? LinkClass::intra_node
-                                                                      : LinkClass::inter_node;
+                                                                    : LinkClass::inter_node;
   }
   void count(LinkClass link, uint64_t bytes) const {
     if (traffic && bytes > 0) traffic->add(link, bytes);

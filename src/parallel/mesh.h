@@ -26,8 +26,8 @@ struct Mesh {
   std::unique_ptr<Comm> replica;
   int dp_size = 1, cp_size = 1, dp_rank = 0, cp_rank = 0;
   int dp_shard = 1, dp_replicate = 1, replica_rank = 0;
-  int local_rank = 0;           // this rank's index on its node
-  std::vector<int> node_of_rank;  // by world rank: the node each rank is on (0, 1, ...)
+  int local_rank = 0;                    // this rank's index on its node
+  std::vector<int> node_of_rank;         // by world rank: the node each rank is on (0, 1, ...)
   std::shared_ptr<LinkTraffic> traffic;  // every communicator of the mesh counts into it
 
   int nodes() const;

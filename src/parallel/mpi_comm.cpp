@@ -235,8 +235,8 @@ class MpiComm : public Comm {
     pending(r, "barrier before a split")->wait();
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, key, &sub);
-    auto out = std::make_unique<MpiComm>(sub, timeout_s_, group_ + "/" + std::to_string(color),
-                                         failure_);
+    auto out =
+        std::make_unique<MpiComm>(sub, timeout_s_, group_ + "/" + std::to_string(color), failure_);
     out->set_topology(sub_topology(sub));
     return out;
   }

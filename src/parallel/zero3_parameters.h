@@ -30,8 +30,7 @@ namespace frugal {
 struct Zero3Init {
   // Fills rows [first, last) of the named parameter (e.g. from a Hugging Face directory) and
   // returns true, or returns false for the seed's initialisation. Null: the seed everywhere.
-  std::function<bool(const std::string& name, int64_t first, int64_t last, Tensor& rows)>
-      load_rows;
+  std::function<bool(const std::string& name, int64_t first, int64_t last, Tensor& rows)> load_rows;
   // Frozen parameters it picks are stored as NF4 rows (QLoRA's base, Nf4Encoding): quantized
   // exactly as bitsandbytes quantizes the whole tensor (a collective: the absmax offset and
   // second-level scales need every rank's rows), never held in fp32 beyond one tensor's rows.
@@ -62,9 +61,9 @@ class Zero3Parameters : public ParameterProvider {
   // With `replicas`, `comm` is one replica's ranks, and every gradient shard (but those
   // summed_elsewhere) is all-reduced across the replicas in the step's last micro-batch, each
   // unit's as soon as its reduce-scatter is done, beside the backward of the units after it.
-  Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
-                  uint64_t seed, float init_std, bool with_grads = true,
-                  const Zero3Init& init = {}, const Zero3Replicas& replicas = {});
+  Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas, uint64_t seed,
+                  float init_std, bool with_grads = true, const Zero3Init& init = {},
+                  const Zero3Replicas& replicas = {});
   ~Zero3Parameters() override;
 
   void prefetch(int64_t unit) override;

@@ -49,7 +49,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "shape and its weights the initialisation (prepare the data with its tokenizer)"},
 
       {"data.dir", &c.data.dir, kPath,
-       "directory written by `frugal prepare` (train.tok, val.tok, tokenizer.model or tokenizer.json)"},
+       "directory written by `frugal prepare` (train.tok, val.tok, tokenizer.model or "
+       "tokenizer.json)"},
 
       {"train.steps", &t.steps, kPositive, "optimizer steps"},
       {"train.seed", &t.seed, kAny, "seed of initialisation and data order"},

@@ -113,8 +113,8 @@ struct ParallelConfig {
   Offload offload = Offload::none;
   double timeout_s = 300;
   int64_t cp = 1;
-  int64_t dp_shard = 0;    // data-parallel ranks per replica (HSDP); 0: one node's
-  int64_t node_ranks = 0;  // ranks per node, consecutive; 0: those that share memory
+  int64_t dp_shard = 0;                   // data-parallel ranks per replica (HSDP); 0: one node's
+  int64_t node_ranks = 0;                 // ranks per node, consecutive; 0: those that share memory
   bool replica_galore_projection = true;  // GaLore's projected gradients cross the replicas
   DeviceChoice device = DeviceChoice::automatic;
   std::string gpu_mem_limit = "0";

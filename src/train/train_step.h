@@ -26,8 +26,8 @@ struct StepResult {
 
 // The ranks a step sums over (nullptr: this rank alone, or none).
 struct StepComms {
-  Comm* world = nullptr;  // every rank: the token count and the loss
-  Comm* shard = nullptr;  // the ranks holding different rows of the state (ZeRO-3's); null: world
+  Comm* world = nullptr;    // every rank: the token count and the loss
+  Comm* shard = nullptr;    // the ranks holding different rows of the state (ZeRO-3's); null: world
   Comm* replica = nullptr;  // hybrid sharding: the ranks holding the same rows in other replicas
   // MPI groups of the same ranks as `shard` and `replica`, for host tensors beside NCCL ones
   // (offload); null: `shard` and `replica` themselves.

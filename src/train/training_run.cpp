@@ -322,33 +322,31 @@ void TrainingRun::log_plan(int64_t start_step) const {
   const TrainConfig& c = config;
   const Mesh& m = use_gpu ? gpu_mesh : host_mesh;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
-  log_info("frugal train: model ", c.model.parameter_count(), " parameters (",
-           c.model.num_hidden_layers, " layers, hidden ", c.model.hidden_size, ", heads ",
-           c.model.num_attention_heads, "/", c.model.num_key_value_heads, ", vocab ",
-           c.model.vocab_size, "); ", m.world->size(), " rank(s) = dp ", m.dp_size, " x cp ",
-           m.cp_size, ", ZeRO-3",
-           m.dp_replicate > 1 ? " within each of " + std::to_string(m.dp_replicate) +
-                                    " replicas (HSDP: dp_replicate " +
-                                    std::to_string(m.dp_replicate) + " x dp_shard " +
-                                    std::to_string(m.dp_shard) + " x cp " +
-                                    std::to_string(m.cp_size) + ")"
-                              : std::string(),
-           ", offload ", c.parallel.offload, ", ",
-           !use_gpu     ? "CPU (fp32)"
-           : bf16_state ? "GPU (bf16 compute, bf16 master weights, gradients and moments)"
-                        : "GPU (bf16 compute, fp32 master weights)");
+  log_info(
+      "frugal train: model ", c.model.parameter_count(), " parameters (", c.model.num_hidden_layers,
+      " layers, hidden ", c.model.hidden_size, ", heads ", c.model.num_attention_heads, "/",
+      c.model.num_key_value_heads, ", vocab ", c.model.vocab_size, "); ", m.world->size(),
+      " rank(s) = dp ", m.dp_size, " x cp ", m.cp_size, ", ZeRO-3",
+      m.dp_replicate > 1
+          ? " within each of " + std::to_string(m.dp_replicate) + " replicas (HSDP: dp_replicate " +
+                std::to_string(m.dp_replicate) + " x dp_shard " + std::to_string(m.dp_shard) +
+                " x cp " + std::to_string(m.cp_size) + ")"
+          : std::string(),
+      ", offload ", c.parallel.offload, ", ",
+      !use_gpu     ? "CPU (fp32)"
+      : bf16_state ? "GPU (bf16 compute, bf16 master weights, gradients and moments)"
+                   : "GPU (bf16 compute, fp32 master weights)");
   {
     std::string mesh_line = "mesh: " + m.describe() + "; weights gathered and gradients " +
                             "reduce-scattered over " + std::to_string(m.shard->size()) +
                             " rank(s) (" + link_class_name(m.shard->topology().link()) + ")";
     if (m.dp_replicate > 1)
-      mesh_line += std::string("; gradient shards all-reduced over ") +
-                   std::to_string(m.dp_replicate) + " replicas (" +
-                   link_class_name(m.replica->topology().link()) + ")" +
-                   (c.optim.type == OptimizerType::galore_adamw &&
-                            c.parallel.replica_galore_projection
-                        ? ", GaLore's projected matrices as their rank-r projections"
-                        : "");
+      mesh_line +=
+          std::string("; gradient shards all-reduced over ") + std::to_string(m.dp_replicate) +
+          " replicas (" + link_class_name(m.replica->topology().link()) + ")" +
+          (c.optim.type == OptimizerType::galore_adamw && c.parallel.replica_galore_projection
+               ? ", GaLore's projected matrices as their rank-r projections"
+               : "");
     log_info(mesh_line);
   }
   if (lora.enabled()) {

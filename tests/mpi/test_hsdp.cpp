@@ -15,12 +15,12 @@
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model_support.h"
-#include "test_support.h"
 #include "optim/adamw.h"
 #include "optim/galore_adamw.h"
 #include "parallel/mesh.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_parameters.h"
+#include "test_support.h"
 #include "train/train_step.h"
 
 using namespace frugal;
@@ -194,9 +194,13 @@ TEST_CASE("the default dp_shard is one node's ranks", "[hsdp][mpi]") {
     CHECK(across.shard->size() == 2);
   }
   if (world >= 4) {
-    CHECK(test::contains(test::error_of([] { make_mesh({1, 3, 0}, 60); }),
+    CHECK(test::contains(test::error_of([] {
+                           make_mesh({1, 3, 0}, 60);
+                         }),
                          "config key 'parallel.dp_shard': 3 does not divide"));
-    CHECK(test::contains(test::error_of([] { make_mesh({1, 0, 3}, 60); }),
+    CHECK(test::contains(test::error_of([] {
+                           make_mesh({1, 0, 3}, 60);
+                         }),
                          "config key 'parallel.node_ranks': 3 does not divide"));
   }
 }
@@ -211,7 +215,9 @@ uint64_t shard_bytes(const ParamSpec& p, int ranks) {
 
 struct LinkBytes {
   uint64_t intra = 0, inter = 0;
-  void add(LinkClass link, uint64_t bytes) { (link == LinkClass::intra_node ? intra : inter) += bytes; }
+  void add(LinkClass link, uint64_t bytes) {
+    (link == LinkClass::intra_node ? intra : inter) += bytes;
+  }
 };
 
 // One step of `micro` micro-batches of an untied model, with AdamW or GaLore (no refresh due):
@@ -310,9 +316,10 @@ TEST_CASE("bytes per step per link class match the ring formulas", "[hsdp][mpi]"
   CHECK(galore.inter == expected.inter);
   CHECK(galore.inter < hsdp.inter);
   if (mpi_world_rank() == 0)
-    std::printf("bytes per step on rank 0 (intra-node / inter-node): flat ZeRO-3 %llu / %llu, "
-                "HSDP %llu / %llu, HSDP + GaLore rank 4 %llu / %llu\n",
-                (unsigned long long)flat.intra, (unsigned long long)flat.inter,
-                (unsigned long long)hsdp.intra, (unsigned long long)hsdp.inter,
-                (unsigned long long)galore.intra, (unsigned long long)galore.inter);
+    std::printf(
+        "bytes per step on rank 0 (intra-node / inter-node): flat ZeRO-3 %llu / %llu, "
+        "HSDP %llu / %llu, HSDP + GaLore rank 4 %llu / %llu\n",
+        (unsigned long long)flat.intra, (unsigned long long)flat.inter,
+        (unsigned long long)hsdp.intra, (unsigned long long)hsdp.inter,
+        (unsigned long long)galore.intra, (unsigned long long)galore.inter);
 }
