@@ -269,7 +269,10 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     sampling.seed = c.train.seed;
     sampling.stop_token = run.tokenizer->eos_id();
     std::vector<int32_t> prompt = run.tokenizer->encode(c.train.sample_prompt);
-    prompt.insert(prompt.begin(), run.tokenizer->bos_id());
+    // What precedes a document in training: bos, or without one the previous document's eos.
+    const int32_t start = run.tokenizer->bos_id() >= 0 ? run.tokenizer->bos_id()
+                                                       : run.tokenizer->eos_id();
+    prompt.insert(prompt.begin(), start);
     std::vector<int32_t> out = generate(model, params, prompt, sampling);
     log_info("sample: ", run.tokenizer->decode(out));
   }
