@@ -76,14 +76,14 @@ void fp8_dequantize(float* out, const uint8_t* in, int64_t n, Fp8Format format, 
   for (int64_t i = 0; i < n; ++i) out[i] = fp8_decode(in[i], format) * scale_inv;
 }
 
-float fp8_scale_from_amax(float amax, float previous_scale, float fp8_max_value, float margin) {
+float fp8_scale_from_amax(float amax, float previous_scale, float fp8_max_value, int margin) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return previous_scale;
-  const float scale = fp8_max_value / amax / std::exp2(margin);
+  const float scale = std::ldexp(fp8_max_value / amax, -margin);
   return std::isfinite(scale) ? scale : FLT_MAX;
 }
 
 void fp8_delayed_update(float* history, float* scale, float* scale_inv, const float* max_values,
-                        int64_t history_len, int64_t slots, float margin) {
+                        int64_t history_len, int64_t slots, int margin) {
   for (int64_t s = 0; s < slots; ++s) {
     uint32_t amax = 0;
     for (int64_t i = 0; i < history_len; ++i)

@@ -39,10 +39,11 @@ float fp8_amax(const float* x, int64_t n);
 // out[i] = decode(in[i]) * scale_inv.
 void fp8_dequantize(float* out, const uint8_t* in, int64_t n, Fp8Format format, float scale_inv);
 
-// The scale a tensor with this amax gets: fp8_max * 2^-margin / amax; when amax is zero or not
+// The scale a tensor with this amax gets: fp8_max / amax * 2^-margin (ldexp: exact, so the GPU's
+// twin gets the same float); when amax is zero or not
 // finite the previous scale stays (nothing to learn from it), and a quotient past the float
 // range becomes the largest float (TransformerEngine's rule).
-float fp8_scale_from_amax(float amax, float previous_scale, float fp8_max_value, float margin);
+float fp8_scale_from_amax(float amax, float previous_scale, float fp8_max_value, int margin);
 
 // Delayed scaling's step end for `slots` tensors at once. history is [history_len, slots]
 // row-major, row 0 this step's amax (already reduced over the ranks that share each tensor).
@@ -50,6 +51,6 @@ float fp8_scale_from_amax(float amax, float previous_scale, float fp8_max_value,
 // scale_inv = 1 / scale; then the history rolls (row i+1 = old row i, the oldest dropped) and
 // row 0 is zeroed for the next step's casts. max_values [slots]: each slot's format max.
 void fp8_delayed_update(float* history, float* scale, float* scale_inv, const float* max_values,
-                        int64_t history_len, int64_t slots, float margin);
+                        int64_t history_len, int64_t slots, int margin);
 
 }  // namespace frugal::cpu

@@ -28,6 +28,8 @@ struct LoraConfig {
 // "all" (every linear layer of a block: q, k, v, o, gate, up, down) or a comma-separated
 // list of their names ("q_proj,v_proj"); throws Error naming the key for anything else.
 std::vector<int> lora_targets_from_names(const std::string& list);
+// The same for the config key `key` (fp8.linears takes the same names).
+std::vector<int> projections_from_names(const std::string& list, const std::string& key);
 std::string lora_target_names(const std::vector<int>& targets);
 
 // The units of `config` with every base parameter frozen and each target projection's

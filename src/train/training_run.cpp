@@ -69,6 +69,31 @@ void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t v
 
 // The checkpoint directory must take files before any work is done: found at the first save,
 // an unwritable path costs the steps before it. Every rank writes there (its rank file).
+// FP8 GEMMs need sm_89+ (cuBLASLt's FP8 kernels; the casts' hardware conversion), and
+// cuBLASLt's FP8 layouts need every GEMM dimension a multiple of 16. The CPU emulates FP8 on
+// any shape.
+#ifdef FRUGAL_HAVE_CUDA
+void check_fp8_device(const TrainConfig& c, const DeviceContext& gpu) {
+  const int cc = gpu.compute_capability();
+  if (cc < 89)
+    fail("config key 'fp8.enabled': FP8 needs a GPU of compute capability 8.9 or newer (sm_89+: "
+         "RTX 40xx, L4, H100, H200); GPU ", gpu.device(), " is sm_", cc,
+         ". Run with fp8.enabled = false");
+  const LlamaConfig& m = c.model;
+  const int64_t tokens = c.train.micro_batch_size * c.train.seq_len / c.parallel.cp;
+  const std::pair<const char*, int64_t> dims[] = {
+      {"model.hidden_size", m.hidden_size},
+      {"model.intermediate_size", m.intermediate_size},
+      {"model.num_attention_heads x head dimension", m.num_attention_heads * m.attention_head_dim()},
+      {"model.num_key_value_heads x head dimension", m.num_key_value_heads * m.attention_head_dim()},
+      {"train.micro_batch_size x train.seq_len / parallel.cp (tokens)", tokens}};
+  for (const auto& [what, value] : dims)
+    if (value % 16 != 0)
+      fail("config key 'fp8.enabled': FP8 GEMMs on a GPU need ", what, " = ", value,
+           " to be a multiple of 16");
+}
+#endif
+
 void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -151,6 +176,19 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     lora.seed = c.train.seed;
     model->set_lora(&lora);
   }
+  if (c.fp8.enabled) {
+#ifdef FRUGAL_HAVE_CUDA
+    if (use_gpu) check_fp8_device(c, *memory->gpu);
+#endif
+    Fp8Settings settings;
+    settings.enabled = true;
+    settings.recipe = c.fp8.recipe;
+    settings.amax_history_len = c.fp8.amax_history_len;
+    settings.margin = c.fp8.margin;
+    settings.linears = projections_from_names(c.fp8.linears, "fp8.linears");
+    fp8 = std::make_unique<Fp8Scaling>(settings, c.model.num_hidden_layers, memory->activations());
+    model->set_fp8(fp8.get());
+  }
   Zero3Init init;
   if (hf) {
     // Each rank reads only its own rows of each tensor (one tensor's rows at a time): host
@@ -204,6 +242,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
                                                 {"optim", optimizer.get()},
                                                 {"sampler", sampler.get()},
                                                 {"config", states[2].get()}};
+  if (fp8) parts.push_back({"fp8", fp8.get()});
   Arena* staging = checkpoint_staging(CheckpointManager::state_bytes(parts, world().rank()));
   checkpoints = std::make_unique<CheckpointManager>(
       CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), world().rank(), world().size(),
