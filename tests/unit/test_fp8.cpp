@@ -212,3 +212,93 @@ TEST_CASE("fp8 delayed scaling: the history rolls and the scale follows its max"
   // (0.25 rolled out), so the scale of step 5 (448 / 2 / 0.25) stays, and inf keeps it too.
   CHECK(scale[0] == 448.0f / 2.0f / 0.25f);
 }
+
+#include "model/fp8_linear.h"
+
+namespace {
+
+// The values a cast with this scale leaves: decode(encode(x * scale)) / scale, in float64.
+std::vector<double> through_fp8(const std::vector<float>& x, float scale, Fp8Format f) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    out[i] = double(cpu::fp8_decode(cpu::fp8_encode(x[i] * scale, f), f)) * double(1.0f / scale);
+  return out;
+}
+
+Tensor host_tensor(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  Tensor t = Tensor::empty({rows, cols});
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 linear: forward, dgrad and wgrad are the products of the cast operands",
+          "[fp8]") {
+  // Current scaling on the CPU: each tensor's scale is 448 (or 57344) / its amax, so the
+  // reference can cast the operands itself and multiply in float64.
+  const int64_t T = 24, K = 40, N = 24;
+  Fp8Settings settings;
+  settings.enabled = true;
+  settings.recipe = Fp8Recipe::current;
+  settings.linears = {kQProj, kKProj, kVProj, kOProj, kGateProj, kUpProj, kDownProj};
+  Fp8Scaling scaling(settings, 1, host_arena());
+  uint64_t seed = 11;
+  auto random = [&](int64_t n, double s) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& e : v) e = float((2 * uniform01(seed) - 1) * s);
+    return v;
+  };
+  const std::vector<float> x = random(T * K, 3.0), w = random(N * K, 0.05), dy = random(T * N, 1e-3);
+  const auto amax = [](const std::vector<float>& v) {
+    float m = 0;
+    for (float e : v) m = std::max(m, std::fabs(e));
+    return m;
+  };
+  const std::vector<double> xq = through_fp8(x, 448.0f / amax(x), Fp8Format::e4m3);
+  const std::vector<double> wq = through_fp8(w, 448.0f / amax(w), Fp8Format::e4m3);
+  const std::vector<double> dyq = through_fp8(dy, 57344.0f / amax(dy), Fp8Format::e5m2);
+
+  const Fp8Linear l{&scaling, 0, kUpProj};
+  Fp8InputCasts forward_casts, backward_casts;
+  const Tensor xt = host_tensor(x, T, K), wt = host_tensor(w, N, K), dyt = host_tensor(dy, T, N);
+  const Tensor y = fp8_linear(xt, wt, l, forward_casts);
+  Tensor dw = Tensor::zeros({N, K});
+  dw.data<float>()[0] = 1.0f;  // accumulated into
+  const Tensor dx = fp8_linear_backward(dyt, xt, wt, dw, l, backward_casts);
+
+  double worst = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double want = 0, size = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        want += xq[size_t(t * K + k)] * wq[size_t(n * K + k)];
+        size += std::fabs(xq[size_t(t * K + k)] * wq[size_t(n * K + k)]);
+      }
+      worst = std::max(worst, std::fabs(y.data<float>()[t * N + n] - want) / size);
+    }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      double want = 0, size = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        want += dyq[size_t(t * N + n)] * wq[size_t(n * K + k)];
+        size += std::fabs(dyq[size_t(t * N + n)] * wq[size_t(n * K + k)]);
+      }
+      worst = std::max(worst, std::fabs(dx.data<float>()[t * K + k] - want) / size);
+    }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double want = (n == 0 && k == 0) ? 1.0 : 0.0, size = want;
+      for (int64_t t = 0; t < T; ++t) {
+        want += dyq[size_t(t * N + n)] * xq[size_t(t * K + k)];
+        size += std::fabs(dyq[size_t(t * N + n)] * xq[size_t(t * K + k)]);
+      }
+      worst = std::max(worst, std::fabs(dw.data<float>()[n * K + k] - want) / size);
+    }
+  // float accumulation of exact products: within a few float epsilons of sum |a b| (a wrong
+  // transpose or scale would be off by O(1)).
+  CHECK(worst < 4 * 40 * 6e-8);
+  // The scales the casts set: the input's, the weight's and the gradient's.
+  CHECK(scaling.input(0, kUpProj).scale.data<float>()[0] == 448.0f / amax(x));
+  CHECK(scaling.gradient(0, kUpProj).scale.data<float>()[0] == 57344.0f / amax(dy));
+}
