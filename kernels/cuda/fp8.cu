@@ -9,6 +9,7 @@
 // in 8-byte pieces of contiguous rows. One block's amax and counts go out in one atomic each.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cfloat>
 
 #include "kernels/cuda/cuda_check.h"
@@ -166,7 +167,38 @@ __global__ void delayed_update_kernel(float* history, float* scale, float* scale
   history[s] = 0.0f;
 }
 
+template <Fp8Format F>
+__global__ void dequantize_kernel(__nv_bfloat16* __restrict__ out, const uint8_t* __restrict__ codes,
+                                  int64_t n, const float* scale_inv) {
+  const float s = *scale_inv;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float v;
+    if constexpr (F == Fp8Format::e4m3) {
+      __nv_fp8_e4m3 c;
+      c.__x = codes[i];
+      v = float(c);
+    } else {
+      __nv_fp8_e5m2 c;
+      c.__x = codes[i];
+      v = float(c);
+    }
+    out[i] = __float2bfloat16_rn(__fmul_rn(v, s));
+  }
+}
+
 }  // namespace
+
+void fp8_dequantize(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Fp8Format format,
+                    const float* scale_inv, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 4096);
+  if (format == Fp8Format::e4m3)
+    dequantize_kernel<Fp8Format::e4m3><<<unsigned(blocks), kThreads, 0, stream>>>(out, codes, n, scale_inv);
+  else
+    dequantize_kernel<Fp8Format::e5m2><<<unsigned(blocks), kThreads, 0, stream>>>(out, codes, n, scale_inv);
+  CUDA_CHECK_LAUNCH();
+}
 
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, int64_t rows,
                         int64_t cols, Fp8Format format, const Fp8CastState& state,

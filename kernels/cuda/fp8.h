@@ -32,6 +32,9 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, in
                         cudaStream_t stream);
 // *amax = max |x| over n elements (n a multiple of 8, x 16-byte aligned); NaN wins.
 void fp8_amax(float* amax, const __nv_bfloat16* x, int64_t n, cudaStream_t stream);
+// out[i] = bf16(decode(codes[i]) * *scale_inv): an FP8-gathered weight in the compute dtype.
+void fp8_dequantize(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Fp8Format format,
+                    const float* scale_inv, cudaStream_t stream);
 // cpu::fp8_delayed_update on device arrays.
 void fp8_delayed_update(float* history, float* scale, float* scale_inv, const float* max_values,
                         int64_t history_len, int64_t slots, int margin, cudaStream_t stream);

@@ -104,6 +104,20 @@ void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
   add_inplace(out, fp8_gemm(a, b, fast_accumulation));
 }
 
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv,
+                    Fp8Format format) {
+  FRUGAL_CHECK(codes.numel() == out.numel() && codes.dtype() == DType::u8 &&
+                   scale_inv.numel() == 1,
+               "fp8 dequantize of ", codes.numel(), " codes into ", out.numel(), " values");
+#ifdef FRUGAL_HAVE_CUDA
+  if (on_gpu(out)) return gpu::dequantize_fp8(out, codes, scale_inv, format);
+#endif
+  FRUGAL_CHECK(out.dtype() == DType::f32, "fp8 dequantize into ", dtype_name(out.dtype()),
+               " on the CPU, expected f32");
+  cpu::fp8_dequantize(out.data<float>(), codes.data<uint8_t>(), out.numel(), format,
+                      scale_inv.data<float>()[0]);
+}
+
 void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
                         const Tensor& max_values, int margin) {
   const int64_t slots = scale.numel();

@@ -50,6 +50,11 @@ Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation);
 void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                          bool fast_accumulation);
 
+// out = decode(codes) * scale_inv in out's dtype (f32 on the CPU, bf16 on a GPU): a weight
+// gathered as FP8 (parallel/fp8_encoding.h). codes u8 of out's numel, scale_inv f32 [1], all on
+// out's device.
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format);
+
 // Delayed scaling's step end on every slot at once (cpu::fp8_delayed_update): history f32
 // [len, slots], scale, scale_inv and max_values f32 [slots], all on one device.
 void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,

@@ -436,6 +436,12 @@ void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                     f32(b.scale_inv), m, n, k, /*accumulate=*/true, fast_accumulation, stream());
 }
 
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format) {
+  expect(out, DType::bf16, "fp8 dequantized weight");
+  cuda::fp8_dequantize(bf(out), static_cast<const uint8_t*>(codes.raw()), out.numel(), format,
+                       f32(scale_inv), stream());
+}
+
 void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
                         const Tensor& max_values, int margin) {
   cuda::fp8_delayed_update(f32(history), f32(scale), f32(scale_inv), f32(max_values),
