@@ -101,6 +101,13 @@ bool is_block_projection(const std::string& name) {
   return false;
 }
 
+int block_projection_index(const std::string& name) {
+  if (name.rfind("model.layers.", 0) != 0) return -1;
+  for (const Target& t : kTargets)
+    if (ends_with(name, std::string(".") + t.name + ".weight")) return t.param;
+  return -1;
+}
+
 bool is_lora_a(const std::string& name) { return ends_with(name, ".lora_A.weight"); }
 bool is_lora_b(const std::string& name) { return ends_with(name, ".lora_B.weight"); }
 

@@ -39,6 +39,9 @@ std::string lora_target_names(const std::vector<int>& targets);
 std::vector<UnitSpec> lora_units(const LlamaConfig& config, const LoraConfig& lora);
 
 // Whether a parameter is one of a block's seven projection matrices (what QLoRA stores in NF4).
+// The BlockParam of a block projection's name ("model.layers.3.mlp.up_proj.weight": kUpProj),
+// -1 for any other name.
+int block_projection_index(const std::string& name);
 bool is_block_projection(const std::string& name);
 
 // Whether a parameter name is a LoRA adapter's (for initialisation and export).

@@ -11,6 +11,7 @@ namespace frugal::ops {
 
 using cpu::Fp8Format;
 using cpu::fp8_max;  // the largest finite value of a format
+using cpu::fp8_scale_from_amax;
 
 // Where one tensor's casts find their scale and leave what they saw: views of one slot of the
 // model's FP8 state (model/fp8_scaling.h), on the device of the tensors cast.

@@ -13,6 +13,7 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/galore_adamw.h"
+#include "parallel/fp8_encoding.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
@@ -203,6 +204,16 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   const auto projection = [](const ParamSpec& p) {
     return p.shape.size() == 2 && is_block_projection(p.name);
   };
+  // LoRA with FP8: the frozen base projections the FP8 GEMMs read are kept and gathered as E4M3
+  // bytes with a per-tensor scale (half of bf16's bytes); the GEMM's cast of the decoded weight
+  // gives back the same codes under current scaling.
+  if (c.train.type == TrainType::lora && fp8)
+    init.encoding = [this](const ParamSpec& p) -> std::unique_ptr<WeightEncoding> {
+      const int index = block_projection_index(p.name);
+      if (p.shape.size() != 2 || index < 0 || !fp8->covers(index))
+        return nullptr;
+      return std::make_unique<Fp8Encoding>();
+    };
   if (c.train.type == TrainType::qlora) init.nf4 = projection;
   if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
