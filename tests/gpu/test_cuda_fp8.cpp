@@ -262,3 +262,26 @@ TEST_CASE("cuda fp8 GEMMs against float64 within the formats' bounds", "[gpu][fp
     CHECK(worst_original < ea + eb + ea * eb + std::ldexp(1.0, -12));
   }
 }
+
+TEST_CASE("cuda fp8 dequantize equals the CPU's, rounded to bf16", "[gpu][fp8]") {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 1037;  // not a multiple of the block
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    std::vector<uint8_t> codes(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      codes[size_t(i)] = uint8_t(i * 37 % 256);
+      if (std::isnan(frugal::cpu::fp8_decode(codes[size_t(i)], f))) codes[size_t(i)] = 0x12;
+    }
+    const float scale_inv = 1.0f / 3.7f;
+    std::vector<float> want(codes.size());
+    frugal::cpu::fp8_dequantize(want.data(), codes.data(), n, f, scale_inv);
+    DeviceBuffer<uint8_t> cd(codes.data(), codes.size());
+    DeviceBuffer<float> sd(&scale_inv, 1);
+    DeviceBuffer<uint16_t> out(codes.size());
+    frugal::cuda::fp8_dequantize(reinterpret_cast<bf16*>(out.get()), cd.get(), n, f, sd.get(), nullptr);
+    const std::vector<uint16_t> got = out.download();
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += got[i] != frugal::float_to_bf16(want[i]);
+    CHECK(bad == 0);
+  }
+}
