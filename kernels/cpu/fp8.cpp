@@ -33,14 +33,13 @@ struct Cast {
 inline Cast cast_one(float x, float scale, Fp8Format format, float max_value) {
   const float scaled = x * scale;
   const uint8_t code = fp8_encode(scaled, format);
-  return {code, x != 0.0f && !std::isnan(x) && (code & 0x7F) == 0,
-          std::fabs(scaled) > max_value};
+  return {code, x != 0.0f && !std::isnan(x) && (code & 0x7F) == 0, std::fabs(scaled) > max_value};
 }
 
 }  // namespace
 
-float fp8_cast_transpose(const float* x, int64_t rows, int64_t cols, float scale,
-                         Fp8Format format, uint8_t* out, uint8_t* out_t, Fp8CastCounts* counts) {
+float fp8_cast_transpose(const float* x, int64_t rows, int64_t cols, float scale, Fp8Format format,
+                         uint8_t* out, uint8_t* out_t, Fp8CastCounts* counts) {
   const float max_value = fp8_max(format);
   uint32_t amax = 0;
   int64_t flushed = 0, saturated = 0;

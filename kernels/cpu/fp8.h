@@ -32,8 +32,8 @@ inline uint32_t amax_bits(uint32_t float_bits) { return float_bits & 0x7FFFFFFFu
 // x [rows, cols] row-major; out [rows, cols] and/or out_t [cols, rows] (either may be null)
 // receive encode(x * scale). Returns max |x| (of the unscaled input; NaN when x holds one) and
 // adds to counts (may be null).
-float fp8_cast_transpose(const float* x, int64_t rows, int64_t cols, float scale,
-                         Fp8Format format, uint8_t* out, uint8_t* out_t, Fp8CastCounts* counts);
+float fp8_cast_transpose(const float* x, int64_t rows, int64_t cols, float scale, Fp8Format format,
+                         uint8_t* out, uint8_t* out_t, Fp8CastCounts* counts);
 // max |x| alone (current scaling's first pass), NaN when x holds one.
 float fp8_amax(const float* x, int64_t n);
 // out[i] = decode(in[i]) * scale_inv.

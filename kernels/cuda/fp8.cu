@@ -21,8 +21,8 @@ namespace {
 
 constexpr int kTile = 64;
 constexpr int kThreads = 256;
-constexpr int kGroup = 8;                // elements per thread and load
-constexpr int kTileStride = kTile + 8;   // shared tile row: 8-byte aligned, fewer bank conflicts
+constexpr int kGroup = 8;               // elements per thread and load
+constexpr int kTileStride = kTile + 8;  // shared tile row: 8-byte aligned, fewer bank conflicts
 constexpr int kWarps = kThreads / 32;
 
 template <Fp8Format F>
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads)
     atomicAdd(reinterpret_cast<unsigned long long*>(s.counts), (unsigned long long)(rows * cols));
 
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  const int group = threadIdx.x % (kTile / kGroup);  // 8 groups of 8 columns (or rows)
+  const int group = threadIdx.x % (kTile / kGroup);     // 8 groups of 8 columns (or rows)
   const int lane_row = threadIdx.x / (kTile / kGroup);  // 0..31
   unsigned amax = 0, flushed = 0, saturated = 0;
 
@@ -163,13 +163,15 @@ __global__ void delayed_update_kernel(float* history, float* scale, float* scale
   for (int64_t i = 0; i < history_len; ++i) amax = max(amax, abs_bits(history[i * slots + s]));
   scale[s] = scale_from_amax(__uint_as_float(amax), scale[s], max_values[s], margin);
   scale_inv[s] = 1.0f / scale[s];
-  for (int64_t i = history_len - 1; i > 0; --i) history[i * slots + s] = history[(i - 1) * slots + s];
+  for (int64_t i = history_len - 1; i > 0; --i)
+    history[i * slots + s] = history[(i - 1) * slots + s];
   history[s] = 0.0f;
 }
 
 template <Fp8Format F>
-__global__ void dequantize_kernel(__nv_bfloat16* __restrict__ out, const uint8_t* __restrict__ codes,
-                                  int64_t n, const float* scale_inv) {
+__global__ void dequantize_kernel(__nv_bfloat16* __restrict__ out,
+                                  const uint8_t* __restrict__ codes, int64_t n,
+                                  const float* scale_inv) {
   const float s = *scale_inv;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -194,9 +196,11 @@ void fp8_dequantize(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Fp8Form
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 4096);
   if (format == Fp8Format::e4m3)
-    dequantize_kernel<Fp8Format::e4m3><<<unsigned(blocks), kThreads, 0, stream>>>(out, codes, n, scale_inv);
+    dequantize_kernel<Fp8Format::e4m3>
+        <<<unsigned(blocks), kThreads, 0, stream>>>(out, codes, n, scale_inv);
   else
-    dequantize_kernel<Fp8Format::e5m2><<<unsigned(blocks), kThreads, 0, stream>>>(out, codes, n, scale_inv);
+    dequantize_kernel<Fp8Format::e5m2>
+        <<<unsigned(blocks), kThreads, 0, stream>>>(out, codes, n, scale_inv);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -205,16 +209,19 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, in
                         cudaStream_t stream) {
   FRUGAL_CHECK(rows % 16 == 0 && cols % 16 == 0, "fp8 cast of [", rows, ", ", cols,
                "]: rows and columns must be multiples of 16");
-  FRUGAL_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+  FRUGAL_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out_t) % 16 == 0,
                "fp8 cast: pointers must be 16-byte aligned");
   if (rows == 0 || cols == 0) return;
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
   FRUGAL_CHECK(grid.y <= 65535, "fp8 cast of ", rows, " rows: too many for one grid");
   if (format == Fp8Format::e4m3)
-    cast_transpose_kernel<Fp8Format::e4m3><<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
+    cast_transpose_kernel<Fp8Format::e4m3>
+        <<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
   else
-    cast_transpose_kernel<Fp8Format::e5m2><<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
+    cast_transpose_kernel<Fp8Format::e5m2>
+        <<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -17,11 +17,11 @@ using cpu::Fp8Format;
 
 // Where a cast reads its scale and leaves what it saw (all device pointers).
 struct Fp8CastState {
-  float* scale;             // read; with current scaling, written (from *current_amax)
-  float* scale_inv;         // written with current scaling
-  float* amax;              // raised to max |x| (bit pattern order: a NaN wins); null: not kept
+  float* scale;               // read; with current scaling, written (from *current_amax)
+  float* scale_inv;           // written with current scaling
+  float* amax;                // raised to max |x| (bit pattern order: a NaN wins); null: not kept
   const float* current_amax;  // non-null: current scaling, scale = fp8_scale_from_amax(*it, ...)
-  int64_t* counts;          // [3]: values, flushed, saturated (added to)
+  int64_t* counts;            // [3]: values, flushed, saturated (added to)
   int margin;
 };
 

@@ -12,8 +12,8 @@ const ops::Fp8Matrix& input_cast(const Tensor& x, const Fp8Linear& l, Fp8InputCa
                                  bool transposed) {
   std::optional<ops::Fp8Matrix>& cached = inputs.casts[size_t(Fp8Scaling::input_index(l.p))];
   if (!cached) {
-    ops::Fp8Cast cast = ops::fp8_cast(as_matrix(x), l.scaling->input(l.layer, l.p), !transposed,
-                                      transposed);
+    ops::Fp8Cast cast =
+        ops::fp8_cast(as_matrix(x), l.scaling->input(l.layer, l.p), !transposed, transposed);
     cached = transposed ? cast.transposed : cast.plain;
   }
   return *cached;

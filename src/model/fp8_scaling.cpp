@@ -12,13 +12,20 @@ namespace {
 // Ordinal of a projection among the seven (q, k, v, o, gate, up, down).
 int projection_ordinal(int p) {
   switch (p) {
-    case kQProj: return 0;
-    case kKProj: return 1;
-    case kVProj: return 2;
-    case kOProj: return 3;
-    case kGateProj: return 4;
-    case kUpProj: return 5;
-    case kDownProj: return 6;
+    case kQProj:
+      return 0;
+    case kKProj:
+      return 1;
+    case kVProj:
+      return 2;
+    case kOProj:
+      return 3;
+    case kGateProj:
+      return 4;
+    case kUpProj:
+      return 5;
+    case kDownProj:
+      return 6;
   }
   fail("block parameter ", p, " is not a projection");
 }
@@ -38,18 +45,25 @@ Tensor filled(int64_t n, float v, Arena& memory) {
 
 int Fp8Scaling::input_index(int p) {
   switch (p) {
-    case kQProj: case kKProj: case kVProj: return 0;
-    case kOProj: return 1;
-    case kGateProj: case kUpProj: return 2;
-    case kDownProj: return 3;
+    case kQProj:
+    case kKProj:
+    case kVProj:
+      return 0;
+    case kOProj:
+      return 1;
+    case kGateProj:
+    case kUpProj:
+      return 2;
+    case kDownProj:
+      return 3;
   }
   fail("block parameter ", p, " is not a projection");
 }
 
 Fp8Scaling::Fp8Scaling(const Fp8Settings& settings, int64_t layers, Arena& memory)
     : settings_(settings), slots_(layers * kFp8SlotsPerBlock) {
-  FRUGAL_CHECK(settings.amax_history_len >= 1, "fp8.amax_history_len ",
-               settings.amax_history_len, " must be at least 1");
+  FRUGAL_CHECK(settings.amax_history_len >= 1, "fp8.amax_history_len ", settings.amax_history_len,
+               " must be at least 1");
   for (int p : settings.linears) {
     projection_ordinal(p);
     covered_[size_t(p)] = true;
@@ -59,9 +73,9 @@ Fp8Scaling::Fp8Scaling(const Fp8Settings& settings, int64_t layers, Arena& memor
   scale_inv_ = filled(slots_, 1.0f, memory);
   Tensor max_host = Tensor::empty({slots_}, DType::f32);
   for (int64_t s = 0; s < slots_; ++s)
-    max_host.data<float>()[s] = ops::fp8_max(s % kFp8SlotsPerBlock < kInputSlots + kWeightSlots
-                                                 ? ops::Fp8Format::e4m3
-                                                 : ops::Fp8Format::e5m2);
+    max_host.data<float>()[s] =
+        ops::fp8_max(s % kFp8SlotsPerBlock < kInputSlots + kWeightSlots ? ops::Fp8Format::e4m3
+                                                                        : ops::Fp8Format::e5m2);
   max_values_ = Tensor::empty({slots_}, DType::f32, memory);
   ops::copy(max_values_, max_host);
   counts_ = ops::zeros({slots_ * 3}, DType::i64, memory);
@@ -87,7 +101,8 @@ ops::Fp8Slot Fp8Scaling::input(int64_t layer, int p) const {
   return slot(layer * kFp8SlotsPerBlock + input_index(p), ops::Fp8Format::e4m3);
 }
 ops::Fp8Slot Fp8Scaling::weight(int64_t layer, int p) const {
-  return slot(layer * kFp8SlotsPerBlock + kInputSlots + projection_ordinal(p), ops::Fp8Format::e4m3);
+  return slot(layer * kFp8SlotsPerBlock + kInputSlots + projection_ordinal(p),
+              ops::Fp8Format::e4m3);
 }
 ops::Fp8Slot Fp8Scaling::gradient(int64_t layer, int p) const {
   return slot(layer * kFp8SlotsPerBlock + kInputSlots + kWeightSlots + projection_ordinal(p),

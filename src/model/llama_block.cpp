@@ -193,7 +193,8 @@ Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWe
   Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, theta_of(ctx));
   Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a, casts);
   ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a, casts));
-  ops::add_inplace(d_n1, project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a, casts));
+  ops::add_inplace(d_n1,
+                   project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a, casts));
   Tensor dx = ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm);
   ops::add_inplace(dx, dh);
   return dx;

@@ -18,8 +18,7 @@ bool on_gpu(const Tensor& t) { return t.defined() && t.device() == Device::cuda;
 #endif
 
 void expect_slot(const Fp8Slot& s, const Tensor& like) {
-  FRUGAL_CHECK(s.scale.defined() && s.scale_inv.defined() && s.amax.defined() &&
-                   s.counts.defined(),
+  FRUGAL_CHECK(s.scale.defined() && s.scale_inv.defined() && s.amax.defined() && s.counts.defined(),
                "fp8 cast with an incomplete scaling slot");
   FRUGAL_CHECK(s.scale.device() == like.device(), "fp8 scaling state on another device than ",
                "the tensor cast");
@@ -50,8 +49,8 @@ Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transpos
 #ifdef FRUGAL_HAVE_CUDA
   if (on_gpu(x)) return gpu::fp8_cast(x, slot, plain, transposed);
 #endif
-  FRUGAL_CHECK(x.dtype() == DType::f32, "fp8 cast of a CPU tensor of dtype ",
-               dtype_name(x.dtype()), ", expected f32");
+  FRUGAL_CHECK(x.dtype() == DType::f32, "fp8 cast of a CPU tensor of dtype ", dtype_name(x.dtype()),
+               ", expected f32");
   const int64_t rows = x.size(0), cols = x.size(1);
   Fp8Cast out;
   out.plain = {Tensor(), slot.scale_inv, slot.format};
@@ -66,10 +65,10 @@ Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transpos
     slot.scale_inv.data<float>()[0] = 1.0f / scale;
   }
   cpu::Fp8CastCounts counts;
-  const float seen = cpu::fp8_cast_transpose(
-      x.data<float>(), rows, cols, scale, slot.format,
-      plain ? out.plain.codes.data<uint8_t>() : nullptr,
-      transposed ? out.transposed.codes.data<uint8_t>() : nullptr, &counts);
+  const float seen =
+      cpu::fp8_cast_transpose(x.data<float>(), rows, cols, scale, slot.format,
+                              plain ? out.plain.codes.data<uint8_t>() : nullptr,
+                              transposed ? out.transposed.codes.data<uint8_t>() : nullptr, &counts);
   // amax as the GPU keeps it: the larger bit pattern (a NaN wins).
   if (!slot.current && std::bit_cast<uint32_t>(seen) > std::bit_cast<uint32_t>(amax)) amax = seen;
   int64_t* c = slot.counts.data<int64_t>();
@@ -104,10 +103,8 @@ void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
   add_inplace(out, fp8_gemm(a, b, fast_accumulation));
 }
 
-void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv,
-                    Fp8Format format) {
-  FRUGAL_CHECK(codes.numel() == out.numel() && codes.dtype() == DType::u8 &&
-                   scale_inv.numel() == 1,
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format) {
+  FRUGAL_CHECK(codes.numel() == out.numel() && codes.dtype() == DType::u8 && scale_inv.numel() == 1,
                "fp8 dequantize of ", codes.numel(), " codes into ", out.numel(), " values");
 #ifdef FRUGAL_HAVE_CUDA
   if (on_gpu(out)) return gpu::dequantize_fp8(out, codes, scale_inv, format);
@@ -118,15 +115,16 @@ void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv,
                       scale_inv.data<float>()[0]);
 }
 
-void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
-                        const Tensor& max_values, int margin) {
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& max_values,
+                        int margin) {
   const int64_t slots = scale.numel();
   FRUGAL_CHECK(history.ndim() == 2 && history.size(1) == slots && scale_inv.numel() == slots &&
                    max_values.numel() == slots,
                "fp8 delayed update of history ", shape_string(history.shape()), " with ", slots,
                " scales");
 #ifdef FRUGAL_HAVE_CUDA
-  if (on_gpu(history)) return gpu::fp8_delayed_update(history, scale, scale_inv, max_values, margin);
+  if (on_gpu(history))
+    return gpu::fp8_delayed_update(history, scale, scale_inv, max_values, margin);
 #endif
   cpu::fp8_delayed_update(history.data<float>(), scale.data<float>(), scale_inv.data<float>(),
                           max_values.data<float>(), history.size(0), slots, margin);

@@ -9,19 +9,19 @@
 
 namespace frugal::ops {
 
-using cpu::Fp8Format;
 using cpu::fp8_max;  // the largest finite value of a format
 using cpu::fp8_scale_from_amax;
+using cpu::Fp8Format;
 
 // Where one tensor's casts find their scale and leave what they saw: views of one slot of the
 // model's FP8 state (model/fp8_scaling.h), on the device of the tensors cast.
 struct Fp8Slot {
   Fp8Format format = Fp8Format::e4m3;
   Tensor scale, scale_inv;  // f32 [1]
-  Tensor amax;              // f32 [1]: delayed: raised to max |x| by each cast; current: this cast's
-  Tensor counts;            // i64 [3]: values cast, flushed to zero, saturated (added to)
-  bool current = false;     // current scaling: the scale comes from this tensor's own amax
-  int margin = 0;           // scale = max / amax * 2^-margin
+  Tensor amax;           // f32 [1]: delayed: raised to max |x| by each cast; current: this cast's
+  Tensor counts;         // i64 [3]: values cast, flushed to zero, saturated (added to)
+  bool current = false;  // current scaling: the scale comes from this tensor's own amax
+  int margin = 0;        // scale = max / amax * 2^-margin
 };
 
 // One operand of an FP8 GEMM: codes [rows, k], contiguous along k, and the inverse scale that
@@ -58,7 +58,7 @@ void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, F
 
 // Delayed scaling's step end on every slot at once (cpu::fp8_delayed_update): history f32
 // [len, slots], scale, scale_inv and max_values f32 [slots], all on one device.
-void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
-                        const Tensor& max_values, int margin);
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& max_values,
+                        int margin);
 
 }  // namespace frugal::ops

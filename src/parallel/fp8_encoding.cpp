@@ -35,7 +35,8 @@ void Fp8Encoding::encode(const ShardLayout& l, const Tensor& rows, const Encodin
   slot.scale_inv.data<float>()[0] = 1.0f / slot.scale.data<float>()[0];
   // The padding rows are zeros: code 0.
   const ops::Fp8Cast cast = ops::fp8_cast(rows.view({l.shard_rows, l.row_len}), slot, true, false);
-  codes_ = ops::convert(cast.plain.codes.view({l.shard_rows * l.row_len}), DType::u8, context.store);
+  codes_ =
+      ops::convert(cast.plain.codes.view({l.shard_rows * l.row_len}), DType::u8, context.store);
   scale_inv_ = ops::convert(slot.scale_inv, DType::f32, context.store);
 }
 

@@ -22,7 +22,9 @@ const std::vector<ConfigSection>& config_sections() {
       {"galore", "GaLore's low-rank moments (optim.type = galore_adamw)"},
       {"parallel", "ranks, sharding and offload (ZeRO-3 over every rank)"},
       {"ckpt", "checkpoints"},
-      {"fp8", "FP8 block linears: E4M3 inputs and weights, E5M2 gradients (GPUs of sm_89+; the CPU emulates)"},
+      {"fp8",
+       "FP8 block linears: E4M3 inputs and weights, E5M2 gradients (GPUs of sm_89+; the CPU "
+       "emulates)"},
       {"monitor", "progress and metrics"}};
   return sections;
 }

@@ -190,7 +190,9 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     // FP8: the amaxes of the step agree over the data-parallel ranks (they read different
     // data; cp ranks' halves of a sequence keep their own), then the delayed scales move.
     if (run.fp8)
-      run.fp8->end_step([&mesh](Tensor& amax) { mesh.dp->all_reduce_max(amax)->wait(); });
+      run.fp8->end_step([&mesh](Tensor& amax) {
+        if (mesh.dp->size() > 1) mesh.dp->all_reduce_max(amax)->wait();
+      });
 
     const double step_seconds = now_seconds() - step_start;
     window_tokens += tokens_per_step;

@@ -81,12 +81,13 @@ void check_fp8_device(const TrainConfig& c, const DeviceContext& gpu) {
          "RTX 40xx, L4, H100, H200); GPU ", gpu.device(), " is sm_", cc,
          ". Run with fp8.enabled = false");
   const LlamaConfig& m = c.model;
+  const int64_t head_dim = m.attention_head_dim();
   const int64_t tokens = c.train.micro_batch_size * c.train.seq_len / c.parallel.cp;
   const std::pair<const char*, int64_t> dims[] = {
       {"model.hidden_size", m.hidden_size},
       {"model.intermediate_size", m.intermediate_size},
-      {"model.num_attention_heads x head dimension", m.num_attention_heads * m.attention_head_dim()},
-      {"model.num_key_value_heads x head dimension", m.num_key_value_heads * m.attention_head_dim()},
+      {"model.num_attention_heads x head dimension", m.num_attention_heads * head_dim},
+      {"model.num_key_value_heads x head dimension", m.num_key_value_heads * head_dim},
       {"train.micro_batch_size x train.seq_len / parallel.cp (tokens)", tokens}};
   for (const auto& [what, value] : dims)
     if (value % 16 != 0)

@@ -25,8 +25,8 @@
 
 namespace {
 
-using frugal::test::DeviceBuffer;
 using frugal::cpu::Fp8Format;
+using frugal::test::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
 // bf16 bits of values spread over many binades (normal, subnormal after scaling, past max).
@@ -34,7 +34,8 @@ std::vector<uint16_t> spread_bf16(int64_t n, uint64_t seed) {
   std::vector<uint16_t> x(static_cast<size_t>(n));
   for (auto& v : x) {
     const double u = frugal::uniform01(seed);
-    const double mag = std::ldexp(1.0 + frugal::uniform01(seed), int(frugal::uniform01(seed) * 52) - 34);
+    const double mag =
+        std::ldexp(1.0 + frugal::uniform01(seed), int(frugal::uniform01(seed) * 52) - 34);
     v = frugal::float_to_bf16(float(u < 0.5 ? mag : -mag));
     if (u > 0.97) v = 0;
   }
@@ -63,9 +64,12 @@ GpuCast gpu_cast(const std::vector<uint16_t>& x, int64_t rows, int64_t cols, Fp8
   DeviceBuffer<int64_t> counts(3);
   const bf16* xp = reinterpret_cast<const bf16*>(xd.get());
   if (current) frugal::cuda::fp8_amax(state.get() + 2, xp, int64_t(x.size()), nullptr);
-  const frugal::cuda::Fp8CastState s{state.get(), state.get() + 1,
+  const frugal::cuda::Fp8CastState s{state.get(),
+                                     state.get() + 1,
                                      current ? nullptr : state.get() + 2,
-                                     current ? state.get() + 2 : nullptr, counts.get(), margin};
+                                     current ? state.get() + 2 : nullptr,
+                                     counts.get(),
+                                     margin};
   frugal::cuda::fp8_cast_transpose(out.get(), out_t.get(), xp, rows, cols, f, s, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> st = state.download();
@@ -77,8 +81,8 @@ void check_cast(const std::vector<uint16_t>& xb, int64_t rows, int64_t cols, Fp8
   const std::vector<float> x = widen(xb);
   float want_scale = scale;
   if (current)
-    want_scale = frugal::cpu::fp8_scale_from_amax(frugal::cpu::fp8_amax(x.data(), int64_t(x.size())),
-                                                  scale, frugal::cpu::fp8_max(f), margin);
+    want_scale = frugal::cpu::fp8_scale_from_amax(
+        frugal::cpu::fp8_amax(x.data(), int64_t(x.size())), scale, frugal::cpu::fp8_max(f), margin);
   std::vector<uint8_t> out(x.size()), out_t(x.size());
   frugal::cpu::Fp8CastCounts counts;
   const float amax = frugal::cpu::fp8_cast_transpose(x.data(), rows, cols, want_scale, f,
@@ -118,16 +122,15 @@ TEST_CASE("cuda fp8 cast: every code of each format, bit for bit with the CPU", 
       const float mid = std::isfinite(a) && std::isfinite(b) ? 0.5f * (a + b) : 1e6f;
       x.push_back(frugal::float_to_bf16(mid));
     }
-    for (float scale : {1.0f, 0.5f, 3.0f})
-      check_cast(x, 16, 32, f, scale, false, 0);
+    for (float scale : {1.0f, 0.5f, 3.0f}) check_cast(x, 16, 32, f, scale, false, 0);
   }
 }
 
 TEST_CASE("cuda fp8 cast + transpose + amax: random data, awkward sizes, both recipes",
           "[gpu][fp8]") {
   SKIP_WITHOUT_GPU();
-  const std::pair<int64_t, int64_t> shapes[] = {{16, 16}, {16, 48}, {80, 208}, {1040, 272},
-                                                {64, 64}, {208, 1056}};
+  const std::pair<int64_t, int64_t> shapes[] = {{16, 16},    {16, 48}, {80, 208},
+                                                {1040, 272}, {64, 64}, {208, 1056}};
   uint64_t seed = 3;
   for (const auto& [rows, cols] : shapes)
     for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
@@ -145,11 +148,13 @@ TEST_CASE("cuda fp8 delayed update equals the CPU's", "[gpu][fp8]") {
   std::vector<float> history(static_cast<size_t>(len * slots)), scale(static_cast<size_t>(slots)),
       scale_inv(static_cast<size_t>(slots)), max_values(static_cast<size_t>(slots));
   uint64_t seed = 9;
-  for (auto& h : history) h = float(std::ldexp(frugal::uniform01(seed), int(frugal::uniform01(seed) * 20) - 10));
+  for (auto& h : history)
+    h = float(std::ldexp(frugal::uniform01(seed), int(frugal::uniform01(seed) * 20) - 10));
   for (int64_t s = 0; s < slots; ++s) {
     scale[size_t(s)] = float(1 + s);
     max_values[size_t(s)] = s % 3 ? 448.0f : 57344.0f;
-    if (s % 7 == 0) for (int64_t i = 0; i < len; ++i) history[size_t(i * slots + s)] = 0;
+    if (s % 7 == 0)
+      for (int64_t i = 0; i < len; ++i) history[size_t(i * slots + s)] = 0;
     if (s % 11 == 0) history[size_t(2 * slots + s)] = INFINITY;
     if (s % 13 == 0) history[size_t(s)] = NAN;
   }
@@ -278,7 +283,8 @@ TEST_CASE("cuda fp8 dequantize equals the CPU's, rounded to bf16", "[gpu][fp8]")
     DeviceBuffer<uint8_t> cd(codes.data(), codes.size());
     DeviceBuffer<float> sd(&scale_inv, 1);
     DeviceBuffer<uint16_t> out(codes.size());
-    frugal::cuda::fp8_dequantize(reinterpret_cast<bf16*>(out.get()), cd.get(), n, f, sd.get(), nullptr);
+    frugal::cuda::fp8_dequantize(reinterpret_cast<bf16*>(out.get()), cd.get(), n, f, sd.get(),
+                                 nullptr);
     const std::vector<uint16_t> got = out.download();
     size_t bad = 0;
     for (size_t i = 0; i < got.size(); ++i) bad += got[i] != frugal::float_to_bf16(want[i]);

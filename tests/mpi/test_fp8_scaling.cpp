@@ -12,9 +12,9 @@
 #include "catch_compat.h"
 #include "core/random.h"
 #include "model/fp8_scaling.h"
-#include "ops/fp8.h"
 #include "model/local_parameters.h"
 #include "model/lora.h"
+#include "ops/fp8.h"
 #include "parallel/comm.h"
 #include "parallel/fp8_encoding.h"
 #include "parallel/zero3_parameters.h"
@@ -64,12 +64,14 @@ TEST_CASE("fp8 delayed scaling: the amax is reduced over the ranks that share th
     mine.data<double>()[0] = local_amax(x);
     Tensor all = Tensor::empty({comm->size()}, DType::f64);
     comm->all_gather(mine, all)->wait();
-    global_amax_by_step.push_back(*std::max_element(all.data<double>(), all.data<double>() + comm->size()));
+    global_amax_by_step.push_back(
+        *std::max_element(all.data<double>(), all.data<double>() + comm->size()));
 
     scaling.end_step(reduce);
     // The window of 2: this step's and the last one's.
     const size_t n = global_amax_by_step.size();
-    const double amax = std::max(global_amax_by_step[n - 1], n > 1 ? global_amax_by_step[n - 2] : 0);
+    const double amax =
+        std::max(global_amax_by_step[n - 1], n > 1 ? global_amax_by_step[n - 2] : 0);
     const float want = std::ldexp(448.0f / float(amax), -1);
     const ops::Fp8Slot slot = scaling.input(1, kGateProj);
     CHECK(slot.scale.data<float>()[0] == want);
@@ -101,7 +103,8 @@ std::vector<float> cast_whole(const Tensor& w) {
   slot.amax = Tensor::zeros({1});
   slot.counts = Tensor::zeros({3}, DType::i64);
   slot.current = true;
-  const ops::Fp8Cast cast = ops::fp8_cast(w.view({w.size(0), w.numel() / w.size(0)}), slot, true, false);
+  const ops::Fp8Cast cast =
+      ops::fp8_cast(w.view({w.size(0), w.numel() / w.size(0)}), slot, true, false);
   Tensor out = Tensor::empty({w.numel()});
   ops::dequantize_fp8(out, cast.plain.codes.view({w.numel()}), slot.scale_inv, slot.format);
   return {out.data<float>(), out.data<float>() + out.numel()};
@@ -174,7 +177,8 @@ TEST_CASE("fp8 weight gathers through ZeRO-3: a LoRA base stored and gathered as
   }
   // The norms are not encoded: as initialised.
   const Tensor& norm = whole.param(units[unit].params[kInputNorm].name);
-  CHECK(std::equal(norm.data<float>(), norm.data<float>() + norm.numel(), got[kInputNorm].data<float>()));
+  CHECK(std::equal(norm.data<float>(), norm.data<float>() + norm.numel(),
+                   got[kInputNorm].data<float>()));
   got.clear();
   sharded.release(unit);
 }

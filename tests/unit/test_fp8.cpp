@@ -116,8 +116,7 @@ TEST_CASE("fp8 codes decode as the OCP tables say and round-trip", "[fp8]") {
   CHECK(cpu::fp8_decode(0x01, Fp8Format::e5m2) == std::ldexp(1.0f, -16));
 }
 
-TEST_CASE("fp8 scaled cast rounds to nearest even and saturates like a float64 search",
-          "[fp8]") {
+TEST_CASE("fp8 scaled cast rounds to nearest even and saturates like a float64 search", "[fp8]") {
   const int64_t rows = 37, cols = 53;  // not powers of two
   for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
     for (float scale : {1.0f, 0.75f, 3.0f * 1024.0f}) {
@@ -125,8 +124,8 @@ TEST_CASE("fp8 scaled cast rounds to nearest even and saturates like a float64 s
       std::vector<uint8_t> out(x.size()), out_t(x.size());
       cpu::Fp8CastCounts counts;
       counts.values = 5;  // counts add up
-      const float amax =
-          cpu::fp8_cast_transpose(x.data(), rows, cols, scale, f, out.data(), out_t.data(), &counts);
+      const float amax = cpu::fp8_cast_transpose(x.data(), rows, cols, scale, f, out.data(),
+                                                 out_t.data(), &counts);
       double want_amax = 0;
       int64_t flushed = 0, saturated = 0, subnormal = 0, mismatches = 0;
       for (int64_t r = 0; r < rows; ++r)
@@ -140,7 +139,8 @@ TEST_CASE("fp8 scaled cast rounds to nearest even and saturates like a float64 s
           mismatches += out_t[size_t(c * rows + r)] != want;
           flushed += v != 0.0f && (want & 0x7F) == 0;
           saturated += std::fabs(scaled) > cpu::fp8_max(f);
-          subnormal += (want & 0x7F) != 0 && ((want >> (f == Fp8Format::e4m3 ? 3 : 2)) & (f == Fp8Format::e4m3 ? 0xF : 0x1F)) == 0;
+          subnormal += (want & 0x7F) != 0 && ((want >> (f == Fp8Format::e4m3 ? 3 : 2)) &
+                                              (f == Fp8Format::e4m3 ? 0xF : 0x1F)) == 0;
         }
       CHECK(mismatches == 0);
       CHECK(double(amax) == want_amax);
@@ -181,9 +181,9 @@ TEST_CASE("fp8 delayed scaling: the history rolls and the scale follows its max"
   const int64_t len = 3, slots = 2;
   std::vector<float> history(len * slots, 0.0f), scale = {1.0f, 1.0f}, scale_inv(2);
   const std::vector<float> max_values = {448.0f, 57344.0f};
-  const std::vector<std::vector<float>> steps = {
-      {4.0f, 8.0f}, {1.0f, 2.0f}, {0.5f, NAN}, {0.25f, 1.0f}, {0.0f, 1.0f}, {0.0f, 1.0f},
-      {0.0f, 1.0f}, {INFINITY, 0.5f}};
+  const std::vector<std::vector<float>> steps = {{4.0f, 8.0f},  {1.0f, 2.0f},    {0.5f, NAN},
+                                                 {0.25f, 1.0f}, {0.0f, 1.0f},    {0.0f, 1.0f},
+                                                 {0.0f, 1.0f},  {INFINITY, 0.5f}};
   std::vector<std::vector<float>> seen(slots);
   for (size_t t = 0; t < steps.size(); ++t) {
     for (int64_t s = 0; s < slots; ++s) history[size_t(s)] = steps[t][size_t(s)];
@@ -233,8 +233,7 @@ Tensor host_tensor(const std::vector<float>& v, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-TEST_CASE("fp8 linear: forward, dgrad and wgrad are the products of the cast operands",
-          "[fp8]") {
+TEST_CASE("fp8 linear: forward, dgrad and wgrad are the products of the cast operands", "[fp8]") {
   // Current scaling on the CPU: each tensor's scale is 448 (or 57344) / its amax, so the
   // reference can cast the operands itself and multiply in float64.
   const int64_t T = 24, K = 40, N = 24;
@@ -249,7 +248,8 @@ TEST_CASE("fp8 linear: forward, dgrad and wgrad are the products of the cast ope
     for (auto& e : v) e = float((2 * uniform01(seed) - 1) * s);
     return v;
   };
-  const std::vector<float> x = random(T * K, 3.0), w = random(N * K, 0.05), dy = random(T * N, 1e-3);
+  const std::vector<float> x = random(T * K, 3.0), w = random(N * K, 0.05),
+                           dy = random(T * N, 1e-3);
   const auto amax = [](const std::vector<float>& v) {
     float m = 0;
     for (float e : v) m = std::max(m, std::fabs(e));
