@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "model/checkpoint_policy.h"
+#include "model/fp8_scaling.h"
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "model/parameter_provider.h"
@@ -58,6 +59,10 @@ struct BlockContext {
   const LoraConfig* lora = nullptr;              // null: no adapters
   // Training noise (LoRA dropout) of this block in this micro-batch; 0: none (evaluation).
   uint64_t noise_seed = 0;
+  // FP8 linears (training with [fp8] enabled; null: every product in the compute dtype), and
+  // which block this is, for its scales.
+  const Fp8Scaling* fp8 = nullptr;
+  int64_t layer = 0;
 };
 
 // The forward's intermediates. Which ones survive until the backward is the policy's choice;

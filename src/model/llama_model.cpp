@@ -58,6 +58,10 @@ BlockContext block_context(const LlamaConfig& config, const Batch& batch, Checkp
 
 BlockContext LlamaModel::layer_context(const BlockContext& ctx, int64_t layer, bool training) const {
   BlockContext c = ctx;
+  c.layer = layer;
+  // FP8 while training only: evaluation and generation run in the compute dtype, and leave
+  // the scales' history alone.
+  if (training) c.fp8 = fp8_;
   if (training && noise_ != 0) {
     uint64_t state = noise_ * 0x9E3779B97F4A7C15ull + uint64_t(layer);
     c.noise_seed = splitmix64(state) | 1;  // never 0 (which means none)

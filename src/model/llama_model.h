@@ -16,6 +16,7 @@ struct BlockWeights;
 struct AttentionOperator;
 struct LoraConfig;
 struct BlockContext;
+class Fp8Scaling;
 
 // A micro-batch of `batch` sequences of `seq` tokens, flattened to [batch * seq].
 struct Batch {
@@ -59,6 +60,8 @@ class LlamaModel {
   void set_attention(const AttentionOperator* attention) { attention_ = attention; }
   // LoRA adapters in the block units (lora.h); null, the default, means none. Not owned.
   void set_lora(const LoraConfig* lora) { lora_ = lora; }
+  // FP8 block linears while training (null: off); the scaling state outlives the model's use.
+  void set_fp8(const Fp8Scaling* fp8) { fp8_ = fp8; }
   // The seed of the training noise (LoRA dropout) of the next forward_backward calls; 0, the
   // default, means none. train_step sets one per micro-batch; evaluation never has noise.
   void set_noise(uint64_t seed) { noise_ = seed; }
@@ -83,6 +86,7 @@ class LlamaModel {
   int64_t loss_chunk_rows_ = 1024;
   const AttentionOperator* attention_ = nullptr;
   const LoraConfig* lora_ = nullptr;
+  const Fp8Scaling* fp8_ = nullptr;
   uint64_t noise_ = 0;
 };
 

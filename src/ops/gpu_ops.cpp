@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/galore.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/quant.h"
@@ -386,6 +387,65 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                                .param_bf16 = param_copy.defined() ? bf(param_copy) : nullptr,
                                .n = param.numel()};
   cuda::adamw_update(&chunk, 1, s, stream());
+}
+
+// --- FP8 -------------------------------------------------------------------------------------
+
+namespace {
+cudaDataType_t fp8_type(Fp8Format f) {
+  return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+}  // namespace
+
+Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed) {
+  expect(x, DType::bf16, "fp8 cast input");
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Fp8Cast out;
+  out.plain = {Tensor(), slot.scale_inv, slot.format};
+  out.transposed = {Tensor(), slot.scale_inv, slot.format};
+  if (plain) out.plain.codes = empty({rows, cols}, DType::u8);
+  if (transposed) out.transposed.codes = empty({cols, rows}, DType::u8);
+  if (slot.current) cuda::fp8_amax(f32(slot.amax), bf(x), x.numel(), stream());
+  const cuda::Fp8CastState state{f32(slot.scale), f32(slot.scale_inv),
+                                 slot.current ? nullptr : f32(slot.amax),
+                                 slot.current ? f32(slot.amax) : nullptr,
+                                 static_cast<int64_t*>(slot.counts.raw()), slot.margin};
+  cuda::fp8_cast_transpose(plain ? static_cast<uint8_t*>(out.plain.codes.raw()) : nullptr,
+                           transposed ? static_cast<uint8_t*>(out.transposed.codes.raw()) : nullptr,
+                           bf(x), rows, cols, slot.format, state, stream());
+  return out;
+}
+
+Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation) {
+  const int64_t m = a.codes.size(0), n = b.codes.size(0), k = a.codes.size(1);
+  Tensor out = empty({m, n}, DType::bf16);
+  cuda::fp8_gemm_tn(gemm(), out.raw(), CUDA_R_16BF, static_cast<const uint8_t*>(a.codes.raw()),
+                    fp8_type(a.format), f32(a.scale_inv),
+                    static_cast<const uint8_t*>(b.codes.raw()), fp8_type(b.format),
+                    f32(b.scale_inv), m, n, k, /*accumulate=*/false, fast_accumulation, stream());
+  return out;
+}
+
+void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+                         bool fast_accumulation) {
+  expect(out, DType::f32, "fp8 gemm accumulator");
+  const int64_t m = a.codes.size(0), n = b.codes.size(0), k = a.codes.size(1);
+  cuda::fp8_gemm_tn(gemm(), out.raw(), CUDA_R_32F, static_cast<const uint8_t*>(a.codes.raw()),
+                    fp8_type(a.format), f32(a.scale_inv),
+                    static_cast<const uint8_t*>(b.codes.raw()), fp8_type(b.format),
+                    f32(b.scale_inv), m, n, k, /*accumulate=*/true, fast_accumulation, stream());
+}
+
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format) {
+  expect(out, DType::bf16, "fp8 dequantized weight");
+  cuda::fp8_dequantize(bf(out), static_cast<const uint8_t*>(codes.raw()), out.numel(), format,
+                       f32(scale_inv), stream());
+}
+
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
+                        const Tensor& max_values, int margin) {
+  cuda::fp8_delayed_update(f32(history), f32(scale), f32(scale_inv), f32(max_values),
+                           history.size(0), scale.numel(), margin, stream());
 }
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,

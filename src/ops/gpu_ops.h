@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/fp8.h"
 #include "ops/ops.h"
 
 namespace frugal::ops::gpu {
@@ -63,6 +64,14 @@ void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, cons
 double sum_squares(const std::vector<Tensor>& xs);
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy);
+
+Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed);
+Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation);
+void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+                         bool fast_accumulation);
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format);
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
+                        const Tensor& max_values, int margin);
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
             int64_t n, int64_t k, float alpha, float beta);

@@ -22,6 +22,9 @@ const std::vector<ConfigSection>& config_sections() {
       {"galore", "GaLore's low-rank moments (optim.type = galore_adamw)"},
       {"parallel", "ranks, sharding and offload (ZeRO-3 over every rank)"},
       {"ckpt", "checkpoints"},
+      {"fp8",
+       "FP8 block linears: E4M3 inputs and weights, E5M2 gradients (GPUs of sm_89+; the CPU "
+       "emulates)"},
       {"monitor", "progress and metrics"}};
   return sections;
 }
@@ -142,6 +145,18 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"ckpt.async", &c.ckpt.async, kAny,
        "save in the background: training goes on once the state is copied to host memory, a "
        "thread writes the files, and the step is committed when every rank's is on disk"},
+
+      {"fp8.enabled", &c.fp8.enabled, kAny,
+       "run the blocks' linears (fp8.linears) through FP8 GEMMs while training; the head, "
+       "norms and attention stay in the compute dtype"},
+      {"fp8.recipe", &c.fp8.recipe, kAny,
+       "delayed: each tensor's scale from the max of its last amax_history_len amaxes "
+       "(TransformerEngine's DelayedScaling); current: from the tensor's own amax at each cast"},
+      {"fp8.amax_history_len", &c.fp8.amax_history_len, kPositive,
+       "steps of amax history a delayed scale looks back over"},
+      {"fp8.margin", &c.fp8.margin, at_least(0),
+       "scale = fp8 max / amax / 2^margin: headroom against growth between updates"},
+      {"fp8.linears", &c.fp8.linears, kLoraTargets, "the block projections that run in FP8"},
 
       {"monitor.log_every", &c.monitor.log_every, at_least(1),
        "print a progress line every N steps (metrics.jsonl gets every step)"},
@@ -278,7 +293,7 @@ void ConfigKey::check() const {
     return;
   }
   if (rule.kind == KeyRule::Kind::lora_targets) {
-    lora_targets_from_names(text());
+    projections_from_names(text(), name);
     return;
   }
   std::visit(

@@ -29,6 +29,8 @@ void TrainConfig::validate() const {
     if (key.section() == "lora" && train.type == TrainType::full) continue;
     // AdamW ignores [galore].
     if (key.section() == "galore" && optim.type != OptimizerType::galore_adamw) continue;
+    // A run without FP8 ignores the rest of [fp8].
+    if (key.section() == "fp8" && !fp8.enabled) continue;
     key.check();
   }
   if (optim.type == OptimizerType::galore_adamw && train.type != TrainType::full)

@@ -13,6 +13,7 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/galore_adamw.h"
+#include "parallel/fp8_encoding.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
@@ -69,6 +70,32 @@ void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t v
 
 // The checkpoint directory must take files before any work is done: found at the first save,
 // an unwritable path costs the steps before it. Every rank writes there (its rank file).
+// FP8 GEMMs need sm_89+ (cuBLASLt's FP8 kernels; the casts' hardware conversion), and
+// cuBLASLt's FP8 layouts need every GEMM dimension a multiple of 16. The CPU emulates FP8 on
+// any shape.
+#ifdef FRUGAL_HAVE_CUDA
+void check_fp8_device(const TrainConfig& c, const DeviceContext& gpu) {
+  const int cc = gpu.compute_capability();
+  if (cc < 89)
+    fail("config key 'fp8.enabled': FP8 needs a GPU of compute capability 8.9 or newer (sm_89+: "
+         "RTX 40xx, L4, H100, H200); GPU ", gpu.device(), " is sm_", cc,
+         ". Run with fp8.enabled = false");
+  const LlamaConfig& m = c.model;
+  const int64_t head_dim = m.attention_head_dim();
+  const int64_t tokens = c.train.micro_batch_size * c.train.seq_len / c.parallel.cp;
+  const std::pair<const char*, int64_t> dims[] = {
+      {"model.hidden_size", m.hidden_size},
+      {"model.intermediate_size", m.intermediate_size},
+      {"model.num_attention_heads x head dimension", m.num_attention_heads * head_dim},
+      {"model.num_key_value_heads x head dimension", m.num_key_value_heads * head_dim},
+      {"train.micro_batch_size x train.seq_len / parallel.cp (tokens)", tokens}};
+  for (const auto& [what, value] : dims)
+    if (value % 16 != 0)
+      fail("config key 'fp8.enabled': FP8 GEMMs on a GPU need ", what, " = ", value,
+           " to be a multiple of 16");
+}
+#endif
+
 void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -155,6 +182,19 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     lora.seed = c.train.seed;
     model->set_lora(&lora);
   }
+  if (c.fp8.enabled) {
+#ifdef FRUGAL_HAVE_CUDA
+    if (use_gpu) check_fp8_device(c, *memory->gpu);
+#endif
+    Fp8Settings settings;
+    settings.enabled = true;
+    settings.recipe = c.fp8.recipe;
+    settings.amax_history_len = c.fp8.amax_history_len;
+    settings.margin = c.fp8.margin;
+    settings.linears = projections_from_names(c.fp8.linears, "fp8.linears");
+    fp8 = std::make_unique<Fp8Scaling>(settings, c.model.num_hidden_layers, memory->activations());
+    model->set_fp8(fp8.get());
+  }
   Zero3Init init;
   if (hf) {
     // Each rank reads only its own rows of each tensor (one tensor's rows at a time): host
@@ -169,6 +209,16 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   const auto projection = [](const ParamSpec& p) {
     return p.shape.size() == 2 && is_block_projection(p.name);
   };
+  // LoRA with FP8: the frozen base projections the FP8 GEMMs read are kept and gathered as E4M3
+  // bytes with a per-tensor scale (half of bf16's bytes); the GEMM's cast of the decoded weight
+  // gives back the same codes under current scaling.
+  if (c.train.type == TrainType::lora && fp8)
+    init.encoding = [this](const ParamSpec& p) -> std::unique_ptr<WeightEncoding> {
+      const int index = block_projection_index(p.name);
+      if (p.shape.size() != 2 || index < 0 || !fp8->covers(index))
+        return nullptr;
+      return std::make_unique<Fp8Encoding>();
+    };
   if (c.train.type == TrainType::qlora) init.nf4 = projection;
   if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
@@ -208,6 +258,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
                                                 {"optim", optimizer.get()},
                                                 {"sampler", sampler.get()},
                                                 {"config", states[2].get()}};
+  if (fp8) parts.push_back({"fp8", fp8.get()});
   Arena* staging = checkpoint_staging(CheckpointManager::state_bytes(parts, world().rank()));
   checkpoints = std::make_unique<CheckpointManager>(
       CheckpointDir((fs::path(c.train.out_dir) / "ckpt").string()), world().rank(), world().size(),

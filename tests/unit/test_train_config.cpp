@@ -89,6 +89,11 @@ const std::map<std::string, std::string> kDefaults = {
     {"ckpt.keep", "2"},
     {"ckpt.final", "true"},
     {"ckpt.async", "true"},
+    {"fp8.enabled", "false"},
+    {"fp8.recipe", "delayed"},
+    {"fp8.amax_history_len", "16"},
+    {"fp8.margin", "0"},
+    {"fp8.linears", "all"},
     {"monitor.log_every", "10"},
 };
 
@@ -204,6 +209,21 @@ TEST_CASE("a value outside its key's range is refused naming the key and the ran
                          c.train.type = TrainType::qlora;
                        }),
                        "config key 'lora.targets': 'attn' is not one of"));
+  // [fp8] counts only with fp8.enabled; its projections' names are lora.targets' names.
+  CHECK(error_with([](TrainConfig& c) { c.fp8.linears = "attn"; }).empty());
+  CHECK(test::contains(error_with([](TrainConfig& c) {
+                         c.fp8.enabled = true;
+                         c.fp8.linears = "q_proj,attn";
+                       }),
+                       "config key 'fp8.linears': 'attn' is not one of"));
+  CHECK(error_with([](TrainConfig& c) {
+          c.fp8.enabled = true;
+          c.fp8.amax_history_len = 0;
+        }) == "config key 'fp8.amax_history_len': value 0 must be positive");
+  CHECK(error_with([](TrainConfig& c) {
+          c.fp8.enabled = true;
+          c.fp8.margin = -1;
+        }) == "config key 'fp8.margin': value -1 must be >= 0");
 }
 
 TEST_CASE("every key: declared once, in resolved with its default as before", "[config]") {
