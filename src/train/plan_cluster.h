@@ -18,9 +18,13 @@ constexpr double kMeasuredH200StepFlops = 0.449 * 989.4e12;
 // Pinned host <-> H200 copies: the asynchronous checkpoint's staging copy, 13.2 GB in 0.249 s
 // (52.8 GB/s, doc/benchmarks.md "Checkpoint saves"); the way offloaded gradients and copies go.
 constexpr double kMeasuredH200HostLinkBytesPerS = 52.8e9;
-// The host AdamW (AVX-512, 32 threads of the H200 machine's Xeon): 1.1 B weights in 0.049 s
-// (doc/benchmarks.md "Offload"), 22 G weights a second; it runs beside the next forward.
-constexpr double kMeasuredHostAdamwWeightsPerS = 1.1e9 / 0.049;
+// What offloading the state adds to a step, per trainable weight of a rank: the host's share
+// (the global norm over the downloaded fp32 gradients, AdamW, rounding the copies, the pinned
+// transfers' completion) that the GPU waits for. Measured on one H200 with 32 host threads,
+// TinyLlama-1.1B, full checkpointing: 0.445 s a step with offload = optimizer (18,410 tokens/s)
+// against 0.1255 s without (doc/benchmarks.md "Offload"), over 1.1 B weights. A host with
+// fewer threads per rank is slower (two ranks of 16 threads measured 0.53 s: see doc/plan.md).
+constexpr double kMeasuredOffloadHostSecondsPerWeight = (0.445 - 0.1255) / 1.1e9;
 
 // Machines: GPUs per node, nodes, and the links between them (NCCL bus bandwidths, as
 // nccl-tests reports them: a collective over P ranks moving B bytes of whole tensor takes

@@ -129,27 +129,27 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
   const double host_link = cluster.host_link_bytes_per_s;
   const double comm_forward = over(ag_forward + ring_forward, shard_link) +
                               over(uploads_forward, host_link);
+  // (The gradients' way down and the copies' way up are inside the measured offload cost.)
   const double comm_backward = over(ag_backward + reduce_scatter + ring_backward, shard_link) +
-                               over(down + uploads_backward, host_link);
+                               over(uploads_backward, host_link);
   // Not hidden: the first unit's gather before anything computes, the embedding's
   // reduce-scatter after the last block's backward.
   const double fill = over(frac * embed.gathered_bytes, shard_link);
   const double drain = over(frac * 4 * embed.trainable, shard_link);
   const double cross = over(all_reduce, cluster.link_inter_bytes_per_s);
-  const double up = over(copies_up, host_link);
 
   double step = 0;
   for (int64_t k = 0; k < c.train.grad_accum_steps; ++k) {
-    const bool first = k == 0, last = k + 1 == c.train.grad_accum_steps;
-    step += std::max(c_forward, comm_forward + (first ? up : 0)) + fill;
+    const bool last = k + 1 == c.train.grad_accum_steps;
+    step += std::max(c_forward, comm_forward) + fill;
     step += std::max(c_backward, comm_backward + (last ? cross : 0)) + drain;
   }
-  // The host AdamW runs beside the next forward, unit by unit: what it takes beyond that shows.
-  if (host_state) step += std::max(0.0, trainable / shard / kMeasuredHostAdamwWeightsPerS - c_forward);
+  // Offload: the host's share of the step, as measured.
+  if (host_state) step += trainable / shard * kMeasuredOffloadHostSecondsPerWeight;
 
   t.flops = accum * (forward + backward) * rank_tokens;
   t.compute_s = accum * (c_forward + c_backward);
-  t.comm_s = accum * (comm_forward + comm_backward) + up + cross;
+  t.comm_s = accum * (comm_forward + comm_backward) + cross;
   t.step_s = step;
   return t;
 }
