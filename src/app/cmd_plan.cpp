@@ -28,7 +28,7 @@ const char* kPlanHelp =
     "policy, fp32/bf16 state, GaLore, LoRA's base in bf16/NF4/HQQ, offload, flat or hybrid\n"
     "sharding), and recommends the fastest that fits. See doc/plan.md.\n"
     "\n"
-    "MODEL_OR_CONFIG   a .cfg file (as `frugal train` takes), a Hugging Face model directory,\n"
+    "MODEL_OR_CONFIG   .cfg files (as `frugal train` takes them), a Hugging Face model directory,\n"
     "                  or its config.json (the shape; other keys from the overrides)\n"
     "--gpus N          GPUs per node (one rank each)\n"
     "--nodes K         nodes (default 1)\n"
@@ -48,7 +48,8 @@ struct PlanArgs {
   std::string model;
   Cluster cluster;
   bool json = false, help = false;
-  std::vector<std::string> train_args;  // .cfg and --section.key=value for parse_train_options
+  std::vector<std::string> more_configs;  // .cfg files after the first
+  std::vector<std::string> train_args;    // --section.key=value for parse_train_options
 };
 
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
@@ -127,6 +128,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         out.train_args.push_back(args[++i]);
     } else if (out.model.empty()) {
       out.model = a;
+    } else if (fs::path(out.model).extension() == ".cfg" && fs::path(a).extension() == ".cfg") {
+      out.more_configs.push_back(a);  // more .cfg files: later ones win
     } else {
       fail("frugal plan takes one model or config, got '", out.model, "' and '", a, "'");
     }
@@ -157,7 +160,8 @@ TrainConfig plan_config(const PlanArgs& p) {
   } else if (path.filename() == "config.json" || path.extension() == ".json") {
     hf_json = p.model;
   } else {
-    args.insert(args.begin(), p.model);  // a .cfg file
+    args.insert(args.begin(), p.more_configs.begin(), p.more_configs.end());
+    args.insert(args.begin(), p.model);  // .cfg files, in order
   }
   if (!hf_json.empty()) args.push_back("--model.hf_path=" + p.model);  // the shape is config.json's
   TrainConfig c = parse_train_options(args).config;

@@ -22,9 +22,10 @@ constexpr double kMeasuredH200HostLinkBytesPerS = 52.8e9;
 // (the global norm over the downloaded fp32 gradients, AdamW, rounding the copies, the pinned
 // transfers' completion) that the GPU waits for. Measured on one H200 with 32 host threads,
 // TinyLlama-1.1B, full checkpointing: 0.445 s a step with offload = optimizer (18,410 tokens/s)
-// against 0.1255 s without (doc/benchmarks.md "Offload"), over 1.1 B weights. A host with
+// against 0.1567 s without (52,266 tokens/s; doc/benchmarks.md "Offload" and "one H200"), over
+// 1.1 B weights. A host with
 // fewer threads per rank is slower (two ranks of 16 threads measured 0.53 s: see doc/plan.md).
-constexpr double kMeasuredOffloadHostSecondsPerWeight = (0.445 - 0.1255) / 1.1e9;
+constexpr double kMeasuredOffloadHostSecondsPerWeight = (0.445 - 0.1567) / 1.1e9;
 
 // Machines: GPUs per node, nodes, and the links between them (NCCL bus bandwidths, as
 // nccl-tests reports them: a collective over P ranks moving B bytes of whole tensor takes

@@ -125,6 +125,10 @@ double predicted_gib(const MemoryCase& m) {
 TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
   using P = CheckpointPolicy;
   using S = StateDType;
+  TrainConfig offload_optimizer = tinyllama(P::full, S::fp32);
+  offload_optimizer.parallel.offload = Offload::optimizer;
+  TrainConfig offload_params = offload_optimizer;
+  offload_params.parallel.offload = Offload::params;
   TrainConfig ring = tinyllama(P::selective, S::fp32);
   ring.train.seq_len = 131072;
   ring.model.max_position_embeddings = 131072;
@@ -137,6 +141,10 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
       {"1.1B selective bf16", tinyllama(P::selective, S::bf16), ranks(1), 16.18, 0},
       {"1.1B full fp32", tinyllama(P::full, S::fp32), ranks(1), 20.29, 0},
       {"1.1B full bf16", tinyllama(P::full, S::bf16), ranks(1), 10.46, 0},
+      // "Offload: the host AdamW beside the GPU": full checkpointing
+      {"1.1B full, offload optimizer", offload_optimizer, ranks(1), 4.47, 0},
+      {"1.1B full, offload params", offload_params, ranks(1), 2.70, 0},
+      {"1.1B full, offload optimizer, 2 GPUs", offload_optimizer, ranks(2), 4.00, 0},
       // "Results: two H200s": selective, fp32, 2 ranks
       {"1.1B selective fp32, 2 GPUs", tinyllama(P::selective, S::fp32), ranks(2), 17.93, 0},
       // "QLoRA on GPUs": 2 ranks, 24 GiB cap (and offload = optimizer under 5 GiB)
