@@ -20,7 +20,8 @@ namespace frugal {
 namespace {
 
 const char* kPlanHelp =
-    "usage: frugal plan MODEL_OR_CONFIG --gpus N --gpu-mem SIZE [options] [--section.key=value ...]\n"
+    "usage: frugal plan MODEL_OR_CONFIG --gpus N --gpu-mem SIZE [options] [--section.key=value "
+    "...]\n"
     "\n"
     "Predicts what a training run takes on each GPU (weights, gradients, optimizer state,\n"
     "activations, ZeRO-3's gathered units, the allocator's cache), the bytes a step moves over\n"
@@ -120,7 +121,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         fail("option '--gpu-tflops': '", text, "' is not a positive number of TFLOP/s");
       out.cluster.gpu_flops = t * 1e12;
     } else if (own) {
-      fail("unknown option '", a, "' (see `frugal plan --help`; config keys are --section.key=value)");
+      fail("unknown option '", a,
+           "' (see `frugal plan --help`; config keys are --section.key=value)");
     } else if (a.rfind("--", 0) == 0) {
       out.train_args.push_back(args[i]);
       // "--section.key value"
@@ -135,11 +137,13 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     }
   }
   if (out.help) return out;
-  if (out.model.empty()) fail("frugal plan needs a model: a .cfg file, a Hugging Face directory or its config.json");
+  if (out.model.empty())
+    fail("frugal plan needs a model: a .cfg file, a Hugging Face directory or its config.json");
   if (!gpus) fail("frugal plan needs --gpus N (GPUs per node)");
   if (!gpu_mem) fail("frugal plan needs --gpu-mem SIZE (each GPU's memory, e.g. 24GiB)");
   if (out.cluster.gpus_per_node > 1 && !intra)
-    fail("with --gpus ", out.cluster.gpus_per_node, ", frugal plan needs --link-intra (e.g. 25GB/s)");
+    fail("with --gpus ", out.cluster.gpus_per_node,
+         ", frugal plan needs --link-intra (e.g. 25GB/s)");
   if (out.cluster.nodes > 1 && !inter)
     fail("with --nodes ", out.cluster.nodes, ", frugal plan needs --link-inter (e.g. 2.5GB/s)");
   if (!inter) out.cluster.link_inter_bytes_per_s = out.cluster.link_intra_bytes_per_s;
@@ -201,11 +205,17 @@ nlohmann::json option_json(const PlanOption& o) {
             {"dp_shard", o.mesh.shard / o.mesh.cp},
             {"dp_replicate", o.mesh.replicas},
             {"cp", o.mesh.cp}}},
-          {"gpu_bytes", {{"reserved", o.memory.device_reserved}, {"in_use", o.memory.device_in_use}, {"parts", parts}}},
-          {"host_bytes_per_rank", {{"state", o.memory.host_state}, {"checkpoint_staging", o.memory.host_staging}}},
+          {"gpu_bytes",
+           {{"reserved", o.memory.device_reserved},
+            {"in_use", o.memory.device_in_use},
+            {"parts", parts}}},
+          {"host_bytes_per_rank",
+           {{"state", o.memory.host_state}, {"checkpoint_staging", o.memory.host_staging}}},
           {"host_bytes_per_node", o.host_per_node},
           {"bytes_per_step_per_rank",
-           {{"intra_node", o.time.bytes.intra_node}, {"inter_node", o.time.bytes.inter_node}, {"host", o.time.bytes.host}}},
+           {{"intra_node", o.time.bytes.intra_node},
+            {"inter_node", o.time.bytes.inter_node},
+            {"host", o.time.bytes.host}}},
           {"step_seconds", o.time.step_s},
           {"compute_seconds", o.time.compute_s},
           {"communication_seconds", o.time.comm_s},
@@ -216,14 +226,19 @@ nlohmann::json option_json(const PlanOption& o) {
 }
 
 void print_table(const TrainConfig& c, const Cluster& cl, const Plan& plan) {
-  std::printf("model: %lld layers, hidden %lld, %.2f B parameters; %lld x %lld tokens per GPU, %lld micro-batch(es) a step, cp %lld\n",
-              (long long)c.model.num_hidden_layers, (long long)c.model.hidden_size,
-              double(c.model.parameter_count()) / 1e9, (long long)c.train.micro_batch_size,
-              (long long)c.train.seq_len, (long long)c.train.grad_accum_steps, (long long)c.parallel.cp);
-  std::printf("machines: %lld node(s) x %lld GPU(s) of %.1f GiB, host %s per node, links %.1f GB/s in a node, %.1f GB/s between nodes, %.0f TFLOP/s per GPU\n\n",
-              (long long)cl.nodes, (long long)cl.gpus_per_node, gib(cl.gpu_mem_bytes),
-              cl.host_mem_bytes ? (std::to_string(int(gib(cl.host_mem_bytes) + 0.5)) + " GiB").c_str() : "unchecked",
-              cl.link_intra_bytes_per_s / 1e9, cl.link_inter_bytes_per_s / 1e9, cl.gpu_flops / 1e12);
+  std::printf(
+      "model: %lld layers, hidden %lld, %.2f B parameters; %lld x %lld tokens per GPU, %lld "
+      "micro-batch(es) a step, cp %lld\n",
+      (long long)c.model.num_hidden_layers, (long long)c.model.hidden_size,
+      double(c.model.parameter_count()) / 1e9, (long long)c.train.micro_batch_size,
+      (long long)c.train.seq_len, (long long)c.train.grad_accum_steps, (long long)c.parallel.cp);
+  std::printf(
+      "machines: %lld node(s) x %lld GPU(s) of %.1f GiB, host %s per node, links %.1f GB/s in a "
+      "node, %.1f GB/s between nodes, %.0f TFLOP/s per GPU\n\n",
+      (long long)cl.nodes, (long long)cl.gpus_per_node, gib(cl.gpu_mem_bytes),
+      cl.host_mem_bytes ? (std::to_string(int(gib(cl.host_mem_bytes) + 0.5)) + " GiB").c_str()
+                        : "unchecked",
+      cl.link_intra_bytes_per_s / 1e9, cl.link_inter_bytes_per_s / 1e9, cl.gpu_flops / 1e12);
   std::printf("%-52s %9s %9s %9s %8s %9s %8s %8s  %s\n", "option", "GPU GiB", "reserved",
               "host/node", "step s", "tokens/s", "intra GB", "inter GB", "verdict");
   for (const PlanOption& o : plan.options)
@@ -232,20 +247,25 @@ void print_table(const TrainConfig& c, const Cluster& cl, const Plan& plan) {
                 o.time.step_s, o.time.tokens_per_s(), o.time.bytes.intra_node / 1e9,
                 o.time.bytes.inter_node / 1e9, o.verdict.c_str());
   if (!plan.found) {
-    std::printf("\nnothing fits: more GPUs or nodes, a shorter train.seq_len, a smaller micro-batch, or (for fine-tuning) train.type = qlora would lower it\n");
+    std::printf(
+        "\nnothing fits: more GPUs or nodes, a shorter train.seq_len, a smaller micro-batch, or "
+        "(for fine-tuning) train.type = qlora would lower it\n");
     return;
   }
   const PlanOption& pick = plan.options.front();
-  std::printf("\nrecommended: %s\n  GPU memory per rank (reserved by the allocator):", pick.techniques().c_str());
+  std::printf("\nrecommended: %s\n  GPU memory per rank (reserved by the allocator):",
+              pick.techniques().c_str());
   for (size_t k = 0; k < size_t(MemoryPart::count); ++k)
     if (pick.memory.parts[k])
       std::printf(" %s %.2f GiB;", memory_part_name(MemoryPart(k)), gib(pick.memory.parts[k]));
-  std::printf("\n  keys: --train.type=%s --optim.type=%s --optim.state_dtype=%s --train.activation_checkpointing=%s --parallel.offload=%s",
-              std::string(enum_name(pick.config.train.type)).c_str(),
-              std::string(enum_name(pick.config.optim.type)).c_str(),
-              std::string(enum_name(pick.config.optim.state_dtype)).c_str(),
-              std::string(enum_name(pick.config.train.activation_checkpointing)).c_str(),
-              std::string(enum_name(pick.config.parallel.offload)).c_str());
+  std::printf(
+      "\n  keys: --train.type=%s --optim.type=%s --optim.state_dtype=%s "
+      "--train.activation_checkpointing=%s --parallel.offload=%s",
+      std::string(enum_name(pick.config.train.type)).c_str(),
+      std::string(enum_name(pick.config.optim.type)).c_str(),
+      std::string(enum_name(pick.config.optim.state_dtype)).c_str(),
+      std::string(enum_name(pick.config.train.activation_checkpointing)).c_str(),
+      std::string(enum_name(pick.config.parallel.offload)).c_str());
   if (pick.mesh_kind == MeshKind::hybrid)
     std::printf(" (hybrid sharding: dp_shard %lld x dp_replicate %lld)",
                 (long long)(pick.mesh.shard / pick.mesh.cp), (long long)pick.mesh.replicas);

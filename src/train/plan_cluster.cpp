@@ -35,9 +35,13 @@ double parse_bandwidth(const std::string& text, const std::string& option) {
   std::string unit;
   for (size_t i = used; i < text.size(); ++i)
     if (text[i] != ' ') unit += text[i];
-  static const std::pair<const char*, double> units[] = {
-      {"GB/s", 1e9},  {"MB/s", 1e6},  {"GiB/s", 1073741824.0}, {"MiB/s", 1048576.0},
-      {"Gb/s", 1e9 / 8}, {"Mb/s", 1e6 / 8}, {"B/s", 1}};
+  static const std::pair<const char*, double> units[] = {{"GB/s", 1e9},
+                                                         {"MB/s", 1e6},
+                                                         {"GiB/s", 1073741824.0},
+                                                         {"MiB/s", 1048576.0},
+                                                         {"Gb/s", 1e9 / 8},
+                                                         {"Mb/s", 1e6 / 8},
+                                                         {"B/s", 1}};
   for (const auto& [name, scale] : units)
     if (unit == name) {
       if (!(number > 0) || number * scale > 1e15) return bad();

@@ -33,8 +33,8 @@ constexpr double kMeasuredOffloadHostSecondsPerWeight = (0.445 - 0.1567) / 1.1e9
 struct Cluster {
   int64_t gpus_per_node = 1;
   int64_t nodes = 1;
-  size_t gpu_mem_bytes = 0;   // per GPU (0: unknown, nothing is refused for it)
-  size_t host_mem_bytes = 0;  // per node (0: unknown)
+  size_t gpu_mem_bytes = 0;           // per GPU (0: unknown, nothing is refused for it)
+  size_t host_mem_bytes = 0;          // per node (0: unknown)
   double link_intra_bytes_per_s = 0;  // between the GPUs of a node
   double link_inter_bytes_per_s = 0;  // between nodes (one node's share of the network)
   double gpu_flops = kMeasuredH200StepFlops;

@@ -26,16 +26,16 @@ PlanOption evaluate(const TrainConfig& config, MeshKind kind, const Cluster& clu
   // must fit.
   o.fits_gpu = cluster.gpu_mem_bytes == 0 || o.memory.device_in_use <= cluster.gpu_mem_bytes;
   o.fits_host = cluster.host_mem_bytes == 0 || o.host_per_node <= cluster.host_mem_bytes;
-  o.arithmetic_changes = (config.optim.state_dtype == StateDType::bf16) +
-                         (config.optim.type == OptimizerType::galore_adamw) +
-                         (config.train.type == TrainType::qlora ||
-                          config.train.type == TrainType::hqq_lora);
+  o.arithmetic_changes =
+      (config.optim.state_dtype == StateDType::bf16) +
+      (config.optim.type == OptimizerType::galore_adamw) +
+      (config.train.type == TrainType::qlora || config.train.type == TrainType::hqq_lora);
   if (!o.fits_gpu)
-    o.verdict = "rejected: needs " + gib_text(o.memory.device_in_use) + " of GPU memory, the GPU has " +
-                gib_text(cluster.gpu_mem_bytes);
+    o.verdict = "rejected: needs " + gib_text(o.memory.device_in_use) +
+                " of GPU memory, the GPU has " + gib_text(cluster.gpu_mem_bytes);
   else if (!o.fits_host)
-    o.verdict = "rejected: needs " + gib_text(o.host_per_node) + " of host memory per node, a node has " +
-                gib_text(cluster.host_mem_bytes);
+    o.verdict = "rejected: needs " + gib_text(o.host_per_node) +
+                " of host memory per node, a node has " + gib_text(cluster.host_mem_bytes);
   return o;
 }
 
@@ -57,7 +57,8 @@ std::string PlanOption::techniques() const {
 
 Plan make_plan(const TrainConfig& base, const Cluster& cluster) {
   std::vector<TrainType> types = {base.train.type};
-  if (base.train.type != TrainType::full) types = {TrainType::lora, TrainType::qlora, TrainType::hqq_lora};
+  if (base.train.type != TrainType::full)
+    types = {TrainType::lora, TrainType::qlora, TrainType::hqq_lora};
   std::vector<MeshKind> meshes = {MeshKind::flat};
   if (cluster.nodes > 1) meshes.push_back(MeshKind::hybrid);
 
@@ -100,8 +101,9 @@ Plan make_plan(const TrainConfig& base, const Cluster& cluster) {
   std::rotate(o.begin(), pick, pick + 1);
   plan.found = true;
   const PlanOption& chosen = o.front();
-  o.front().verdict = "picked: the fastest that fits" +
-                      std::string(chosen.arithmetic_changes > 0 ? "" : ", with the training's own arithmetic");
+  o.front().verdict =
+      "picked: the fastest that fits" +
+      std::string(chosen.arithmetic_changes > 0 ? "" : ", with the training's own arithmetic");
   for (size_t i = 1; i < o.size(); ++i) {
     PlanOption& p = o[i];
     if (!p.fits()) continue;
@@ -111,9 +113,9 @@ Plan make_plan(const TrainConfig& base, const Cluster& cluster) {
       std::snprintf(buf, sizeof buf, "fits; %.2fx the pick's step time", ratio);
     else if (p.arithmetic_changes > chosen.arithmetic_changes)
       std::snprintf(buf, sizeof buf, "fits as fast; changes the arithmetic more (%s)",
-                    p.config.optim.state_dtype == StateDType::bf16 ? "bf16 state"
+                    p.config.optim.state_dtype == StateDType::bf16       ? "bf16 state"
                     : p.config.optim.type == OptimizerType::galore_adamw ? "GaLore"
-                                                                          : "4-bit base");
+                                                                         : "4-bit base");
     else
       std::snprintf(buf, sizeof buf, "fits as fast; needs more GPU memory");
     p.verdict = buf;

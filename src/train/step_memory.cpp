@@ -16,15 +16,24 @@ namespace frugal {
 
 const char* memory_part_name(MemoryPart part) {
   switch (part) {
-    case MemoryPart::state: return "state";
-    case MemoryPart::activations: return "activations";
-    case MemoryPart::block_work: return "block_work";
-    case MemoryPart::gathered: return "gathered";
-    case MemoryPart::dequantized: return "dequantized";
-    case MemoryPart::loss: return "loss";
-    case MemoryPart::ring: return "ring";
-    case MemoryPart::start_up: return "start_up";
-    case MemoryPart::count: break;
+    case MemoryPart::state:
+      return "state";
+    case MemoryPart::activations:
+      return "activations";
+    case MemoryPart::block_work:
+      return "block_work";
+    case MemoryPart::gathered:
+      return "gathered";
+    case MemoryPart::dequantized:
+      return "dequantized";
+    case MemoryPart::loss:
+      return "loss";
+    case MemoryPart::ring:
+      return "ring";
+    case MemoryPart::start_up:
+      return "start_up";
+    case MemoryPart::count:
+      break;
   }
   return "?";
 }
@@ -75,12 +84,12 @@ std::vector<PerToken> kept(CheckpointPolicy policy, const BlockWidths& w) {
   const PerToken lora_t{w.lora_rank, 2};
   switch (policy) {
     case CheckpointPolicy::none:
-      t = {{w.h, 2}, {w.h, 2},  {1, 4},    {w.a, 2}, {w.kv, 2}, {w.kv, 2}, {w.a, 2}, {w.heads, 4},
-           {w.h, 2}, {w.h, 2},  {1, 4},    {w.f, 2}, {w.f, 2},  {w.f, 2}};
+      t = {{w.h, 2},     {w.h, 2}, {1, 4},   {w.a, 2}, {w.kv, 2}, {w.kv, 2}, {w.a, 2},
+           {w.heads, 4}, {w.h, 2}, {w.h, 2}, {1, 4},   {w.f, 2},  {w.f, 2},  {w.f, 2}};
       break;
     case CheckpointPolicy::selective:  // x, rotated q and k, v, attention output + LSE, h, gate, up
-      t = {{w.h, 2}, {w.a, 2}, {w.kv, 2}, {w.kv, 2}, {w.a, 2}, {w.heads, 4}, {w.h, 2}, {w.f, 2},
-           {w.f, 2}};
+      t = {{w.h, 2},     {w.a, 2}, {w.kv, 2}, {w.kv, 2}, {w.a, 2},
+           {w.heads, 4}, {w.h, 2}, {w.f, 2},  {w.f, 2}};
       break;
     case CheckpointPolicy::full:  // x alone
       return {{w.h, 2}};
@@ -92,8 +101,10 @@ std::vector<PerToken> kept(CheckpointPolicy policy, const BlockWidths& w) {
 // What block_recompute makes again before the backward.
 std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w) {
   switch (policy) {
-    case CheckpointPolicy::none: return {};
-    case CheckpointPolicy::selective: return {{w.h, 2}, {1, 4}, {w.h, 2}, {1, 4}, {w.f, 2}};
+    case CheckpointPolicy::none:
+      return {};
+    case CheckpointPolicy::selective:
+      return {{w.h, 2}, {1, 4}, {w.h, 2}, {1, 4}, {w.f, 2}};
     case CheckpointPolicy::full: {
       // Everything but x, and q, k before rotary (forward_all keeps them while it runs).
       std::vector<PerToken> t = kept(CheckpointPolicy::none, w);
@@ -111,9 +122,9 @@ std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w) 
 // attention kernels' fp32 dq, dk, dv and their scratch (2 floats per head and token), then their
 // bf16 copies; rotary's dq, dk; d_n1 and dx.
 std::vector<PerToken> backward_temporaries(const BlockWidths& w) {
-  return {{w.h, 2},  {w.f, 2},  {w.f, 2},  {w.f, 2},         {w.h, 2},  {w.h, 2},  {w.a, 2},
-          {w.a, 4},  {w.kv, 4}, {w.kv, 4}, {2 * w.heads, 4}, {w.a, 2},  {w.kv, 2}, {w.kv, 2},
-          {w.a, 2},  {w.kv, 2}, {w.h, 2},  {w.h, 2}};
+  return {{w.h, 2},  {w.f, 2},  {w.f, 2},  {w.f, 2},  {w.h, 2},         {w.h, 2},
+          {w.a, 2},  {w.a, 4},  {w.kv, 4}, {w.kv, 4}, {2 * w.heads, 4}, {w.a, 2},
+          {w.kv, 2}, {w.kv, 2}, {w.a, 2},  {w.kv, 2}, {w.h, 2},         {w.h, 2}};
 }
 
 void add_tensors(Phase& phase, MemoryPart part, const std::vector<PerToken>& tensors,
@@ -254,8 +265,12 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   // --- activations ---------------------------------------------------------------------------
   const int64_t d = m.attention_head_dim();
   const int64_t adapted = lora ? int64_t(lora_config.targets.size()) : 0;
-  const BlockWidths w{m.hidden_size,         m.num_attention_heads * d, m.num_key_value_heads * d,
-                      m.intermediate_size,   m.num_attention_heads,     lora ? c.lora.rank : 0,
+  const BlockWidths w{m.hidden_size,
+                      m.num_attention_heads * d,
+                      m.num_key_value_heads * d,
+                      m.intermediate_size,
+                      m.num_attention_heads,
+                      lora ? c.lora.rank : 0,
                       adapted};
   const int64_t cp = std::max<int64_t>(1, mesh.cp);
   const int64_t tokens = c.train.micro_batch_size * ((c.train.seq_len + 2 * cp - 1) / (2 * cp) * 2);

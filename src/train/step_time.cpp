@@ -50,9 +50,9 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
       const double n = double(shape_numel(p.shape));
       const bool adapter = is_lora_a(p.name) || is_lora_b(p.name);
       const bool projection = p.shape.size() == 2 && is_block_projection(p.name);
-      s.gathered_bytes += n * (four_bit && projection && !p.trainable
-                                   ? encoded_bytes_per_weight(c.train.type)
-                                   : 2.0);  // bf16 copies
+      s.gathered_bytes +=
+          n * (four_bit && projection && !p.trainable ? encoded_bytes_per_weight(c.train.type)
+                                                      : 2.0);  // bf16 copies
       if (p.trainable) s.trainable += n;
       if (p.trainable && galore_rank > 0 && galore_projects(p.name, p.shape))
         s.projected += n * double(galore_rank_of(p.shape, galore_rank)) /
@@ -68,15 +68,15 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
   StepTime t;
   const int64_t cp = std::max<int64_t>(1, mesh.cp);
   const double rank_tokens = double(c.train.micro_batch_size * c.train.seq_len) / double(cp);
-  t.tokens = c.train.micro_batch_size * c.train.seq_len * c.train.grad_accum_steps *
-             (mesh.ranks() / cp);
+  t.tokens =
+      c.train.micro_batch_size * c.train.seq_len * c.train.grad_accum_steps * (mesh.ranks() / cp);
 
   // --- FLOPs per token: 2 per weight forward, 2 more for the input's gradient and 2 for the
   // weight's (none for a frozen base); attention 6 L A S (PaLM's count, causal-halved), 2 of them
   // forward. Full checkpointing runs every block's forward again.
   const double attention_width = double(m.num_attention_heads * m.attention_head_dim());
-  const double attention_fwd = 2.0 * double(m.num_hidden_layers) * attention_width *
-                               double(c.train.seq_len);
+  const double attention_fwd =
+      2.0 * double(m.num_hidden_layers) * attention_width * double(c.train.seq_len);
   const double weights = blocks.matmul + head.matmul;
   const double adapters = blocks.adapters;
   double forward = 2 * weights + 2 * adapters + attention_fwd;
@@ -105,8 +105,7 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
   const bool host_state = c.parallel.offload != Offload::none;
   const double down = host_state ? 4 * trainable / shard : 0;
   const double copies_up = c.parallel.offload == Offload::optimizer ? 2 * trainable / shard : 0;
-  const double uploads_forward =
-      c.parallel.offload == Offload::params ? all_gathered / shard : 0;
+  const double uploads_forward = c.parallel.offload == Offload::params ? all_gathered / shard : 0;
   const double uploads_backward =
       c.parallel.offload == Offload::params ? blocks.gathered_bytes / shard : 0;
   // Hybrid: each rank's gradient shard (bf16; GaLore's projected matrices as r x n) all-reduced
@@ -115,20 +114,20 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
   const double projected = embed.projected + blocks.projected + head.projected;
   const double all_reduce = 2 * (replicas - 1) / replicas * 2 * projected / shard;
 
-  const double shard_link = mesh.shard_spans_nodes
-                                ? std::min(cluster.link_intra_bytes_per_s,
-                                           cluster.link_inter_bytes_per_s)
-                                : cluster.link_intra_bytes_per_s;
+  const double shard_link = mesh.shard_spans_nodes ? std::min(cluster.link_intra_bytes_per_s,
+                                                              cluster.link_inter_bytes_per_s)
+                                                   : cluster.link_intra_bytes_per_s;
   auto over = [](double bytes, double per_s) { return bytes > 0 ? bytes / per_s : 0.0; };
   const double accum = double(c.train.grad_accum_steps);
-  const double group_bytes = ag_forward + ag_backward + reduce_scatter + ring_forward + ring_backward;
+  const double group_bytes =
+      ag_forward + ag_backward + reduce_scatter + ring_forward + ring_backward;
   (mesh.shard_spans_nodes ? t.bytes.inter_node : t.bytes.intra_node) += accum * group_bytes;
   t.bytes.inter_node += all_reduce;
   t.bytes.host = accum * (down + uploads_forward + uploads_backward) + copies_up;
 
   const double host_link = cluster.host_link_bytes_per_s;
-  const double comm_forward = over(ag_forward + ring_forward, shard_link) +
-                              over(uploads_forward, host_link);
+  const double comm_forward =
+      over(ag_forward + ring_forward, shard_link) + over(uploads_forward, host_link);
   // (The gradients' way down and the copies' way up are inside the measured offload cost.)
   const double comm_backward = over(ag_backward + reduce_scatter + ring_backward, shard_link) +
                                over(uploads_backward, host_link);

@@ -111,8 +111,8 @@ double predicted_gib(const MemoryCase& m) {
   double reserved = double(e.device_reserved);
   double in_use = double(e.device_in_use);
   if (m.whole_units_dequantized) {
-    const double extra = whole_units_dequantized_bytes(m.config, m.mesh) -
-                         double(e.part(MemoryPart::dequantized));
+    const double extra =
+        whole_units_dequantized_bytes(m.config, m.mesh) - double(e.part(MemoryPart::dequantized));
     reserved += extra;
     in_use += extra;
   }
@@ -150,7 +150,8 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
       // "QLoRA on GPUs": 2 ranks, 24 GiB cap (and offload = optimizer under 5 GiB)
       {"7B QLoRA mb 1", llama7b_qlora(1, Offload::none), ranks(2), 6.35, 24, true},
       {"7B QLoRA mb 2", llama7b_qlora(2, Offload::none), ranks(2), 7.41, 24, true},
-      {"7B QLoRA mb 1 offload optimizer", llama7b_qlora(1, Offload::optimizer), ranks(2), 4.66, 5, true},
+      {"7B QLoRA mb 1 offload optimizer", llama7b_qlora(1, Offload::optimizer), ranks(2), 4.66, 5,
+       true},
       // "Llama-2-70B shape on two GPUs capped at 24 GiB"
       {"70B QLoRA 2x24 GiB", llama70b_qlora(), ranks(2), 12.86, 24, true},
       // doc/long-context.md: 131,072 tokens, cp = 2 over 2 GPUs, selective, 100 GiB cap
