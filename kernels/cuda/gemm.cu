@@ -157,6 +157,9 @@ void GemmContext::matmul_fp8(void* d, cudaDataType_t d_type, int64_t ldd, const 
   FRUGAL_CHECK(m % 16 == 0 && n % 16 == 0 && k % 16 == 0, "fp8 gemm m ", m, " n ", n, " k ", k,
                ": cuBLASLt's FP8 GEMMs need multiples of 16");
   if (m == 0 || n == 0 || k == 0) return;
+  // cuBLASLt refuses scale pointers at a 4-byte offset (NOT_SUPPORTED, on the H200).
+  FRUGAL_CHECK(pointer_alignment(a_scale) >= 16 && pointer_alignment(b_scale) >= 16,
+               "fp8 gemm: scale pointers ", a_scale, " and ", b_scale, " must be 16-byte aligned");
   const PlanKey key{true,
                     false,
                     m,
@@ -180,8 +183,15 @@ void GemmContext::matmul_fp8(void* d, cudaDataType_t d_type, int64_t ldd, const 
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                               &b_scale, sizeof(b_scale)));
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d,
-                              plan.d, &plan.algo, workspace_, workspace_bytes_, stream));
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
+                     &plan.algo, workspace_, workspace_bytes_, stream);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail("cuBLASLt FP8 GEMM failed (", cublasLtGetStatusName(status), ") for m ", m, " n ", n,
+         " k ", k, " lda ", lda, " ldb ", ldb, " ldd ", ldd, " dtypes ", int(a_type), "/",
+         int(b_type), "/", int(d_type), " alignments ", pointer_alignment(a), "/",
+         pointer_alignment(b), "/", pointer_alignment(d), " scales ", a_scale, "/", b_scale,
+         " beta ", beta, " fast ", fast_accum);
 }
 
 // Row-major out[m, n] = a[m, k] b[n, k]^T is column-major out^T [n, m] = op_T(b) a: b is

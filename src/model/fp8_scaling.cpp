@@ -32,6 +32,12 @@ int projection_ordinal(int p) {
 
 constexpr int kInputSlots = 4, kWeightSlots = 7;
 
+// Each slot's scale, inverse scale and amax sit 64 bytes apart (one f32 used in 16): cuBLASLt
+// reads the inverse scales through pointers, and refuses (CUBLAS_STATUS_NOT_SUPPORTED, seen on
+// the H200) one at a 4-byte offset. The unused entries never see a cast: their amax stays 0, so
+// the delayed update keeps their scale at 1.
+constexpr int64_t kSlotStride = 16;
+
 // A host f32 [n] filled with v, moved to `memory`.
 Tensor filled(int64_t n, float v, Arena& memory) {
   Tensor host = Tensor::empty({n}, DType::f32);
@@ -68,15 +74,17 @@ Fp8Scaling::Fp8Scaling(const Fp8Settings& settings, int64_t layers, Arena& memor
     projection_ordinal(p);
     covered_[size_t(p)] = true;
   }
-  history_ = ops::zeros({settings.amax_history_len, slots_}, DType::f32, memory);
-  scale_ = filled(slots_, 1.0f, memory);
-  scale_inv_ = filled(slots_, 1.0f, memory);
-  Tensor max_host = Tensor::empty({slots_}, DType::f32);
-  for (int64_t s = 0; s < slots_; ++s)
-    max_host.data<float>()[s] =
-        ops::fp8_max(s % kFp8SlotsPerBlock < kInputSlots + kWeightSlots ? ops::Fp8Format::e4m3
-                                                                        : ops::Fp8Format::e5m2);
-  max_values_ = Tensor::empty({slots_}, DType::f32, memory);
+  const int64_t stored = slots_ * kSlotStride;
+  history_ = ops::zeros({settings.amax_history_len, stored}, DType::f32, memory);
+  scale_ = filled(stored, 1.0f, memory);
+  scale_inv_ = filled(stored, 1.0f, memory);
+  Tensor max_host = Tensor::empty({stored}, DType::f32);
+  for (int64_t s = 0; s < stored; ++s)
+    max_host.data<float>()[s] = ops::fp8_max((s / kSlotStride) % kFp8SlotsPerBlock <
+                                                     kInputSlots + kWeightSlots
+                                                 ? ops::Fp8Format::e4m3
+                                                 : ops::Fp8Format::e5m2);
+  max_values_ = Tensor::empty({stored}, DType::f32, memory);
   ops::copy(max_values_, max_host);
   counts_ = ops::zeros({slots_ * 3}, DType::i64, memory);
 }
@@ -88,9 +96,10 @@ bool Fp8Scaling::covers(int p) const {
 ops::Fp8Slot Fp8Scaling::slot(int64_t index, ops::Fp8Format format) const {
   ops::Fp8Slot s;
   s.format = format;
-  s.scale = scale_.rows(index, index + 1);
-  s.scale_inv = scale_inv_.rows(index, index + 1);
-  s.amax = history_.view({history_.numel()}).rows(index, index + 1);
+  const int64_t at = index * kSlotStride;
+  s.scale = scale_.rows(at, at + 1);
+  s.scale_inv = scale_inv_.rows(at, at + 1);
+  s.amax = history_.view({history_.numel()}).rows(at, at + 1);
   s.counts = counts_.rows(3 * index, 3 * index + 3);
   s.current = settings_.recipe == Fp8Recipe::current;
   s.margin = static_cast<int>(settings_.margin);
@@ -111,7 +120,7 @@ ops::Fp8Slot Fp8Scaling::gradient(int64_t layer, int p) const {
 
 void Fp8Scaling::end_step(const std::function<void(Tensor&)>& all_reduce_max) {
   if (settings_.recipe != Fp8Recipe::delayed) return;
-  Tensor current = history_.view({history_.numel()}).rows(0, slots_);
+  Tensor current = history_.view({history_.numel()}).rows(0, slots_ * kSlotStride);
   if (all_reduce_max) all_reduce_max(current);
   ops::fp8_delayed_update(history_, scale_, scale_inv_, max_values_,
                           static_cast<int>(settings_.margin));

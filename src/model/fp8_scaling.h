@@ -88,8 +88,9 @@ class Fp8Scaling : public Stateful {
   Fp8Settings settings_;
   std::array<bool, kBlockParamCount> covered_{};
   int64_t slots_ = 0;
-  Tensor history_;                         // f32 [amax_history_len, slots]; row 0: this step's amax
-  Tensor scale_, scale_inv_, max_values_;  // f32 [slots]
+  // A slot's entries are kSlotStride apart (fp8_scaling.cpp says why).
+  Tensor history_;  // f32 [amax_history_len, slots * stride]; row 0: this step's amax
+  Tensor scale_, scale_inv_, max_values_;  // f32 [slots * stride]
   Tensor counts_;                          // i64 [slots, 3]
 };
 

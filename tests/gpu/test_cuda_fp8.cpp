@@ -256,10 +256,12 @@ TEST_CASE("cuda fp8 GEMMs against float64 within the formats' bounds", "[gpu][fp
         worst_original = std::max(worst_original, (std::fabs(g - exact) - out_rounding) / size);
       }
     INFO("m " << c.m << " n " << c.n << " k " << c.k << " fast " << c.fast);
-    // Accumulation error of the decoded operands' exact products: fp32 (2^-24 per add, k adds
-    // in the worst case); fast accumulation keeps about 14 bits between promotions (DeepSeek-V3's
-    // measurement on Hopper), so k * 2^-14 there.
-    CHECK(worst_decoded < double(c.k) * std::ldexp(1.0, c.fast ? -14 : -24));
+    // Accumulation error of the decoded operands' exact products. Hopper's FP8 tensor cores keep
+    // about 14 bits of the running sum between promotions to fp32 (DeepSeek-V3's measurement), in
+    // both modes (without fast accumulation the promotions are more frequent, which matters for
+    // long k): the k = 96 dgrad case measured 2.9e-5 of sum |ab| on the H200, where a true fp32
+    // accumulation would stay below k * 2^-24 = 5.7e-6. So k * 2^-14 for both.
+    CHECK(worst_decoded < double(c.k) * std::ldexp(1.0, -14));
     // Against the unquantized product: each operand's rounding is at most 2^-(mantissa bits + 1)
     // relative (E4M3 2^-4, E5M2 2^-3), so a product's error is below their sum plus its square.
     const double ea = c.a == Fp8Format::e4m3 ? 1.0 / 16 : 1.0 / 8;
