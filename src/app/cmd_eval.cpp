@@ -195,10 +195,10 @@ int cmd_eval(const std::vector<std::string>& args) {
   if (lines.empty()) fail("eval: '", input, "' holds no sequences");
   for (size_t i = 0; i < lines.size(); ++i) {
     const auto n = static_cast<int64_t>(lines[i].size());
-    if (n > c.max_position_embeddings)
+    if (n > c.context_length())
       fail("eval: '", input, "' sequence ", i + 1, " has ", n,
-           " tokens, more than the model's context (max_position_embeddings = ",
-           c.max_position_embeddings, "); split it");
+           " tokens, more than the model's context of ", c.context_length(),
+           " tokens (max_position_embeddings = ", c.max_position_embeddings, "); split it");
     for (int32_t id : lines[i])
       if (id >= c.vocab_size)
         fail("eval: '", input, "' sequence ", i + 1, ": token id ", id,

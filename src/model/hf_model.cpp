@@ -30,19 +30,6 @@ bool present(const nlohmann::json& j, const char* key) {
   return j.contains(key) && !j.at(key).is_null();
 }
 
-// A rope scaling or rope parameters object: only the plain rotary embedding is supported.
-void check_rope_type(const nlohmann::json& rope, const char* key, const std::string& source) {
-  if (!rope.is_object())
-    fail(source, ": key '", key, "' has value ", rope.dump(), ", expected an object or null");
-  std::string type = "default";
-  for (const char* type_key : {"rope_type", "type"})
-    if (present(rope, type_key)) type = string_key(rope, type_key, source);
-  if (type != "default")
-    fail(source, ": ", key, " of type '", type, "' (", rope.dump(),
-         ") is not supported: frugal implements the plain rotary embedding only (rope_type "
-         "'default', rope_scaling null)");
-}
-
 int32_t token_id(const nlohmann::json& j, const char* key) {
   if (!present(j, key)) return -1;
   const nlohmann::json& v = j.at(key);
@@ -88,7 +75,6 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
     fail(source,
          ": quantized checkpoints (quantization_config) are not supported; give the "
          "unquantized model");
-  if (present(j, "rope_scaling")) check_rope_type(j.at("rope_scaling"), "rope_scaling", source);
 
   // The shape, through the same reader as frugal's own manifests. Null entries mean "the
   // default" in Hugging Face's configs.
@@ -98,12 +84,17 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
         "num_key_value_heads", "vocab_size", "max_position_embeddings", "rope_theta",
         "rms_norm_eps", "tie_word_embeddings", "head_dim"})
     if (present(j, key)) shape[key] = j.at(key);
-  // transformers 5 moved rope_theta (and the scaling) into "rope_parameters".
+  // transformers 5 moved rope_theta (and the scaling) into "rope_parameters"; an older
+  // config has "rope_scaling" (which wins when both are there, as in transformers).
+  nlohmann::json rope = nullptr;
   if (present(j, "rope_parameters")) {
-    const nlohmann::json& rope = j.at("rope_parameters");
-    check_rope_type(rope, "rope_parameters", source);
+    rope = j.at("rope_parameters");
+    if (!rope.is_object())
+      fail(source, ": key 'rope_parameters' has value ", rope.dump(), ", expected an object");
     if (present(rope, "rope_theta")) shape["rope_theta"] = rope.at("rope_theta");
   }
+  if (present(j, "rope_scaling") && !j.at("rope_scaling").empty()) rope = j.at("rope_scaling");
+  if (!rope.is_null()) shape["rope_scaling"] = rope;
   // Both default to what transformers' LlamaConfig defaults to.
   if (!shape.contains("tie_word_embeddings")) shape["tie_word_embeddings"] = false;
   if (!shape.contains("rms_norm_eps")) shape["rms_norm_eps"] = 1e-6;
@@ -154,7 +145,7 @@ nlohmann::json hf_config_json(const LlamaConfig& c, DType dtype, int32_t bos_tok
           {"vocab_size", c.vocab_size},
           {"max_position_embeddings", c.max_position_embeddings},
           {"rope_theta", c.rope_theta},
-          {"rope_scaling", nullptr},
+          {"rope_scaling", rope_scaling_to_hf_json(c.rope_scaling, c.max_position_embeddings)},
           {"rms_norm_eps", c.rms_norm_eps},
           {"tie_word_embeddings", c.tie_word_embeddings},
           {"hidden_act", "silu"},

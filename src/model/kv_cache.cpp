@@ -22,13 +22,14 @@ Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaC
                             const Tensor& positions, KvCache& cache, int64_t layer) {
   const int64_t n = x.size(0), d = c.attention_head_dim();
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const auto theta = static_cast<float>(c.rope_theta);
+  // The forward covers positions 0 .. past + n - 1 (dynamic scaling reads that length).
+  const ops::RotaryFrequencies rotary = c.rotary(cache.length() + n);
   Tensor n1 = ops::rmsnorm(x, w.input_norm, eps, nullptr);
   Tensor q = ops::linear(n1, w.q_proj).view({n, c.num_attention_heads, d});
   Tensor k = ops::linear(n1, w.k_proj).view({n, c.num_key_value_heads, d});
   Tensor v = ops::linear(n1, w.v_proj).view({n, c.num_key_value_heads, d});
-  Tensor q_rot = ops::rope(q, positions, theta);
-  Tensor k_rot = ops::rope(k, positions, theta);
+  Tensor q_rot = ops::rope(q, positions, rotary);
+  Tensor k_rot = ops::rope(k, positions, rotary);
   const int64_t past = cache.length();
   auto [keys, values] = cache.append(layer, k_rot, v);
   ops::Attention attn = ops::attention_block(q_rot, keys, values, 1, past);
@@ -86,9 +87,9 @@ Tensor forward_cached(const LlamaConfig& config, ParameterProvider& params, KvCa
   if (cache.length() + n > cache.capacity())
     fail("KV cache full: ", cache.length(), " cached + ", n, " new tokens exceed its capacity of ",
          cache.capacity());
-  if (cache.length() + n > config.max_position_embeddings)
-    fail("sequence of ", cache.length() + n, " tokens is longer than the model's context ",
-         "(max_position_embeddings = ", config.max_position_embeddings, ")");
+  if (cache.length() + n > config.context_length())
+    fail("sequence of ", cache.length() + n, " tokens is longer than the model's context of ",
+         config.context_length(), " tokens");
   Tensor ids = Tensor::empty({n}, DType::i32);
   std::copy(tokens.begin(), tokens.end(), ids.data<int32_t>());
   Tensor positions = Tensor::empty({n}, DType::i32);
@@ -123,7 +124,7 @@ std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvide
                                      std::vector<int32_t> tokens, const SamplingOptions& options) {
   if (tokens.empty()) fail("generation needs at least one prompt token");
   if (options.max_new_tokens <= 0) return tokens;
-  const int64_t window = config.max_position_embeddings;
+  const int64_t window = config.context_length();
   const int64_t capacity =
       std::min<int64_t>(window, static_cast<int64_t>(tokens.size()) + options.max_new_tokens);
   KvCache cache(config, capacity);

@@ -9,8 +9,9 @@ BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraCon
   const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
   FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),
                " tensors, expected ", kBlockParamCount + adapters);
-  BlockWeights w{u[kInputNorm],         u[kQProj],    u[kKProj],  u[kVProj],   u[kOProj],
-                 u[kPostAttentionNorm], u[kGateProj], u[kUpProj], u[kDownProj], {}, {}};
+  BlockWeights w{
+      u[kInputNorm], u[kQProj],  u[kKProj],    u[kVProj], u[kOProj], u[kPostAttentionNorm],
+      u[kGateProj],  u[kUpProj], u[kDownProj], {},        {}};
   for (int p = 0; adapters && p < kBlockParamCount; ++p)
     if (lora->adapts(p)) {
       w.lora_a[p] = u[lora->a_index(p)];
@@ -21,15 +22,24 @@ BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraCon
 
 Tensor& BlockWeights::at(int p) {
   switch (p) {
-    case kInputNorm: return input_norm;
-    case kQProj: return q_proj;
-    case kKProj: return k_proj;
-    case kVProj: return v_proj;
-    case kOProj: return o_proj;
-    case kPostAttentionNorm: return post_attention_norm;
-    case kGateProj: return gate_proj;
-    case kUpProj: return up_proj;
-    case kDownProj: return down_proj;
+    case kInputNorm:
+      return input_norm;
+    case kQProj:
+      return q_proj;
+    case kKProj:
+      return k_proj;
+    case kVProj:
+      return v_proj;
+    case kOProj:
+      return o_proj;
+    case kPostAttentionNorm:
+      return post_attention_norm;
+    case kGateProj:
+      return gate_proj;
+    case kUpProj:
+      return up_proj;
+    case kDownProj:
+      return down_proj;
   }
   fail("block parameter index ", p, " out of range");
 }
@@ -78,9 +88,8 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 }
 
 // The backward of project: returns dx; dW (when not frozen), dA and dB accumulated.
-Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w,
-                        BlockWeights& g, int p, const BlockContext& ctx,
-                        const BlockActivations& a) {
+Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
+                        int p, const BlockContext& ctx, const BlockActivations& a) {
   Tensor dx = ops::linear_backward(dy, x, w.projection(p), g.at(p));
   if (!w.lora_a[p].defined()) return dx;
   // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.
@@ -93,7 +102,10 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
   ops::add_inplace(dx, d_input);
   return dx;
 }
-float theta_of(const BlockContext& ctx) { return static_cast<float>(ctx.config->rope_theta); }
+const ops::RotaryFrequencies& rotary_of(const BlockContext& ctx) {
+  FRUGAL_CHECK(ctx.rotary != nullptr, "block context without a rotary table");
+  return *ctx.rotary;
+}
 
 // Everything the forward computes, with every intermediate filled in.
 Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx) {
@@ -103,8 +115,8 @@ Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContex
   a.q = split_heads(project(a.n1, w, kQProj, ctx, a), c.num_attention_heads, d);
   a.k = split_heads(project(a.n1, w, kKProj, ctx, a), c.num_key_value_heads, d);
   a.v = split_heads(project(a.n1, w, kVProj, ctx, a), c.num_key_value_heads, d);
-  a.q_rot = ops::rope(a.q, ctx.positions, theta_of(ctx));
-  a.k_rot = ops::rope(a.k, ctx.positions, theta_of(ctx));
+  a.q_rot = ops::rope(a.q, ctx.positions, rotary_of(ctx));
+  a.k_rot = ops::rope(a.k, ctx.positions, rotary_of(ctx));
   a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch)
                          : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
   a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, ctx, a));
@@ -167,21 +179,19 @@ Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWe
   Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, ctx, a);
   ops::SwigluGrads d_mlp = ops::swiglu_backward(d_act, a.gate, a.up);
   Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, ctx, a);
-  ops::add_inplace(d_n2,
-                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a));
+  ops::add_inplace(d_n2, project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a));
   Tensor dh =
       ops::rmsnorm_backward(d_n2, a.h, w.post_attention_norm, a.rstd2, g.post_attention_norm);
   ops::add_inplace(dh, dy);
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
-  Tensor d_attn =
-      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a);
+  Tensor d_attn = project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
   ops::AttentionGrads d_qkv =
       ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)
                     : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch);
-  Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, theta_of(ctx));
-  Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, theta_of(ctx));
+  Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, rotary_of(ctx));
+  Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, rotary_of(ctx));
   Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a);
   ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a));
   ops::add_inplace(d_n1, project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a));

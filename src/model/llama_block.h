@@ -53,6 +53,7 @@ struct BlockContext {
   const LlamaConfig* config = nullptr;
   int64_t batch = 1;  // sequences in the micro-batch; tokens = batch * seq
   Tensor positions;   // [tokens] i32, the rotary position of each token
+  const ops::RotaryFrequencies* rotary = nullptr;  // the rotary table of this forward
   CheckpointPolicy policy = CheckpointPolicy::none;
   const AttentionOperator* attention = nullptr;  // null: ops::attention on the local rows
   const LoraConfig* lora = nullptr;              // null: no adapters

@@ -33,6 +33,13 @@ void LlamaConfig::validate() const {
   if (!(rope_theta > 0)) fail("config key 'model.rope_theta': value ", rope_theta, " must be > 0");
   if (!(rms_norm_eps > 0))
     fail("config key 'model.rms_norm_eps': value ", rms_norm_eps, " must be > 0");
+  validate_rope_scaling(rope_scaling, "config keys 'model.rope_*'");
+}
+
+int64_t LlamaConfig::context_length() const {
+  if (rope_scaling.type != RopeScalingType::dynamic) return max_position_embeddings;
+  return static_cast<int64_t>(
+      std::floor(rope_scaling.factor * static_cast<double>(max_position_embeddings)));
 }
 
 std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
@@ -61,18 +68,39 @@ std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
   return units;
 }
 
+LlamaConfig with_context_extension(const LlamaConfig& base, const RopeScaling& scaling) {
+  FRUGAL_CHECK(scaling.type != RopeScalingType::none, "context extension without a scaling");
+  if (base.rope_scaling.type != RopeScalingType::none)
+    fail("config key 'model.rope_scaling': the model already has ",
+         enum_name(base.rope_scaling.type),
+         " rope scaling; extending a scaled model again is not supported");
+  LlamaConfig c = base;
+  c.rope_scaling = scaling;
+  if (c.rope_scaling.original_max_position_embeddings == 0)
+    c.rope_scaling.original_max_position_embeddings = base.max_position_embeddings;
+  if (scaling.type != RopeScalingType::dynamic)
+    c.max_position_embeddings = static_cast<int64_t>(std::floor(
+        scaling.factor * static_cast<double>(c.rope_scaling.original_max_position_embeddings)));
+  c.validate();
+  return c;
+}
+
 nlohmann::json llama_config_to_json(const LlamaConfig& m) {
-  return {{"hidden_size", m.hidden_size},
-          {"intermediate_size", m.intermediate_size},
-          {"num_hidden_layers", m.num_hidden_layers},
-          {"num_attention_heads", m.num_attention_heads},
-          {"num_key_value_heads", m.num_key_value_heads},
-          {"vocab_size", m.vocab_size},
-          {"head_dim", m.attention_head_dim()},
-          {"max_position_embeddings", m.max_position_embeddings},
-          {"rope_theta", m.rope_theta},
-          {"rms_norm_eps", m.rms_norm_eps},
-          {"tie_word_embeddings", m.tie_word_embeddings}};
+  nlohmann::json j = {{"hidden_size", m.hidden_size},
+                      {"intermediate_size", m.intermediate_size},
+                      {"num_hidden_layers", m.num_hidden_layers},
+                      {"num_attention_heads", m.num_attention_heads},
+                      {"num_key_value_heads", m.num_key_value_heads},
+                      {"vocab_size", m.vocab_size},
+                      {"head_dim", m.attention_head_dim()},
+                      {"max_position_embeddings", m.max_position_embeddings},
+                      {"rope_theta", m.rope_theta},
+                      {"rms_norm_eps", m.rms_norm_eps},
+                      {"tie_word_embeddings", m.tie_word_embeddings}};
+  // Only when there is one: manifests written before rope scaling existed read the same.
+  if (m.rope_scaling.type != RopeScalingType::none)
+    j["rope_scaling"] = rope_scaling_to_hf_json(m.rope_scaling, m.max_position_embeddings);
+  return j;
 }
 
 LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& source) {
@@ -113,6 +141,9 @@ LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& s
   read("tie_word_embeddings", c.tie_word_embeddings, false);
   if (j.contains("head_dim") && !j.at("head_dim").is_null()) read("head_dim", c.head_dim, false);
   if (c.head_dim == c.hidden_size / std::max<int64_t>(1, c.num_attention_heads)) c.head_dim = 0;
+  if (j.contains("rope_scaling"))
+    c.rope_scaling =
+        rope_scaling_from_hf_json(j.at("rope_scaling"), c.max_position_embeddings, source);
   c.validate();
   return c;
 }

@@ -42,9 +42,16 @@ namespace {
 constexpr int kFinalNorm = 0;
 constexpr int kLmHead = 1;
 
+// The rotary table of the batch: dynamic scaling depends on the whole sequence's length.
+ops::RotaryFrequencies batch_rotary(const LlamaConfig& config, const Batch& batch) {
+  return config.rotary(batch.full_seq > 0 ? batch.full_seq : batch.seq);
+}
+
 BlockContext block_context(const LlamaConfig& config, const Batch& batch, CheckpointPolicy policy,
-                           const AttentionOperator* attention, const LoraConfig* lora) {
+                           const AttentionOperator* attention, const LoraConfig* lora,
+                           const ops::RotaryFrequencies& rotary) {
   BlockContext ctx;
+  ctx.rotary = &rotary;
   ctx.lora = lora;
   ctx.attention = attention;
   ctx.config = &config;
@@ -56,7 +63,8 @@ BlockContext block_context(const LlamaConfig& config, const Batch& batch, Checkp
 
 }  // namespace
 
-BlockContext LlamaModel::layer_context(const BlockContext& ctx, int64_t layer, bool training) const {
+BlockContext LlamaModel::layer_context(const BlockContext& ctx, int64_t layer,
+                                       bool training) const {
   BlockContext c = ctx;
   if (training && noise_ != 0) {
     uint64_t state = noise_ * 0x9E3779B97F4A7C15ull + uint64_t(layer);
@@ -88,13 +96,15 @@ BlockWeights LlamaModel::block_weights(ParameterProvider& params, int64_t unit) 
 
 Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                                   CheckpointPolicy policy, std::vector<BlockActivations>* saved) {
-  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
+  const ops::RotaryFrequencies rotary = batch_rotary(config_, batch);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
   const int64_t layers = config_.num_hidden_layers;
   params.prefetch(block_unit(0));
   for (int64_t i = 0; i < layers; ++i) {
     params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config_));
     BlockWeights w = block_weights(params, block_unit(i));
-    x = block_forward(x, w, layer_context(ctx, i, saved != nullptr), saved ? &(*saved)[i] : nullptr);
+    x = block_forward(x, w, layer_context(ctx, i, saved != nullptr),
+                      saved ? &(*saved)[i] : nullptr);
     params.release(block_unit(i));
   }
   return x;
@@ -153,7 +163,8 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   Tensor dx = head_forward_backward(x, batch, params, grad_scale, &loss_sum);
 
   // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
-  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
+  const ops::RotaryFrequencies rotary = batch_rotary(config_, batch);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
   for (int64_t i = layers - 1; i >= 0; --i) {
     if (i > 0) params.prefetch(block_unit(i - 1));
     BlockWeights w = block_weights(params, block_unit(i));

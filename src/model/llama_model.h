@@ -24,6 +24,9 @@ struct Batch {
   Tensor positions;  // i32 rotary positions (0..seq-1 in each sequence)
   int64_t batch = 0;
   int64_t seq = 0;
+  // Tokens of each whole sequence when these rows are a part of it (context parallelism:
+  // dynamic rotary scaling depends on the whole length); 0: seq.
+  int64_t full_seq = 0;
 };
 
 // Positions 0..seq-1 repeated for each sequence.

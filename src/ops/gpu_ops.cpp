@@ -36,10 +36,10 @@ namespace {
 struct BoundDevice {
   DeviceContext* context = nullptr;
   std::unique_ptr<cuda::GemmContext> gemm;
-  Tensor norm_sum;          // 1 f64: sum_squares' result
-  Tensor norm_scratch;      // cuda::kSumSquaresScratch f64
-  Tensor target_error;      // 2 i32: cross_entropy's out-of-range target report
-  int64_t loss_vocab = 0;   // vocabulary of the chunks since the last read_loss
+  Tensor norm_sum;         // 1 f64: sum_squares' result
+  Tensor norm_scratch;     // cuda::kSumSquaresScratch f64
+  Tensor target_error;     // 2 i32: cross_entropy's out-of-range target report
+  int64_t loss_vocab = 0;  // vocabulary of the chunks since the last read_loss
 };
 
 BoundDevice& bound() {
@@ -67,7 +67,9 @@ void expect(const Tensor& t, DType dtype, const char* what) {
                dtype_name(dtype));
 }
 
-Tensor empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, compute_arena()); }
+Tensor empty(const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, compute_arena());
+}
 
 }  // namespace
 
@@ -201,15 +203,18 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   return dx;
 }
 
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward) {
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary,
+            bool backward) {
   expect(x, DType::bf16, "rope input");
   expect(positions, DType::i32, "rope positions");
   Tensor y = empty(x.shape(), DType::bf16);
   copy(y, x);
   if (backward)
-    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+                        rotary.inv_freq.data(), rotary.attention_scaling, stream());
   else
-    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+                       rotary.inv_freq.data(), rotary.attention_scaling, stream());
   return y;
 }
 
@@ -242,16 +247,16 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
                                    const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out, const Tensor& lse,
                                    const cpu::AttentionShape& s) {
-  Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
-                         DType::f32);
+  Tensor scratch =
+      empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))}, DType::f32);
   cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(out),
                            f32(lse), s, f32(scratch), kernel_options().attention_sm90, stream());
 }
 
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch) {
   expect(part.out, DType::bf16, "attention block output");
-  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch,
-                        out.size(0) / batch, out.size(1), out.size(2), stream());
+  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch, out.size(0) / batch,
+                        out.size(1), out.size(2), stream());
 }
 
 Tensor dropout(const Tensor& x, float p, uint64_t seed) {

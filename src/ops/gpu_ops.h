@@ -21,8 +21,8 @@ Tensor to_host_f32(const Tensor& src);
 // Queues dst = src on the communication stream after the compute stream's work so far; returns
 // an event recorded after it (opaque: a CUevent_st* owned by the caller, see event_*).
 void* copy_beside(Tensor& dst, const Tensor& src);
-void event_wait(void* event);     // the compute stream waits for it
-void event_done(void* event);     // the host waits for it
+void event_wait(void* event);  // the compute stream waits for it
+void event_done(void* event);  // the host waits for it
 void event_release(void* event);
 
 Tensor embedding(const Tensor& tokens, const Tensor& table);
@@ -32,7 +32,8 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
                         Tensor& dw);
 Tensor linear(const Tensor& x, const Tensor& w);
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw);
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward);
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary,
+            bool backward);
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,
                     const cpu::AttentionShape& shape);
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,

@@ -94,8 +94,15 @@ Tensor linear(const Tensor& x, const Tensor& w);
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw);
 
 // x [T, heads, head_dim] rotated by positions [T] (i32); returns a new tensor
-Tensor rope(const Tensor& x, const Tensor& positions, float theta);
-Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta);
+// What a rotary embedding rotates by: pair i of a token at position p turns by the float angle
+// p * inv_freq[i] (head_dim / 2 entries), and cos, sin are multiplied by attention_scaling
+// (YaRN's attention factor; 1 otherwise). model/rope_scaling.h makes them from the config.
+struct RotaryFrequencies {
+  std::vector<float> inv_freq;
+  float attention_scaling = 1.0f;
+};
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary);
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const RotaryFrequencies& rotary);
 
 struct Attention {
   Tensor out;  // [B*S, n_heads, head_dim]

@@ -16,6 +16,7 @@
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
+#include "train/config_keys.h"
 #include "train/memory_plan.h"
 #include "train/run_state.h"
 #include "train/same_config.h"
@@ -94,10 +95,14 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   // Starting from a Hugging Face model: its shape wins over [model], its weights over init.
   if (!c.model_hf_path.empty()) {
     hf.emplace(c.model_hf_path);
+    const RopeScaling extension = c.model.rope_scaling;
     c.model = hf->config();
-    const nlohmann::json shape = llama_config_to_json(c.model);
-    for (auto it = shape.begin(); it != shape.end(); ++it)
-      c.resolved["model." + it.key()] = it.value().dump();
+    // [model] rope_scaling on a Hugging Face model: a context extension (long-context.md).
+    if (extension.type != RopeScalingType::none)
+      c.model = with_context_extension(c.model, extension);
+    for (const ConfigKey& key : config_keys(c))
+      if (key.section() == "model" && key.name != "model.hf_path")
+        c.resolved[key.name] = key.text();
     c.validate_model_dependent();
   }
   host_mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);

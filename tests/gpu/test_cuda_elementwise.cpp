@@ -276,27 +276,39 @@ TEST_CASE("cuda rope: forward and backward against the CPU", "[gpu]") {
   const int64_t tokens = 13, heads = 3;
   for (int64_t head_dim : {int64_t{16}, int64_t{128}, int64_t{10}, int64_t{48}}) {
     for (float theta : {10000.0f, 500000.0f}) {
-      INFO("head_dim " << head_dim << " theta " << theta);
-      const size_t n = static_cast<size_t>(tokens * heads * head_dim);
-      const Bf16Data x = random_bf16(n, rng);
-      std::vector<int32_t> pos(static_cast<size_t>(tokens));
-      for (auto& p : pos) p = pos_dist(rng);
-      pos[0] = 0;
-      DeviceBuffer<bf16> d_x(n);
-      DeviceBuffer<int32_t> d_pos(pos.size());
-      d_pos.upload(pos);
+      // The plain table of theta, and the same with linear scaling by 4 and YaRN's factor on
+      // cos and sin (the GPU takes any table; the scaled ones come from model/rope_scaling).
+      for (float scaling : {1.0f, 1.1386294f}) {
+        INFO("head_dim " << head_dim << " theta " << theta << " scaling " << scaling);
+        std::vector<float> inv(static_cast<size_t>(head_dim / 2));
+        for (int64_t i = 0; i < head_dim / 2; ++i)
+          inv[i] = static_cast<float>(1.0 / std::pow(double(theta), 2.0 * i / double(head_dim)) /
+                                      (scaling == 1.0f ? 1.0 : 4.0));
+        const size_t n = static_cast<size_t>(tokens * heads * head_dim);
+        const Bf16Data x = random_bf16(n, rng);
+        std::vector<int32_t> pos(static_cast<size_t>(tokens));
+        for (auto& p : pos) p = pos_dist(rng);
+        pos[0] = 0;
+        DeviceBuffer<bf16> d_x(n);
+        DeviceBuffer<int32_t> d_pos(pos.size());
+        d_pos.upload(pos);
 
-      d_x.upload(x.bits);
-      frugal::cuda::rope_forward(d_x.get(), d_pos.get(), tokens, heads, head_dim, theta, nullptr);
-      FVec want = x.f;
-      frugal::cpu::rope_forward(want.data(), pos.data(), tokens, heads, head_dim, theta);
-      check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope forward");
+        d_x.upload(x.bits);
+        frugal::cuda::rope_forward(d_x.get(), d_pos.get(), tokens, heads, head_dim, inv.data(),
+                                   scaling, nullptr);
+        FVec want = x.f;
+        frugal::cpu::rope_forward(want.data(), pos.data(), tokens, heads, head_dim, inv.data(),
+                                  scaling);
+        check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope forward");
 
-      d_x.upload(x.bits);
-      frugal::cuda::rope_backward(d_x.get(), d_pos.get(), tokens, heads, head_dim, theta, nullptr);
-      want = x.f;
-      frugal::cpu::rope_backward(want.data(), pos.data(), tokens, heads, head_dim, theta);
-      check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope backward");
+        d_x.upload(x.bits);
+        frugal::cuda::rope_backward(d_x.get(), d_pos.get(), tokens, heads, head_dim, inv.data(),
+                                    scaling, nullptr);
+        want = x.f;
+        frugal::cpu::rope_backward(want.data(), pos.data(), tokens, heads, head_dim, inv.data(),
+                                   scaling);
+        check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope backward");
+      }
     }
   }
 }
@@ -544,13 +556,14 @@ TEST_CASE("cuda bf16 state: AdamW on bf16 tensors, fp32 sums into bf16, bf16 nor
     c.n = static_cast<int64_t>(n);
     frugal::cuda::adamw_update(&c, 1, step, nullptr);
     FVec wp = p.f, wm = m.f, wv = v.f;
-    frugal::cpu::adamw_update(wp.data(), g.f.data(), wm.data(), wv.data(),
-                              static_cast<int64_t>(n), step);
+    frugal::cpu::adamw_update(wp.data(), g.f.data(), wm.data(), wv.data(), static_cast<int64_t>(n),
+                              step);
     const auto gp = dp.download<uint16_t>(), gm = dm.download<uint16_t>(),
                gv = dv.download<uint16_t>();
     size_t mismatches = 0;
     for (size_t i = 0; i < n; ++i)
-      mismatches += (gp[i] != frugal::float_to_bf16(wp[i])) + (gm[i] != frugal::float_to_bf16(wm[i])) +
+      mismatches += (gp[i] != frugal::float_to_bf16(wp[i])) +
+                    (gm[i] != frugal::float_to_bf16(wm[i])) +
                     (gv[i] != frugal::float_to_bf16(wv[i]));
     CHECK(mismatches == 0);
 

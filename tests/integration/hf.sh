@@ -126,8 +126,8 @@ mkdir "$work/bias" && cp "$gqa/"* "$work/bias/"
 sed -i 's/"attention_bias": false/"attention_bias": true/' "$work/bias/config.json"
 expect_error "attention_bias = true is not supported" eval --hf-model "$work/bias" --tokens "$toks"
 mkdir "$work/rope" && cp "$gqa/"* "$work/rope/"
-sed -i 's/"rope_type": "default"/"rope_type": "llama3"/' "$work/rope/config.json"
-expect_error "rope_parameters of type 'llama3'" eval --hf-model "$work/rope" --tokens "$toks"
+sed -i 's/"rope_type": "default"/"rope_type": "longrope"/' "$work/rope/config.json"
+expect_error "rope_scaling of type 'longrope'" eval --hf-model "$work/rope" --tokens "$toks"
 
 # Weights that disagree with config.json or are not finite: refused by name. (The unit tests
 # cover more: unused tensors, a tied model's lm_head, fractional sizes.)
