@@ -41,19 +41,18 @@ Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaC
 
 }  // namespace
 
-KvCache::KvCache(const LlamaConfig& config, int64_t capacity_tokens, Arena& arena)
-    : capacity_(capacity_tokens) {
+KvCache::KvCache(const LlamaConfig& config, int64_t capacity_tokens)
+    : capacity_(capacity_tokens),
+      shape_{capacity_tokens, config.num_key_value_heads, config.attention_head_dim()} {
   if (capacity_tokens <= 0) fail("KV cache capacity must be positive, got ", capacity_tokens);
-  const Shape shape{capacity_tokens, config.num_key_value_heads, config.attention_head_dim()};
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    keys_.push_back(Tensor::empty(shape, DType::f32, arena));
-    values_.push_back(Tensor::empty(shape, DType::f32, arena));
-  }
+  keys_.resize(static_cast<size_t>(config.num_hidden_layers));
+  values_.resize(static_cast<size_t>(config.num_hidden_layers));
 }
 
 size_t KvCache::bytes() const {
   size_t total = 0;
-  for (size_t i = 0; i < keys_.size(); ++i) total += keys_[i].bytes() + values_[i].bytes();
+  for (size_t i = 0; i < keys_.size(); ++i)
+    if (keys_[i].defined()) total += keys_[i].bytes() + values_[i].bytes();
   return total;
 }
 
@@ -65,12 +64,17 @@ std::pair<Tensor, Tensor> KvCache::append(int64_t layer, const Tensor& k, const 
          capacity_);
   Tensor& keys = keys_[layer];
   Tensor& values = values_[layer];
-  FRUGAL_CHECK(k.shape() == v.shape() && k.ndim() == 3 && k.size(1) == keys.size(1) &&
-                   k.size(2) == keys.size(2),
-               "KV cache append of k ", shape_string(k.shape()), " v ", shape_string(v.shape()),
-               " to a cache of ", shape_string(keys.shape()));
-  keys.rows(length_, length_ + n).copy_from(k);
-  values.rows(length_, length_ + n).copy_from(v);
+  FRUGAL_CHECK(
+      k.shape() == v.shape() && k.ndim() == 3 && k.size(1) == shape_[1] && k.size(2) == shape_[2],
+      "KV cache append of k ", shape_string(k.shape()), " v ", shape_string(v.shape()),
+      " to a cache of ", shape_string(shape_));
+  if (!keys.defined()) {  // where the model runs, in its compute dtype
+    keys = ops::empty_like(k, shape_, k.dtype());
+    values = ops::empty_like(v, shape_, v.dtype());
+  }
+  Tensor key_rows = keys.rows(length_, length_ + n), value_rows = values.rows(length_, length_ + n);
+  ops::copy(key_rows, k);
+  ops::copy(value_rows, v);
   return {keys.rows(0, length_ + n), values.rows(0, length_ + n)};
 }
 
@@ -96,7 +100,13 @@ Tensor forward_cached(const LlamaConfig& config, ParameterProvider& params, KvCa
   for (int64_t i = 0; i < n; ++i)
     positions.data<int32_t>()[i] = static_cast<int32_t>(cache.length() + i);
 
-  Tensor x = ops::embedding(ids, params.gather(embed_unit())[0]);
+  Tensor x;
+  {
+    const Tensor embedding = params.gather(embed_unit())[0];
+    ids = ops::on_device_of(ids, embedding);
+    positions = ops::on_device_of(positions, embedding);
+    x = ops::embedding(ids, embedding);
+  }
   params.release(embed_unit());
   const int64_t layers = config.num_hidden_layers;
   params.prefetch(block_unit(0));
@@ -117,7 +127,7 @@ Tensor forward_cached(const LlamaConfig& config, ParameterProvider& params, KvCa
                               lm_head);
   if (config.tie_word_embeddings) params.release(embed_unit());
   params.release(head);
-  return logits;
+  return ops::to_host_f32(logits);
 }
 
 std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvider& params,
@@ -141,7 +151,8 @@ std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvide
       feed.assign(tokens.begin() + cache.length(), tokens.end());
     }
     Tensor logits = forward_cached(config, params, cache, feed, 1);
-    const int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    if (options.agree) next = options.agree(next);
     tokens.push_back(next);
     if (next == options.stop_token) break;
   }

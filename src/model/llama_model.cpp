@@ -187,7 +187,17 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   return ops::read_loss(loss_sum);
 }
 
-double LlamaModel::forward_loss(const Batch& host_batch, ParameterProvider& params) {
+double LlamaModel::forward_loss(const Batch& batch, ParameterProvider& params) {
+  return forward_loss_sums(batch, params, {batch.batch * batch.seq})[0];
+}
+
+std::vector<double> LlamaModel::forward_loss_sums(const Batch& host_batch,
+                                                  ParameterProvider& params,
+                                                  const std::vector<int64_t>& row_ends) {
+  const int64_t rows = host_batch.batch * host_batch.seq;
+  FRUGAL_CHECK(!row_ends.empty() && row_ends.back() == rows &&
+                   std::is_sorted(row_ends.begin(), row_ends.end()) && row_ends.front() >= 0,
+               "forward_loss_sums: row ends must rise to the ", rows, " rows");
   Batch batch = host_batch;
   Tensor embedded = embed(batch, params);
   Tensor x = blocks_forward(embedded, batch, params, CheckpointPolicy::none, nullptr);
@@ -196,16 +206,24 @@ double LlamaModel::forward_loss(const Batch& host_batch, ParameterProvider& para
   Tensor lm_head = head_weight(head_w, params);
   Tensor xn =
       ops::rmsnorm(x, head_w[kFinalNorm], static_cast<float>(config_.rms_norm_eps), nullptr);
-  Tensor loss = ops::loss_accumulator(xn);
-  for (int64_t begin = 0; begin < xn.size(0); begin += loss_chunk_rows_) {
-    const int64_t end = std::min(xn.size(0), begin + loss_chunk_rows_);
-    Tensor logits = ops::linear(xn.rows(begin, end), lm_head);
-    ops::cross_entropy(logits, batch.targets.rows(begin, end), 0.0f, nullptr, loss);
+  // One accumulator per range of rows; a chunk never crosses a range's end.
+  std::vector<Tensor> sums;
+  int64_t range_begin = 0;
+  for (const int64_t range_end : row_ends) {
+    Tensor loss = ops::loss_accumulator(xn);
+    for (int64_t begin = range_begin; begin < range_end; begin += loss_chunk_rows_) {
+      const int64_t end = std::min(range_end, begin + loss_chunk_rows_);
+      Tensor logits = ops::linear(xn.rows(begin, end), lm_head);
+      ops::cross_entropy(logits, batch.targets.rows(begin, end), 0.0f, nullptr, loss);
+    }
+    sums.push_back(loss);
+    range_begin = range_end;
   }
-  const double loss_sum = ops::read_loss(loss);
+  std::vector<double> loss_sums;
+  for (const Tensor& loss : sums) loss_sums.push_back(ops::read_loss(loss));
   if (config_.tie_word_embeddings) params.release(embed_unit());
   params.release(head);
-  return loss_sum;
+  return loss_sums;
 }
 
 Tensor LlamaModel::forward_logits(const Batch& host_batch, ParameterProvider& params,

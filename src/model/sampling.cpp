@@ -43,6 +43,7 @@ std::vector<int32_t> generate(LlamaModel& model, ParameterProvider& params,
     const Batch b = next_token_batch(tokens.data() + start, seq);
     Tensor logits = model.forward_logits(b, params, 1);
     int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    if (options.agree) next = options.agree(next);
     tokens.push_back(next);
     if (next == options.stop_token) break;
   }
