@@ -17,6 +17,8 @@ rope_parameters:
   rope_yarn/           YaRN, factor 4 from 32 to 128 tokens, attention factor 0.1 ln 4 + 1
   rope_llama3/         Llama 3's scaling, factor 4, original 32, low/high 1/4, rope_theta 100
                        (so the pairs fall in all three bands: kept, blended, interpolated)
+and a Qwen2ForCausalLM (q/k/v projections with biases, randomised like the weights):
+  qwen2_gqa/           4 heads over 2 kv heads, untied head, rope_theta 1e6, eps 1e-6
 and dtypes.safetensors: small tensors in F64/F32/F16/BF16 written by the safetensors library,
 with their values in dtypes.json, to check frugal's conversions against an independent
 writer.
@@ -49,7 +51,7 @@ import shutil
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 GREEDY_NEW_TOKENS = 12
 
@@ -78,9 +80,10 @@ def token_lines(vocab, lengths, seed):
     return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
 
 
-def make_model(out_dir, name, config, seed, std, lengths, prompt_len, max_shard_size=None):
+def make_model(out_dir, name, config, seed, std, lengths, prompt_len, max_shard_size=None,
+               model_class=LlamaForCausalLM):
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
     randomize(model, seed, std)
     path = os.path.join(out_dir, name)
     shutil.rmtree(path, ignore_errors=True)
@@ -189,6 +192,14 @@ def main():
     rope_model("rope_llama3", 43, 128,
                {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 32,
                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}, [70, 45, 9], 30, theta=100.0)
+
+    qwen2 = Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+                        max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                        use_sliding_window=False, attn_implementation="eager")
+    make_model(args.out, "qwen2_gqa", qwen2, seed=53, std=0.15, lengths=[19, 12, 6],
+               prompt_len=5, model_class=Qwen2ForCausalLM)
 
     make_dtypes(args.out)
 

@@ -2,7 +2,8 @@
 // (model.safetensors or shards with model.safetensors.index.json) tensor by tensor or row
 // range by row range, and exporting a frugal model as a directory transformers and vLLM load.
 //
-// Accepted: LlamaForCausalLM (model_type "llama") and MistralForCausalLM ("mistral"), with
+// Accepted: LlamaForCausalLM (model_type "llama"), MistralForCausalLM ("mistral") and
+// Qwen2ForCausalLM ("qwen2": q/k/v biases; its sliding window off), with
 // GQA, rope_theta and rope scaling of types default, linear, dynamic, yarn and llama3
 // (rope_scaling, or transformers 5's "rope_parameters"), rms_norm_eps, tie_word_embeddings and
 // head_dim. Refused with a message naming the key: other architectures, other rope types

@@ -25,9 +25,15 @@ Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaC
   // The forward covers positions 0 .. past + n - 1 (dynamic scaling reads that length).
   const ops::RotaryFrequencies rotary = c.rotary(cache.length() + n);
   Tensor n1 = ops::rmsnorm(x, w.input_norm, eps, nullptr);
-  Tensor q = ops::linear(n1, w.q_proj).view({n, c.num_attention_heads, d});
-  Tensor k = ops::linear(n1, w.k_proj).view({n, c.num_key_value_heads, d});
-  Tensor v = ops::linear(n1, w.v_proj).view({n, c.num_key_value_heads, d});
+  // q, k, v with their biases when the model has them (Qwen2).
+  auto project = [&](int p, int64_t heads) {
+    Tensor y = ops::linear(n1, w.at(p));
+    if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
+    return y.view({n, heads, d});
+  };
+  Tensor q = project(kQProj, c.num_attention_heads);
+  Tensor k = project(kKProj, c.num_key_value_heads);
+  Tensor v = project(kVProj, c.num_key_value_heads);
   Tensor q_rot = ops::rope(q, positions, rotary);
   Tensor k_rot = ops::rope(k, positions, rotary);
   const int64_t past = cache.length();

@@ -7,15 +7,23 @@ namespace frugal {
 
 BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraConfig* lora) {
   const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
-  FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),
-               " tensors, expected ", kBlockParamCount + adapters);
+  const size_t biases = u.size() - std::min(u.size(), kBlockParamCount + adapters);
+  FRUGAL_CHECK(
+      u.size() == kBlockParamCount + adapters + biases && (biases == 0 || biases == kQkvBiasCount),
+      "block unit with ", u.size(), " tensors, expected ", kBlockParamCount + adapters, " (+ ",
+      kQkvBiasCount, " biases)");
   BlockWeights w{
       u[kInputNorm], u[kQProj],  u[kKProj],    u[kVProj], u[kOProj], u[kPostAttentionNorm],
       u[kGateProj],  u[kUpProj], u[kDownProj], {},        {}};
+  if (biases) {
+    w.bias[kQProj] = u[kBlockParamCount];
+    w.bias[kKProj] = u[kBlockParamCount + 1];
+    w.bias[kVProj] = u[kBlockParamCount + 2];
+  }
   for (int p = 0; adapters && p < kBlockParamCount; ++p)
     if (lora->adapts(p)) {
-      w.lora_a[p] = u[lora->a_index(p)];
-      w.lora_b[p] = u[lora->a_index(p) + 1];
+      w.lora_a[p] = u[biases + lora->a_index(p)];
+      w.lora_b[p] = u[biases + lora->a_index(p) + 1];
     }
   return w;
 }
@@ -80,6 +88,7 @@ Tensor adapter_input(const Tensor& x, const BlockContext& ctx, int p) {
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
                BlockActivations& a) {
   Tensor y = ops::linear(x, w.projection(p));
+  if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
   if (!w.lora_a[p].defined()) return y;
   a.lora_t[p] = ops::linear(adapter_input(x, ctx, p), w.lora_a[p]);
   ops::scale_inplace(a.lora_t[p], ctx.lora->scale());
@@ -91,6 +100,7 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
                         int p, const BlockContext& ctx, const BlockActivations& a) {
   Tensor dx = ops::linear_backward(dy, x, w.projection(p), g.at(p));
+  if (g.bias[p].defined()) ops::bias_backward(dy, g.bias[p]);  // not frozen
   if (!w.lora_a[p].defined()) return dx;
   // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.
   Tensor dt = ops::linear_backward(dy, a.lora_t[p], w.lora_b[p], g.lora_b[p]);

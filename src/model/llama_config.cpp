@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <type_traits>
 
 #include "core/checked.h"
@@ -60,6 +61,11 @@ std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
     u.params[kGateProj] = {p + "mlp.gate_proj.weight", {c.intermediate_size, h}};
     u.params[kUpProj] = {p + "mlp.up_proj.weight", {c.intermediate_size, h}};
     u.params[kDownProj] = {p + "mlp.down_proj.weight", {h, c.intermediate_size}};
+    if (c.qkv_bias()) {
+      u.params.push_back({p + "self_attn.q_proj.bias", {q_out}});
+      u.params.push_back({p + "self_attn.k_proj.bias", {kv_out}});
+      u.params.push_back({p + "self_attn.v_proj.bias", {kv_out}});
+    }
     units.push_back(std::move(u));
   }
   UnitSpec head{"head", {{"model.norm.weight", {h}}}};
@@ -97,7 +103,8 @@ nlohmann::json llama_config_to_json(const LlamaConfig& m) {
                       {"rope_theta", m.rope_theta},
                       {"rms_norm_eps", m.rms_norm_eps},
                       {"tie_word_embeddings", m.tie_word_embeddings}};
-  // Only when there is one: manifests written before rope scaling existed read the same.
+  // Only when not the default: manifests written before these existed read the same.
+  if (m.architecture != Architecture::llama) j["model_type"] = enum_name(m.architecture);
   if (m.rope_scaling.type != RopeScalingType::none)
     j["rope_scaling"] = rope_scaling_to_hf_json(m.rope_scaling, m.max_position_embeddings);
   return j;
@@ -141,6 +148,14 @@ LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& s
   read("tie_word_embeddings", c.tie_word_embeddings, false);
   if (j.contains("head_dim") && !j.at("head_dim").is_null()) read("head_dim", c.head_dim, false);
   if (c.head_dim == c.hidden_size / std::max<int64_t>(1, c.num_attention_heads)) c.head_dim = 0;
+  if (j.contains("model_type")) {
+    std::string type;
+    read("model_type", type, false);
+    const std::optional<Architecture> a = enum_from_name<Architecture>(type);
+    if (!a)
+      fail(source, ": model_type '", type, "' is not one of ", enum_name_list<Architecture>());
+    c.architecture = *a;
+  }
   if (j.contains("rope_scaling"))
     c.rope_scaling =
         rope_scaling_from_hf_json(j.at("rope_scaling"), c.max_position_embeddings, source);

@@ -13,7 +13,17 @@
 
 namespace frugal {
 
+// The family of a model, for what changes the math or the names: Qwen2's q/k/v projections
+// have biases. (Mistral without a sliding window is a Llama.)
+enum class Architecture { llama, qwen2 };
+inline std::span<const EnumName<Architecture>> enum_names(Architecture) {
+  static constexpr EnumName<Architecture> names[] = {{Architecture::llama, "llama"},
+                                                     {Architecture::qwen2, "qwen2"}};
+  return names;
+}
+
 struct LlamaConfig {
+  Architecture architecture = Architecture::llama;
   int64_t hidden_size = 256;
   int64_t intermediate_size = 688;
   int64_t num_hidden_layers = 4;
@@ -27,6 +37,7 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
 
+  bool qkv_bias() const { return architecture == Architecture::qwen2; }
   int64_t attention_head_dim() const {
     return head_dim ? head_dim : hidden_size / num_attention_heads;
   }
@@ -80,6 +91,12 @@ enum BlockParam : int {
   kDownProj,
   kBlockParamCount
 };
+// With biases (LlamaConfig::qkv_bias), a block unit holds after those 9 the q, k and v
+// projections' biases, in that order.
+inline constexpr int kQkvBiasCount = 3;
+inline int64_t block_unit_size(const LlamaConfig& c) {
+  return kBlockParamCount + (c.qkv_bias() ? kQkvBiasCount : 0);
+}
 
 // Units in model order: "embed" (embed_tokens), "layers.0" ... "layers.{L-1}", "head"
 // (final norm, and lm_head unless the embeddings are tied: then the head unit reuses the

@@ -15,6 +15,7 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_merge.h"
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
@@ -264,6 +265,18 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed) {
   Tensor y = empty(x.shape(), DType::bf16);
   cuda::dropout(bf(y), bf(x), x.numel(), p, seed, stream());
   return y;
+}
+
+void add_bias(Tensor& x, const Tensor& b) {
+  expect(x, DType::bf16, "bias input");
+  expect(b, DType::bf16, "bias");
+  cuda::add_bias(bf(x), bf(b), x.size(0), x.size(1), stream());
+}
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  expect(dy, DType::bf16, "bias output gradient");
+  expect(db, DType::f32, "bias gradient");
+  cuda::bias_backward(f32(db), bf(dy), dy.size(0), dy.size(1), stream());
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u) {

@@ -47,6 +47,8 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch);
 Tensor dropout(const Tensor& x, float p, uint64_t seed);
 Tensor swiglu(const Tensor& g, const Tensor& u);
+void add_bias(Tensor& x, const Tensor& b);
+void bias_backward(const Tensor& dy, Tensor& db);
 SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u);
 
 Tensor loss_accumulator();

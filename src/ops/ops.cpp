@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/elementwise.h"
@@ -348,6 +349,22 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed) {
   Tensor y = empty_like(x);
   cpu::dropout(y.data<float>(), x.data<float>(), x.numel(), p, seed);
   return y;
+}
+
+void add_bias(Tensor& x, const Tensor& b) {
+  FRUGAL_CHECK(x.ndim() == 2 && b.ndim() == 1 && b.size(0) == x.size(1), "bias ",
+               shape_string(b.shape()), " for ", shape_string(x.shape()));
+  FRUGAL_ON_GPU(x, add_bias(x, b));
+  expect_cpu_f32(x, "bias input");
+  cpu::add_bias(x.data<float>(), b.data<float>(), x.size(0), x.size(1));
+}
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  FRUGAL_CHECK(dy.ndim() == 2 && db.ndim() == 1 && db.size(0) == dy.size(1), "bias gradient ",
+               shape_string(db.shape()), " of ", shape_string(dy.shape()));
+  FRUGAL_ON_GPU(dy, bias_backward(dy, db));
+  expect_cpu_f32(dy, "bias output gradient");
+  cpu::bias_backward(db.data<float>(), dy.data<float>(), dy.size(0), dy.size(1));
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u) {

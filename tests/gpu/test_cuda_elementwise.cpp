@@ -18,12 +18,14 @@
 #include "core/dtype.h"
 #include "gpu_support.h"
 #include "kernels/cpu/adamw.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/adamw.h"
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
@@ -309,6 +311,37 @@ TEST_CASE("cuda rope: forward and backward against the CPU", "[gpu]") {
                                    scaling);
         check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope backward");
       }
+    }
+  }
+}
+
+TEST_CASE("cuda bias: add and gradient against the CPU", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  for (int64_t rows : {int64_t{1}, int64_t{37}, int64_t{1000}}) {
+    for (int64_t cols : {int64_t{13}, int64_t{384}, int64_t{300}}) {
+      INFO("rows " << rows << " cols " << cols);
+      const size_t n = static_cast<size_t>(rows * cols);
+      const Bf16Data x = random_bf16(n, rng), b = random_bf16(static_cast<size_t>(cols), rng);
+      DeviceBuffer<bf16> d_x(n), d_b(static_cast<size_t>(cols));
+      d_x.upload(x.bits);
+      d_b.upload(b.bits);
+      frugal::cuda::add_bias(d_x.get(), d_b.get(), rows, cols, nullptr);
+      FVec want = x.f;
+      frugal::cpu::add_bias(want.data(), b.f.data(), rows, cols);
+      check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "bias add");
+
+      const Bf16Data dy = random_bf16(n, rng);
+      DeviceBuffer<bf16> d_dy(n);
+      d_dy.upload(dy.bits);
+      std::vector<float> db(static_cast<size_t>(cols), 0.25f);
+      DeviceBuffer<float> d_db(db.size());
+      d_db.upload(db);
+      frugal::cuda::bias_backward(d_db.get(), d_dy.get(), rows, cols, nullptr);
+      frugal::cpu::bias_backward(db.data(), dy.f.data(), rows, cols);
+      const std::vector<float> got = d_db.download<float>();
+      for (int64_t c = 0; c < cols; ++c)  // fp32 sums of exact bf16 values, in row order
+        CHECK(got[c] == Approx(db[c]).epsilon(1e-5).margin(1e-4 * std::sqrt(double(rows))));
     }
   }
 }

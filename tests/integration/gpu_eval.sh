@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# eval and generate on GPUs: the loss of every Hugging Face fixture (rotary scaling types
-# included) within bf16 tolerance of transformers' fp32 loss, the greedy continuation of the
+# eval and generate on GPUs: the loss of every Hugging Face fixture (rotary scaling types and
+# Qwen2's biases included) within bf16 tolerance of transformers' fp32 loss, the greedy continuation of the
 # fixtures whose margins bf16 keeps, 2 GPUs (weights sharded) like 1, and NF4 on the GPU like
 # NF4 on the CPU. Skips itself (exit 0, with a message) on a machine without a GPU.
 # usage: gpu_eval.sh FRUGAL_BINARY REPO_ROOT
@@ -14,7 +14,7 @@ close() {  # close A B TOLERANCE: |A - B| / B < TOLERANCE
   awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / b < t) }'
 }
 
-for model in gqa_untied mha_tied_sharded rope_linear rope_dynamic rope_yarn rope_llama3; do
+for model in gqa_untied mha_tied_sharded rope_linear rope_dynamic rope_yarn rope_llama3 qwen2_gqa; do
   dir=$fixtures/$model
   gpu=$("$frugal_binary" eval --hf-model "$dir" --tokens "$dir/tokens.txt" --device cuda)
   want=$(expected "$model" loss)

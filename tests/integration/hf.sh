@@ -119,8 +119,8 @@ expect_error "safetensors file '.*model.safetensors': tensor '.*': data_offsets 
   generate --hf-model "$work/cut" --prompt-ids "1 2" --ids
 
 mkdir "$work/arch" && cp "$gqa/"* "$work/arch/"
-sed -i 's/LlamaForCausalLM/Qwen2ForCausalLM/' "$work/arch/config.json"
-expect_error "config.json: architecture 'Qwen2ForCausalLM' is not supported" \
+sed -i 's/LlamaForCausalLM/Qwen3ForCausalLM/' "$work/arch/config.json"
+expect_error "config.json: architecture 'Qwen3ForCausalLM' is not supported" \
   eval --hf-model "$work/arch" --tokens "$toks"
 mkdir "$work/bias" && cp "$gqa/"* "$work/bias/"
 sed -i 's/"attention_bias": false/"attention_bias": true/' "$work/bias/config.json"

@@ -134,8 +134,16 @@ TEST_CASE("transformers parity: rotary scaling linear, dynamic, yarn, llama3") {
         RopeScalingType::yarn);
 }
 
-TEST_CASE("export writes the rotary scaling back, and it reads back the same") {
-  for (const char* name : {"rope_linear", "rope_dynamic", "rope_yarn", "rope_llama3"}) {
+TEST_CASE("transformers parity: Qwen2, q/k/v biases") {
+  check_against_transformers("qwen2_gqa");
+  const HfModelDir hf((kFixtures / "qwen2_gqa").string());
+  CHECK(hf.config().architecture == Architecture::qwen2);
+  CHECK(hf.specs()[block_unit(0)].params.size() == kBlockParamCount + kQkvBiasCount);
+}
+
+TEST_CASE("export writes the rotary scaling and the architecture back, they read back the same") {
+  for (const char* name :
+       {"rope_linear", "rope_dynamic", "rope_yarn", "rope_llama3", "qwen2_gqa"}) {
     INFO(name);
     HfModelDir original((kFixtures / name).string());
     auto params = original.load();
@@ -143,11 +151,16 @@ TEST_CASE("export writes the rotary scaling back, and it reads back the same") {
     export_hf(tmp.path.string(), original.config(), *params, HfExportOptions{});
     HfModelDir back(tmp.path.string());
     CHECK(back.config().rope_scaling == original.config().rope_scaling);
+    CHECK(back.config().architecture == original.config().architecture);
     CHECK(back.config().max_position_embeddings == original.config().max_position_embeddings);
+    for (const UnitSpec& unit : original.specs())
+      for (const ParamSpec& p : unit.params)
+        CHECK(same_bytes(back.read(p.name), original.read(p.name)));
     // frugal's own manifests keep it too.
     const LlamaConfig again =
         llama_config_from_json(llama_config_to_json(original.config()), "manifest");
     CHECK(again.rope_scaling == original.config().rope_scaling);
+    CHECK(again.architecture == original.config().architecture);
   }
 }
 

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -454,6 +455,25 @@ TEST_CASE("rope: Hugging Face rotate-half, backward is the inverse", "[kernels]"
 
     rope_backward(y.data(), pos.data(), tokens, heads, d, inv.data(), 1.0f);
     CHECK(rel_err(y, xd) < kForwardTol);  // forward then backward is the identity
+  }
+}
+
+TEST_CASE("bias: added to every row, gradient the sum of the rows, against float64", "[kernels]") {
+  const int64_t rows = 37, cols = 13;
+  std::mt19937 rng(8);
+  const FVec x = random_floats(rows * cols, rng), b = random_floats(cols, rng);
+  const FVec dy = random_floats(rows * cols, rng);
+  FVec y = x;
+  add_bias(y.data(), b.data(), rows, cols);
+  FVec db(static_cast<size_t>(cols), 0.5f);  // accumulated into
+  bias_backward(db.data(), dy.data(), rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      CHECK(y[r * cols + c] == Approx(double(x[r * cols + c]) + b[c]).epsilon(1e-6));
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum = 0.5;
+    for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
+    CHECK(db[c] == Approx(sum).epsilon(1e-6));
   }
 }
 

@@ -436,8 +436,8 @@ TEST_CASE("config.json of the Llama family: accepted layouts and refused ones") 
     CHECK(contains(err, "cfg.json"));
     CHECK(contains(err, message));
   };
-  refused("architectures", {"Qwen2ForCausalLM"},
-          "architecture 'Qwen2ForCausalLM' is not supported");
+  refused("architectures", {"Qwen3ForCausalLM"},
+          "architecture 'Qwen3ForCausalLM' is not supported");
   refused("model_type", "gemma", "model_type 'gemma' is not supported");
   refused("rope_scaling", {{"rope_type", "longrope"}, {"factor", 8.0}},
           "rope_scaling of type 'longrope'");
@@ -468,6 +468,16 @@ TEST_CASE("config.json of the Llama family: accepted layouts and refused ones") 
   CHECK(yc.rope_scaling.factor == 4.0);
   CHECK(yc.rope_theta == 1e4);
   refused("attention_bias", true, "attention_bias = true is not supported");
+  {
+    nlohmann::json qwen2 = v4;
+    qwen2["architectures"] = {"Qwen2ForCausalLM"};
+    qwen2["model_type"] = "qwen2";
+    CHECK(llama_config_from_hf_json(qwen2, "cfg.json").architecture == Architecture::qwen2);
+    CHECK(llama_config_from_hf_json(qwen2, "cfg.json").qkv_bias());
+    qwen2["use_sliding_window"] = true;
+    CHECK(contains(error_of([&] { llama_config_from_hf_json(qwen2, "cfg.json"); }),
+                   "use_sliding_window = true is not supported"));
+  }
   refused("mlp_bias", true, "mlp_bias = true is not supported");
   refused("hidden_act", "gelu", "hidden_act 'gelu' is not supported");
   refused("quantization_config", {{"quant_method", "gptq"}}, "quantized checkpoints");
