@@ -14,7 +14,7 @@ BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraCon
       kQkvBiasCount, " biases)");
   BlockWeights w{
       u[kInputNorm], u[kQProj],  u[kKProj],    u[kVProj], u[kOProj], u[kPostAttentionNorm],
-      u[kGateProj],  u[kUpProj], u[kDownProj], {},        {}};
+      u[kGateProj],  u[kUpProj], u[kDownProj], {},        {},        {}};
   if (biases) {
     w.bias[kQProj] = u[kBlockParamCount];
     w.bias[kKProj] = u[kBlockParamCount + 1];

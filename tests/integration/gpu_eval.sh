@@ -18,7 +18,7 @@ for model in gqa_untied mha_tied_sharded rope_linear rope_dynamic rope_yarn rope
   dir=$fixtures/$model
   gpu=$("$frugal_binary" eval --hf-model "$dir" --tokens "$dir/tokens.txt" --device cuda)
   want=$(expected "$model" loss)
-  close "$(loss_of "$gpu")" "$want" 2e-2 \
+  close "$(loss_of "$gpu")" "$want" 3e-2 \
     || { echo "FAIL: $model on the GPU: $gpu, transformers $want"; exit 1; }
   echo "$model: GPU loss $(loss_of "$gpu"), transformers (fp32) $want"
   if [ "$gpus" -ge 2 ]; then
@@ -29,11 +29,12 @@ for model in gqa_untied mha_tied_sharded rope_linear rope_dynamic rope_yarn rope
   fi
 done
 
-# Greedy on the GPU (bf16): the first continuation tokens, where the margins are widest.
+# Greedy on the GPU (bf16): the first 8 continuation tokens, whose top-2 logit margins are
+# 0.12 or more (fp32), well above bf16 rounding.
 dir=$fixtures/gqa_untied
 prompt=$(expected gqa_untied prompt)
-want=$(expected gqa_untied greedy | cut -d' ' -f1-8)
-out=$("$frugal_binary" generate --hf-model "$dir" --prompt-ids "$prompt" --ids --max-new-tokens 3 --device cuda)
+want=$(expected gqa_untied greedy | cut -d' ' -f1-13)
+out=$("$frugal_binary" generate --hf-model "$dir" --prompt-ids "$prompt" --ids --max-new-tokens 8 --device cuda)
 [ "$out" = "$want" ] || { echo "FAIL: GPU greedy $out, transformers $want"; exit 1; }
 echo "GPU greedy: $out"
 
@@ -47,6 +48,6 @@ echo "GPU greedy: $out"
 args=(eval --ckpt "$work/run" --token-file "$work/data/val.tok" --seq-len 64 --max-sequences 8 --quant nf4)
 cpu=$("$frugal_binary" "${args[@]}" --device cpu)
 gpu=$("$frugal_binary" "${args[@]}" --device cuda)
-close "$(loss_of "$gpu")" "$(loss_of "$cpu")" 2e-2 || { echo "FAIL: NF4 GPU $gpu, CPU $cpu"; exit 1; }
+close "$(loss_of "$gpu")" "$(loss_of "$cpu")" 3e-2 || { echo "FAIL: NF4 GPU $gpu, CPU $cpu"; exit 1; }
 echo "NF4: GPU $(loss_of "$gpu"), CPU $(loss_of "$cpu")"
 echo "integration gpu_eval: ok"
