@@ -8,6 +8,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 require_gpu "$2"
 fixtures=$2/tests/fixtures/hf
 export OMP_NUM_THREADS=2
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 expected() { grep "\"$2\":" "$fixtures/$1/expected.json" | sed -e 's/^[^:]*: *//' -e 's/,$//' | tr -d '[],'; }
 loss_of() { grep -o '"loss":[^,}]*' <<< "$1" | cut -d: -f2; }
 close() {  # close A B TOLERANCE: |A - B| / B < TOLERANCE
@@ -22,7 +23,8 @@ for model in gqa_untied mha_tied_sharded rope_linear rope_dynamic rope_yarn rope
     || { echo "FAIL: $model on the GPU: $gpu, transformers $want"; exit 1; }
   echo "$model: GPU loss $(loss_of "$gpu"), transformers (fp32) $want"
   if [ "$gpus" -ge 2 ]; then
-    two=$(mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS "$frugal_binary" eval \
+    two=$(mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS -x LD_LIBRARY_PATH \
+          ${NCCL_NVLS_ENABLE+-x NCCL_NVLS_ENABLE} "$frugal_binary" eval \
           --hf-model "$dir" --tokens "$dir/tokens.txt" --device cuda)
     close "$(loss_of "$two")" "$(loss_of "$gpu")" 1e-3 \
       || { echo "FAIL: $model on 2 GPUs: $two, one GPU: $gpu"; exit 1; }
