@@ -8,29 +8,47 @@ namespace frugal {
 
 BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraConfig* lora) {
   const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
-  FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),
-               " tensors, expected ", kBlockParamCount + adapters);
-  BlockWeights w{u[kInputNorm],         u[kQProj],    u[kKProj],  u[kVProj],   u[kOProj],
-                 u[kPostAttentionNorm], u[kGateProj], u[kUpProj], u[kDownProj], {}, {}};
+  const size_t biases = u.size() - std::min(u.size(), kBlockParamCount + adapters);
+  FRUGAL_CHECK(
+      u.size() == kBlockParamCount + adapters + biases && (biases == 0 || biases == kQkvBiasCount),
+      "block unit with ", u.size(), " tensors, expected ", kBlockParamCount + adapters, " (+ ",
+      kQkvBiasCount, " biases)");
+  BlockWeights w{
+      u[kInputNorm], u[kQProj],  u[kKProj],    u[kVProj], u[kOProj], u[kPostAttentionNorm],
+      u[kGateProj],  u[kUpProj], u[kDownProj], {},        {},        {}};
+  if (biases) {
+    w.bias[kQProj] = u[kBlockParamCount];
+    w.bias[kKProj] = u[kBlockParamCount + 1];
+    w.bias[kVProj] = u[kBlockParamCount + 2];
+  }
   for (int p = 0; adapters && p < kBlockParamCount; ++p)
     if (lora->adapts(p)) {
-      w.lora_a[p] = u[lora->a_index(p)];
-      w.lora_b[p] = u[lora->a_index(p) + 1];
+      w.lora_a[p] = u[biases + lora->a_index(p)];
+      w.lora_b[p] = u[biases + lora->a_index(p) + 1];
     }
   return w;
 }
 
 Tensor& BlockWeights::at(int p) {
   switch (p) {
-    case kInputNorm: return input_norm;
-    case kQProj: return q_proj;
-    case kKProj: return k_proj;
-    case kVProj: return v_proj;
-    case kOProj: return o_proj;
-    case kPostAttentionNorm: return post_attention_norm;
-    case kGateProj: return gate_proj;
-    case kUpProj: return up_proj;
-    case kDownProj: return down_proj;
+    case kInputNorm:
+      return input_norm;
+    case kQProj:
+      return q_proj;
+    case kKProj:
+      return k_proj;
+    case kVProj:
+      return v_proj;
+    case kOProj:
+      return o_proj;
+    case kPostAttentionNorm:
+      return post_attention_norm;
+    case kGateProj:
+      return gate_proj;
+    case kUpProj:
+      return up_proj;
+    case kDownProj:
+      return down_proj;
   }
   fail("block parameter index ", p, " out of range");
 }
@@ -75,6 +93,7 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
                BlockActivations& a, Fp8InputCasts& casts) {
   Tensor y = in_fp8(ctx, p) ? fp8_linear(x, w.projection(p), fp8_linear_of(ctx, p), casts)
                             : ops::linear(x, w.projection(p));
+  if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
   if (!w.lora_a[p].defined()) return y;
   a.lora_t[p] = ops::linear(adapter_input(x, ctx, p), w.lora_a[p]);
   ops::scale_inplace(a.lora_t[p], ctx.lora->scale());
@@ -89,6 +108,7 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
   Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, w.projection(p), g.at(p),
                                                    fp8_linear_of(ctx, p), casts)
                              : ops::linear_backward(dy, x, w.projection(p), g.at(p));
+  if (g.bias[p].defined()) ops::bias_backward(dy, g.bias[p]);  // not frozen
   if (!w.lora_a[p].defined()) return dx;
   // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.
   Tensor dt = ops::linear_backward(dy, a.lora_t[p], w.lora_b[p], g.lora_b[p]);
@@ -100,7 +120,10 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
   ops::add_inplace(dx, d_input);
   return dx;
 }
-float theta_of(const BlockContext& ctx) { return static_cast<float>(ctx.config->rope_theta); }
+const ops::RotaryFrequencies& rotary_of(const BlockContext& ctx) {
+  FRUGAL_CHECK(ctx.rotary != nullptr, "block context without a rotary table");
+  return *ctx.rotary;
+}
 
 // Everything the forward computes, with every intermediate filled in.
 Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx) {
@@ -111,8 +134,8 @@ Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContex
   a.q = split_heads(project(a.n1, w, kQProj, ctx, a, casts), c.num_attention_heads, d);
   a.k = split_heads(project(a.n1, w, kKProj, ctx, a, casts), c.num_key_value_heads, d);
   a.v = split_heads(project(a.n1, w, kVProj, ctx, a, casts), c.num_key_value_heads, d);
-  a.q_rot = ops::rope(a.q, ctx.positions, theta_of(ctx));
-  a.k_rot = ops::rope(a.k, ctx.positions, theta_of(ctx));
+  a.q_rot = ops::rope(a.q, ctx.positions, rotary_of(ctx));
+  a.k_rot = ops::rope(a.k, ctx.positions, rotary_of(ctx));
   a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch)
                          : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
   a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, ctx, a, casts));
@@ -189,8 +212,8 @@ Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWe
   ops::AttentionGrads d_qkv =
       ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)
                     : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch);
-  Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, theta_of(ctx));
-  Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, theta_of(ctx));
+  Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, rotary_of(ctx));
+  Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, rotary_of(ctx));
   Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a, casts);
   ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a, casts));
   ops::add_inplace(d_n1,

@@ -23,6 +23,8 @@ struct BlockWeights {
       down_proj;
   // LoRA adapters by BlockParam index (undefined where a projection has none).
   std::array<Tensor, kBlockParamCount> lora_a, lora_b;
+  // Biases by BlockParam index: q, k and v's with LlamaConfig::qkv_bias, else none.
+  std::array<Tensor, kBlockParamCount> bias;
   // Where projections left undefined (4-bit, ParameterProvider::gather_compressed) are made
   // when used: `unit` of `provider`.
   ParameterProvider* provider = nullptr;
@@ -34,7 +36,8 @@ struct BlockWeights {
   // Projection p's weight, made from its 4-bit bytes if that is how it came: the caller holds
   // it only while it multiplies (one bf16 matrix at a time).
   Tensor projection(int p) const;
-  // A unit's tensors: the 9 base ones, then the adapters `lora` places (lora.h).
+  // A unit's tensors: the 9 base ones, the q/k/v biases if the model has them, then the
+  // adapters `lora` places (lora.h).
   static BlockWeights from_unit(const std::vector<Tensor>& unit, const LoraConfig* lora = nullptr);
 };
 
@@ -54,6 +57,7 @@ struct BlockContext {
   const LlamaConfig* config = nullptr;
   int64_t batch = 1;  // sequences in the micro-batch; tokens = batch * seq
   Tensor positions;   // [tokens] i32, the rotary position of each token
+  const ops::RotaryFrequencies* rotary = nullptr;  // the rotary table of this forward
   CheckpointPolicy policy = CheckpointPolicy::none;
   const AttentionOperator* attention = nullptr;  // null: ops::attention on the local rows
   const LoraConfig* lora = nullptr;              // null: no adapters

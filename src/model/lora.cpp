@@ -14,9 +14,9 @@ struct Target {
   int param;
   const char* name;
 };
-constexpr Target kTargets[] = {{kQProj, "q_proj"},       {kKProj, "k_proj"},  {kVProj, "v_proj"},
-                               {kOProj, "o_proj"},       {kGateProj, "gate_proj"},
-                               {kUpProj, "up_proj"},     {kDownProj, "down_proj"}};
+constexpr Target kTargets[] = {
+    {kQProj, "q_proj"},       {kKProj, "k_proj"},   {kVProj, "v_proj"},      {kOProj, "o_proj"},
+    {kGateProj, "gate_proj"}, {kUpProj, "up_proj"}, {kDownProj, "down_proj"}};
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -84,7 +84,8 @@ std::vector<UnitSpec> lora_units(const LlamaConfig& config, const LoraConfig& lo
     for (const Target& t : kTargets) {
       if (!lora.adapts(t.param)) continue;
       const ParamSpec& base = unit.params[t.param];
-      const std::string stem = base.name.substr(0, base.name.size() - std::string(".weight").size());
+      const std::string stem =
+          base.name.substr(0, base.name.size() - std::string(".weight").size());
       const int64_t out = base.shape[0], in = base.shape[1];
       adapters.push_back({stem + ".lora_A.weight", {lora.rank, in}, true});
       adapters.push_back({stem + ".lora_B.weight", {out, lora.rank}, true});

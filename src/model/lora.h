@@ -14,8 +14,8 @@ namespace frugal {
 struct LoraConfig {
   int64_t rank = 0;  // 0: no adapters (full training)
   double alpha = 16;
-  double dropout = 0;  // on each adapter's input while training (PEFT's lora_dropout)
-  uint64_t seed = 0;   // mixed into the dropout masks (train.seed)
+  double dropout = 0;        // on each adapter's input while training (PEFT's lora_dropout)
+  uint64_t seed = 0;         // mixed into the dropout masks (train.seed)
   std::vector<int> targets;  // BlockParam indices of the adapted projections
 
   bool enabled() const { return rank > 0; }

@@ -15,6 +15,7 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_merge.h"
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
@@ -37,10 +38,10 @@ namespace {
 struct BoundDevice {
   DeviceContext* context = nullptr;
   std::unique_ptr<cuda::GemmContext> gemm;
-  Tensor norm_sum;          // 1 f64: sum_squares' result
-  Tensor norm_scratch;      // cuda::kSumSquaresScratch f64
-  Tensor target_error;      // 2 i32: cross_entropy's out-of-range target report
-  int64_t loss_vocab = 0;   // vocabulary of the chunks since the last read_loss
+  Tensor norm_sum;         // 1 f64: sum_squares' result
+  Tensor norm_scratch;     // cuda::kSumSquaresScratch f64
+  Tensor target_error;     // 2 i32: cross_entropy's out-of-range target report
+  int64_t loss_vocab = 0;  // vocabulary of the chunks since the last read_loss
 };
 
 BoundDevice& bound() {
@@ -68,7 +69,9 @@ void expect(const Tensor& t, DType dtype, const char* what) {
                dtype_name(dtype));
 }
 
-Tensor empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, compute_arena()); }
+Tensor empty(const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, compute_arena());
+}
 
 }  // namespace
 
@@ -202,15 +205,18 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   return dx;
 }
 
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward) {
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary,
+            bool backward) {
   expect(x, DType::bf16, "rope input");
   expect(positions, DType::i32, "rope positions");
   Tensor y = empty(x.shape(), DType::bf16);
   copy(y, x);
   if (backward)
-    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+                        rotary.inv_freq.data(), rotary.attention_scaling, stream());
   else
-    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+                       rotary.inv_freq.data(), rotary.attention_scaling, stream());
   return y;
 }
 
@@ -243,16 +249,16 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
                                    const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out, const Tensor& lse,
                                    const cpu::AttentionShape& s) {
-  Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
-                         DType::f32);
+  Tensor scratch =
+      empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))}, DType::f32);
   cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(out),
                            f32(lse), s, f32(scratch), kernel_options().attention_sm90, stream());
 }
 
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch) {
   expect(part.out, DType::bf16, "attention block output");
-  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch,
-                        out.size(0) / batch, out.size(1), out.size(2), stream());
+  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch, out.size(0) / batch,
+                        out.size(1), out.size(2), stream());
 }
 
 Tensor dropout(const Tensor& x, float p, uint64_t seed) {
@@ -260,6 +266,18 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed) {
   Tensor y = empty(x.shape(), DType::bf16);
   cuda::dropout(bf(y), bf(x), x.numel(), p, seed, stream());
   return y;
+}
+
+void add_bias(Tensor& x, const Tensor& b) {
+  expect(x, DType::bf16, "bias input");
+  expect(b, DType::bf16, "bias");
+  cuda::add_bias(bf(x), bf(b), x.size(0), x.size(1), stream());
+}
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  expect(dy, DType::bf16, "bias output gradient");
+  expect(db, DType::f32, "bias gradient");
+  cuda::bias_backward(f32(db), bf(dy), dy.size(0), dy.size(1), stream());
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u) {

@@ -22,8 +22,8 @@ Tensor to_host_f32(const Tensor& src);
 // Queues dst = src on the communication stream after the compute stream's work so far; returns
 // an event recorded after it (opaque: a CUevent_st* owned by the caller, see event_*).
 void* copy_beside(Tensor& dst, const Tensor& src);
-void event_wait(void* event);     // the compute stream waits for it
-void event_done(void* event);     // the host waits for it
+void event_wait(void* event);  // the compute stream waits for it
+void event_done(void* event);  // the host waits for it
 void event_release(void* event);
 
 Tensor embedding(const Tensor& tokens, const Tensor& table);
@@ -33,7 +33,8 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
                         Tensor& dw);
 Tensor linear(const Tensor& x, const Tensor& w);
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw);
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward);
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary,
+            bool backward);
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,
                     const cpu::AttentionShape& shape);
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -47,6 +48,8 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch);
 Tensor dropout(const Tensor& x, float p, uint64_t seed);
 Tensor swiglu(const Tensor& g, const Tensor& u);
+void add_bias(Tensor& x, const Tensor& b);
+void bias_backward(const Tensor& dy, Tensor& db);
 SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u);
 
 Tensor loss_accumulator();

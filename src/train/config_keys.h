@@ -42,9 +42,10 @@ constexpr KeyRule closed_open(double lo, double hi) { return {KeyRule::Kind::clo
 constexpr KeyRule closed(double lo, double hi) { return {KeyRule::Kind::closed, lo, hi}; }
 
 // The field a key sets; a new mode enum joins the list.
-using KeyField = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*,
-                              CheckpointPolicy*, Offload*, StateDType*, DeviceChoice*,
-                              OptimizerType*, GaloreProjectorKind*, MomentsOnRefresh*, Fp8Recipe*>;
+using KeyField =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*, CheckpointPolicy*,
+                 Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
+                 MomentsOnRefresh*, Fp8Recipe*, RopeScalingType*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

@@ -15,9 +15,11 @@ void TrainConfig::resolve() {
 
 void TrainConfig::validate_model_dependent() const {
   model.validate();
-  if (train.seq_len > model.max_position_embeddings)
-    fail("config key 'train.seq_len': ", train.seq_len,
-         " exceeds model.max_position_embeddings = ", model.max_position_embeddings);
+  if (train.seq_len > model.context_length())
+    fail("config key 'train.seq_len': ", train.seq_len, " exceeds the model's context of ",
+         model.context_length(),
+         " tokens (model.max_position_embeddings = ", model.max_position_embeddings,
+         ", rope scaling ", enum_name(model.rope_scaling.type), ")");
 }
 
 void TrainConfig::validate() const {

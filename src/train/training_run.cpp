@@ -17,6 +17,7 @@
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
+#include "train/config_keys.h"
 #include "train/memory_plan.h"
 #include "train/run_state.h"
 #include "train/same_config.h"
@@ -26,29 +27,6 @@ namespace fs = std::filesystem;
 namespace frugal {
 
 namespace {
-
-// One GPU per rank: `auto` takes the GPUs only when every node has one for each of its ranks,
-// and every rank decides the same (a rank on the CPU and one on a GPU cannot train together).
-bool decide_gpu(const TrainConfig& c, Comm& world) {
-  const int gpus = device_count(), node_ranks = mpi_node_size();
-  const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
-  const bool everywhere = world.all_reduce_max(enough_gpus ? 0 : 1) == 0;
-  if (c.parallel.device == DeviceChoice::cuda && !everywhere)
-    fail("config key 'parallel.device': cuda needs one GPU per rank, but ",
-         enough_gpus ? "another node has fewer GPUs than ranks"
-                     : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
-                           std::to_string(gpus) + " GPU(s)",
-         kHaveCuda ? "" : " (this frugal was built without CUDA)");
-  const bool use_gpu = c.parallel.device == DeviceChoice::cuda ||
-                       (c.parallel.device == DeviceChoice::automatic && everywhere);
-  if (c.parallel.device == DeviceChoice::automatic && gpus > 0 && !use_gpu)
-    log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
-             " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
-  if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
-    fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU (", gpus,
-         " GPU(s) for ", node_ranks, " rank(s) on this node)");
-  return use_gpu;
-}
 
 void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t vocab_size) {
   const TokenView view = tokens.view();
@@ -121,15 +99,21 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   // Starting from a Hugging Face model: its shape wins over [model], its weights over init.
   if (!c.model_hf_path.empty()) {
     hf.emplace(c.model_hf_path);
+    const RopeScaling extension = c.model.rope_scaling;
     c.model = hf->config();
-    const nlohmann::json shape = llama_config_to_json(c.model);
-    for (auto it = shape.begin(); it != shape.end(); ++it)
-      c.resolved["model." + it.key()] = it.value().dump();
+    // [model] rope_scaling on a Hugging Face model: a context extension (long-context.md).
+    if (extension.type != RopeScalingType::none)
+      c.model = with_context_extension(c.model, extension);
+    for (const ConfigKey& key : config_keys(c))
+      if (key.section() == "model" && key.name != "model.hf_path")
+        c.resolved[key.name] = key.text();
     c.validate_model_dependent();
   }
   host_mesh = make_mesh(static_cast<int>(c.parallel.cp), c.parallel.timeout_s);
   check_same_config(*host_mesh.world, c.resolved);
-  use_gpu = decide_gpu(c, *host_mesh.world);
+  use_gpu = decide_gpu(c.parallel.device, *host_mesh.world, "config key 'parallel.device'");
+  if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
+    fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU");
 
   // --- data ----------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
