@@ -6,6 +6,19 @@ Two tiny random LlamaForCausalLM models, saved with save_pretrained (float32 saf
                        rms_norm_eps 1e-5 (neither is transformers' default), one file
   mha_tied_sharded/    3 heads = 3 kv heads, tied embeddings, saved in 2 shards with
                        model.safetensors.index.json
+and one model per rotary scaling type, each with sequences longer than the context it scales
+from (so that the scaled frequencies matter), saved by transformers 5 with its config's
+rope_parameters:
+  rope_linear/         linear (position interpolation), factor 2.5
+  rope_dynamic/        dynamic NTK, factor 2, max_position_embeddings 16; lines in ascending
+                       length (transformers' dynamic update keeps the longest length seen, and
+                       frugal computes each sequence alone: ascending order makes them agree),
+                       and the greedy continuation runs past 16 tokens
+  rope_yarn/           YaRN, factor 4 from 32 to 128 tokens, attention factor 0.1 ln 4 + 1
+  rope_llama3/         Llama 3's scaling, factor 4, original 32, low/high 1/4, rope_theta 100
+                       (so the pairs fall in all three bands: kept, blended, interpolated)
+and a Qwen2ForCausalLM (q/k/v projections with biases, randomised like the weights):
+  qwen2_gqa/           4 heads over 2 kv heads, untied head, rope_theta 1e6, eps 1e-6
 and dtypes.safetensors: small tensors in F64/F32/F16/BF16 written by the safetensors library,
 with their values in dtypes.json, to check frugal's conversions against an independent
 writer.
@@ -38,7 +51,7 @@ import shutil
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 GREEDY_NEW_TOKENS = 12
 
@@ -67,9 +80,10 @@ def token_lines(vocab, lengths, seed):
     return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
 
 
-def make_model(out_dir, name, config, seed, std, lengths, prompt_len, max_shard_size=None):
+def make_model(out_dir, name, config, seed, std, lengths, prompt_len, max_shard_size=None,
+               model_class=LlamaForCausalLM):
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
     randomize(model, seed, std)
     path = os.path.join(out_dir, name)
     shutil.rmtree(path, ignore_errors=True)
@@ -159,6 +173,33 @@ def main():
                        eos_token_id=2, attn_implementation="eager")
     make_model(args.out, "mha_tied_sharded", tied, seed=23, std=0.15, lengths=[13, 20, 2],
                prompt_len=4, max_shard_size="100KB")
+
+    def rope_model(name, seed, max_pos, rope, lengths, prompt_len, theta=10000.0):
+        config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
+                             max_position_embeddings=max_pos, rope_theta=theta,
+                             rope_scaling=dict(rope, rope_theta=theta), rms_norm_eps=1e-5,
+                             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                             attn_implementation="eager")
+        make_model(args.out, name, config, seed=seed, std=0.2, lengths=lengths,
+                   prompt_len=prompt_len)
+
+    rope_model("rope_linear", 31, 64, {"rope_type": "linear", "factor": 2.5}, [40, 23, 7], 20)
+    rope_model("rope_dynamic", 38, 16, {"rope_type": "dynamic", "factor": 2.0}, [9, 21, 30], 12)
+    rope_model("rope_yarn", 41, 128,
+               {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+               [70, 45, 9], 30)
+    rope_model("rope_llama3", 43, 128,
+               {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 32,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0}, [70, 45, 9], 30, theta=100.0)
+
+    qwen2 = Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+                        max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                        use_sliding_window=False, attn_implementation="eager")
+    make_model(args.out, "qwen2_gqa", qwen2, seed=53, std=0.15, lengths=[19, 12, 6],
+               prompt_len=5, model_class=Qwen2ForCausalLM)
 
     make_dtypes(args.out)
 

@@ -57,7 +57,7 @@ const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
   if (found != plans_.end()) return found->second;
 
   const auto [trans_a, trans_b, m, n, k, lda, ldb, ldd, a_type, b_type, d_type, align_a, align_b,
-              align_d] = key;
+              align_d, fast_accum] = key;
   Plan plan;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -66,6 +66,11 @@ const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
       cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (a_type == CUDA_R_8F_E4M3 || a_type == CUDA_R_8F_E5M2) {
+    const int8_t fast = fast_accum ? 1 : 0;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                sizeof(fast)));
+  }
   // Stored shapes (column-major rows x cols): A is [m, k] or, transposed, [k, m]; likewise B.
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, static_cast<cudaDataType_t>(a_type),
                                           trans_a ? k : m, trans_a ? m : k, lda));
@@ -137,10 +142,67 @@ void GemmContext::matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void
                     static_cast<int>(d_type),
                     pointer_alignment(a),
                     pointer_alignment(b),
-                    pointer_alignment(d)};
+                    pointer_alignment(d),
+                    false};
   const Plan& plan = plan_for(key);
   CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d,
                               plan.d, &plan.algo, workspace_, workspace_bytes_, stream));
+}
+
+void GemmContext::matmul_fp8(void* d, cudaDataType_t d_type, int64_t ldd, const void* a,
+                             cudaDataType_t a_type, int64_t lda, const void* b,
+                             cudaDataType_t b_type, int64_t ldb, int64_t m, int64_t n, int64_t k,
+                             const float* a_scale, const float* b_scale, float beta,
+                             bool fast_accum, cudaStream_t stream) {
+  FRUGAL_CHECK(m % 16 == 0 && n % 16 == 0 && k % 16 == 0, "fp8 gemm m ", m, " n ", n, " k ", k,
+               ": cuBLASLt's FP8 GEMMs need multiples of 16");
+  if (m == 0 || n == 0 || k == 0) return;
+  // cuBLASLt refuses scale pointers at a 4-byte offset (NOT_SUPPORTED, on the H200).
+  FRUGAL_CHECK(pointer_alignment(a_scale) >= 16 && pointer_alignment(b_scale) >= 16,
+               "fp8 gemm: scale pointers ", a_scale, " and ", b_scale, " must be 16-byte aligned");
+  const PlanKey key{true,
+                    false,
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldd,
+                    static_cast<int>(a_type),
+                    static_cast<int>(b_type),
+                    static_cast<int>(d_type),
+                    pointer_alignment(a),
+                    pointer_alignment(b),
+                    pointer_alignment(d),
+                    fast_accum};
+  const Plan& plan = plan_for(key);
+  // The scale pointers change from call to call (each tensor has its own): set on the cached
+  // descriptor before the launch, which reads them.
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                              &a_scale, sizeof(a_scale)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                              &b_scale, sizeof(b_scale)));
+  const float alpha = 1.0f;
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
+                     &plan.algo, workspace_, workspace_bytes_, stream);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail("cuBLASLt FP8 GEMM failed (", cublasLtGetStatusName(status), ") for m ", m, " n ", n,
+         " k ", k, " lda ", lda, " ldb ", ldb, " ldd ", ldd, " dtypes ", int(a_type), "/",
+         int(b_type), "/", int(d_type), " alignments ", pointer_alignment(a), "/",
+         pointer_alignment(b), "/", pointer_alignment(d), " scales ", a_scale, "/", b_scale,
+         " beta ", beta, " fast ", fast_accum);
+}
+
+// Row-major out[m, n] = a[m, k] b[n, k]^T is column-major out^T [n, m] = op_T(b) a: b is
+// cuBLAS's A (stored [k, n] column-major, ld k, transposed), a its B (stored [k, m], ld k).
+void fp8_gemm_tn(GemmContext& ctx, void* out, cudaDataType_t out_type, const uint8_t* a,
+                 cudaDataType_t a_type, const float* a_scale, const uint8_t* b,
+                 cudaDataType_t b_type, const float* b_scale, int64_t m, int64_t n, int64_t k,
+                 bool accumulate, bool fast_accum, cudaStream_t stream) {
+  FRUGAL_CHECK(!accumulate || out_type == CUDA_R_32F, "fp8 gemm accumulates only into fp32");
+  ctx.matmul_fp8(out, out_type, n, b, b_type, k, a, a_type, k, n, m, k, b_scale, a_scale,
+                 accumulate ? 1.0f : 0.0f, fast_accum, stream);
 }
 
 void linear_forward(GemmContext& ctx, __nv_bfloat16* y, const __nv_bfloat16* x,

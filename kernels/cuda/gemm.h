@@ -52,13 +52,23 @@ class GemmContext {
               bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
               cudaStream_t stream);
 
+  // The same for FP8 operands (cuBLASLt takes them only as TN: trans_a set, trans_b not): the
+  // product is scaled by *a_scale and *b_scale (device pointers, read when the GEMM runs, so
+  // scales computed on the GPU need no host round trip). fast_accum: Hopper's faster FP8
+  // accumulation, for the forward; off for gradients.
+  void matmul_fp8(void* d, cudaDataType_t d_type, int64_t ldd, const void* a, cudaDataType_t a_type,
+                  int64_t lda, const void* b, cudaDataType_t b_type, int64_t ldb, int64_t m,
+                  int64_t n, int64_t k, const float* a_scale, const float* b_scale, float beta,
+                  bool fast_accum, cudaStream_t stream);
+
   size_t workspace_bytes() const { return workspace_bytes_; }
   size_t cached_plans() const { return plans_.size(); }
 
  private:
-  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, a_type, b_type, d_type, alignment a, b, d)
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldd, a_type, b_type, d_type, alignment a, b, d,
+  // fast FP8 accumulation)
   using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                             int, int, int, int, int>;
+                             int, int, int, int, int, bool>;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -85,6 +95,15 @@ void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloa
 void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
                             cudaStream_t stream);
+
+// out[m, n] = a_scale * b_scale * a[m, k] . b[n, k]^T, FP8 operands row-major with k contiguous
+// (a of dtype a_type, b of b_type: E4M3 x E4M3, or one of them E5M2), out bf16 (overwritten) or
+// fp32 (accumulate: += when set). The forward is (x, W), dgrad (dy, W^T), wgrad (dy^T, x^T).
+// m, n, k multiples of 16.
+void fp8_gemm_tn(GemmContext& ctx, void* out, cudaDataType_t out_type, const uint8_t* a,
+                 cudaDataType_t a_type, const float* a_scale, const uint8_t* b,
+                 cudaDataType_t b_type, const float* b_scale, int64_t m, int64_t n, int64_t k,
+                 bool accumulate, bool fast_accum, cudaStream_t stream);
 
 // c[m, n] = alpha * op(a) . op(b) + beta * c, everything fp32 and row-major, op(a) [m, k] (a
 // stored [k, m] when trans_a), op(b) [k, n] (b stored [n, k] when trans_b): the twin of

@@ -1,11 +1,13 @@
 // Rotary position embedding on the GPU in Hugging Face's rotate-half convention: for head-dim d,
-// pair element i with i + d/2, angle = pos * theta^(-2i/d); bf16 tensors, fp32 math.
+// pair element i with i + d/2, angle = pos * inv_freq[i]; bf16 tensors, fp32 math.
 //
-// One block per token. Its threads first compute the token's d/2 cos/sin values into shared
-// memory, with the same roundings as the CPU kernel (inv_freq and cos/sin evaluated in double
-// and rounded to float, the angle a float product), so both backends rotate by the same float
-// cos/sin; double math is slow on consumer GPUs, but it is d/2 values per token shared by all
-// heads, negligible next to the loads. Then the threads rotate every (head, pair) of the token:
+// The frequency table (d/2 floats, at most 1 KiB) travels by value in the kernel's arguments:
+// no device buffer to keep in step with the config, no copy on the stream. One block per
+// token. Its threads first compute the token's d/2 cos/sin values into shared memory, with the
+// same roundings as the CPU kernel (cos/sin evaluated in double and rounded to float, the angle
+// a float product, the attention scaling a float product), so both backends rotate by the same
+// float cos/sin; double math is slow on consumer GPUs, but it is d/2 values per token shared by
+// all heads, negligible next to the loads. Then the threads rotate every (head, pair) of the token:
 // with head_dim a multiple of 16 and x 16-byte aligned, 8 pairs per thread through two 16-byte
 // loads (elements i..i+7 and i+d/2..i+d/2+7); otherwise one pair at a time.
 #include <algorithm>
@@ -23,10 +25,14 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxThreads = 256;
 
+struct RopeTable {
+  float inv_freq[kMaxRopePairs];
+};
+
 // sign = +1 rotates forward, -1 backward. cos_sin: 2 * half floats of dynamic shared memory.
 template <int W>
 __global__ void rope_kernel(bf16* x, const int32_t* positions, int64_t heads, int64_t head_dim,
-                            float theta, float sign) {
+                            const RopeTable table, float scaling, float sign) {
   extern __shared__ float cos_sin[];
   const int64_t half = head_dim / 2;
   float* cos_t = cos_sin;
@@ -34,11 +40,9 @@ __global__ void rope_kernel(bf16* x, const int32_t* positions, int64_t heads, in
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const double exponent = static_cast<double>(2 * i) / static_cast<double>(head_dim);
-    const float inv_freq = static_cast<float>(1.0 / pow(static_cast<double>(theta), exponent));
-    const float angle = pos * inv_freq;
-    cos_t[i] = static_cast<float>(cos(static_cast<double>(angle)));
-    sin_t[i] = sign * static_cast<float>(sin(static_cast<double>(angle)));
+    const float angle = pos * table.inv_freq[i];
+    cos_t[i] = __fmul_rn(static_cast<float>(cos(static_cast<double>(angle))), scaling);
+    sin_t[i] = sign * __fmul_rn(static_cast<float>(sin(static_cast<double>(angle))), scaling);
   }
   __syncthreads();
 
@@ -63,8 +67,12 @@ __global__ void rope_kernel(bf16* x, const int32_t* positions, int64_t heads, in
 }
 
 void launch_rope(const char* what, bf16* x, const int32_t* positions, int64_t tokens, int64_t heads,
-                 int64_t head_dim, float theta, float sign, cudaStream_t stream) {
-  FRUGAL_CHECK(head_dim > 0 && head_dim % 2 == 0, what, " needs an even head_dim, got ", head_dim);
+                 int64_t head_dim, const float* inv_freq, float scaling, float sign,
+                 cudaStream_t stream) {
+  FRUGAL_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs, what,
+               " needs an even head_dim of at most ", 2 * kMaxRopePairs, ", got ", head_dim);
+  RopeTable table{};
+  std::copy(inv_freq, inv_freq + head_dim / 2, table.inv_freq);
   FRUGAL_CHECK(tokens >= 0 && tokens <= INT32_MAX && heads > 0, what, ": tokens ", tokens,
                ", heads ", heads);
   if (tokens == 0) return;
@@ -76,24 +84,28 @@ void launch_rope(const char* what, bf16* x, const int32_t* positions, int64_t to
       std::clamp<int64_t>((items + kWarpSize - 1) / kWarpSize * kWarpSize, kWarpSize, kMaxThreads));
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (vec)
-    rope_kernel<kGroup>
-        <<<blocks, threads, shared_bytes, stream>>>(x, positions, heads, head_dim, theta, sign);
+    rope_kernel<kGroup><<<blocks, threads, shared_bytes, stream>>>(x, positions, heads, head_dim,
+                                                                   table, scaling, sign);
   else
-    rope_kernel<1>
-        <<<blocks, threads, shared_bytes, stream>>>(x, positions, heads, head_dim, theta, sign);
+    rope_kernel<1><<<blocks, threads, shared_bytes, stream>>>(x, positions, heads, head_dim, table,
+                                                              scaling, sign);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void rope_forward(bf16* x, const int32_t* positions, int64_t tokens, int64_t heads,
-                  int64_t head_dim, float theta, cudaStream_t stream) {
-  launch_rope("rope_forward", x, positions, tokens, heads, head_dim, theta, 1.0f, stream);
+                  int64_t head_dim, const float* inv_freq, float attention_scaling,
+                  cudaStream_t stream) {
+  launch_rope("rope_forward", x, positions, tokens, heads, head_dim, inv_freq, attention_scaling,
+              1.0f, stream);
 }
 
 void rope_backward(bf16* dx, const int32_t* positions, int64_t tokens, int64_t heads,
-                   int64_t head_dim, float theta, cudaStream_t stream) {
-  launch_rope("rope_backward", dx, positions, tokens, heads, head_dim, theta, -1.0f, stream);
+                   int64_t head_dim, const float* inv_freq, float attention_scaling,
+                   cudaStream_t stream) {
+  launch_rope("rope_backward", dx, positions, tokens, heads, head_dim, inv_freq, attention_scaling,
+              -1.0f, stream);
 }
 
 }  // namespace frugal::cuda

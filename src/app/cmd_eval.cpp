@@ -1,9 +1,11 @@
 // `frugal eval`: the mean next-token cross-entropy of a model (a Hugging Face directory or a
-// frugal checkpoint) on token ids or text, printed as one JSON line. Also the loader that
-// eval, generate and export share.
+// frugal checkpoint) on token ids or text, printed as one JSON line, on the CPU or GPUs, on
+// one rank or several (weights sharded over them as in training, the sequences shared out).
+// Also the whole-model loader that export uses.
 #include <mpi.h>
 
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,11 +17,13 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "model/hf_model.h"
 #include "model/llama_model.h"
 #include "quant/quantized_parameters.h"
 #include "train/saved_model.h"
+#include "train/sharded_model.h"
 
 namespace frugal {
 
@@ -66,9 +70,35 @@ InferenceModel load_inference_model(const std::string& command, const std::strin
 namespace {
 
 struct EvalOptions {
-  std::string hf_dir, ckpt_path, tokens_path, text_path, tokenizer_path, logits_path;
+  std::string hf_dir, ckpt_path, tokens_path, text_path, token_file_path, tokenizer_path,
+      logits_path;
   std::string quant = "none";
+  std::string device = "auto";
+  std::string gpu_mem_limit = "0";
+  int64_t seq_len = 0;
+  int64_t max_sequences = 0;
+  int64_t bucket_tokens = 0;
+  bool timing = false;
 };
+
+// Consecutive, non-overlapping sequences of seq_len ids from the start of a token file (the
+// documents' bos and eos included, as training reads them); at most `max_sequences` (0: all).
+std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64_t seq_len,
+                                                  int64_t max_sequences) {
+  if (seq_len < 2) fail("eval: --token-file needs --seq-len N with N >= 2");
+  TokenFile file(path);
+  const TokenView view = file.view();
+  std::vector<std::vector<int32_t>> lines;
+  for (uint64_t begin = 0; begin + uint64_t(seq_len) <= view.size; begin += uint64_t(seq_len)) {
+    if (max_sequences > 0 && int64_t(lines.size()) == max_sequences) break;
+    std::vector<int32_t> ids(static_cast<size_t>(seq_len));
+    view.copy(begin, uint64_t(seq_len), ids.data());
+    lines.push_back(std::move(ids));
+  }
+  if (lines.empty())
+    fail("eval: '", path, "' holds ", view.size, " tokens, fewer than one sequence of ", seq_len);
+  return lines;
+}
 
 // Whitespace-separated ids, one sequence per line; blank lines are skipped.
 std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
@@ -131,14 +161,32 @@ int cmd_eval(const std::vector<std::string>& args) {
       ("text", po::value<std::string>(&opt.text_path)->value_name("FILE"),
        "text, one document per non-empty line, encoded with the model's tokenizer as "
        "bos + ids (no eos; no bos where the tokenizer adds none, as Qwen2's)")
+      ("token-file", po::value<std::string>(&opt.token_file_path)->value_name("FILE"),
+       "a token file of `frugal prepare` (e.g. DIR/val.tok), cut into consecutive sequences "
+       "of --seq-len ids")
+      ("seq-len", po::value<int64_t>(&opt.seq_len)->value_name("N"),
+       "with --token-file: tokens per sequence")
+      ("max-sequences", po::value<int64_t>(&opt.max_sequences)->value_name("K"),
+       "with --token-file: evaluate the first K sequences only (default: all)")
       ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
        "tokenizer.model or tokenizer.json for --text (default: the model's own)")
+      ("bucket-tokens", po::value<int64_t>(&opt.bucket_tokens)->value_name("W"),
+       "also report the loss by position, in buckets of W positions (the position of a "
+       "prediction is that of the token it reads)")
+      ("timing", po::bool_switch(&opt.timing),
+       "also print \"seconds\", the wall time of the forwards (after loading), and "
+       "\"tokens_per_s\", every token of every line over it (all ranks together)")
+      ("device", po::value<std::string>(&opt.device)->default_value(opt.device)->value_name("D"),
+       "cpu, cuda (one GPU per rank) or auto (the GPUs when every rank has one)")
+      ("gpu-mem-limit", po::value<std::string>(&opt.gpu_mem_limit)
+           ->default_value(opt.gpu_mem_limit)->value_name("BYTES"),
+       "cap on each rank's GPU memory, e.g. 24GiB (0: the whole card)")
       ("quant", po::value<std::string>(&opt.quant)->default_value(opt.quant)->value_name("Q"),
        "none, nf4 (NF4 with double quantization) or hqq (HQQ 4-bit): store the blocks' "
        "linear weights 4-bit on load and evaluate with them (rows must be multiples of 64)")
       ("logits-out", po::value<std::string>(&opt.logits_path)->value_name("FILE"),
        "also write the logits of every position of every line, lines one after another, as "
-       "raw little-endian float32 [positions, vocab]");
+       "raw little-endian float32 [positions, vocab] (one rank only)");
   // clang-format on
   po::variables_map vm;
   try {
@@ -149,43 +197,56 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   if (vm.count("help")) {
     std::cout
-        << "usage: frugal eval (--hf-model DIR | --ckpt DIR) (--tokens FILE | --text FILE)\n\n"
+        << "usage: frugal eval (--hf-model DIR | --ckpt DIR)\n"
+           "         (--tokens FILE | --text FILE | --token-file FILE --seq-len N)\n\n"
            "Prints one JSON line {\"loss\": L, \"tokens\": N}: L is the mean next-token\n"
            "cross-entropy (natural log) over all N predicted positions, every position\n"
            "of a line but the first predicting the next id, as transformers' loss with\n"
            "labels = input_ids. Lines are run one at a time, each from position 0; a\n"
-           "line longer than the model's max_position_embeddings is an error.\n\n"
+           "line longer than the model's context is an error. With --bucket-tokens W the\n"
+           "line also holds \"buckets\": [{\"first\", \"last\", \"loss\", \"tokens\"}...],\n"
+           "the loss of the predictions made at positions first..last.\n\n"
+           "Under mpirun -np R the weights are sharded over the ranks as in training (ZeRO-3:\n"
+           "each rank holds 1/R of them) and the lines are shared out; the loss is the\n"
+           "one rank's, summed in the same order.\n\n"
         << named << "\n";
     return 0;
   }
-  if (opt.tokens_path.empty() == opt.text_path.empty())
-    fail("eval: give exactly one of --tokens FILE or --text FILE (see 'frugal eval --help')");
-  for (const std::string* p : {&opt.tokens_path, &opt.text_path, &opt.tokenizer_path})
+  if (int(!opt.tokens_path.empty()) + int(!opt.text_path.empty()) +
+          int(!opt.token_file_path.empty()) !=
+      1)
+    fail(
+        "eval: give exactly one of --tokens FILE, --text FILE or --token-file FILE (see "
+        "'frugal eval --help')");
+  for (const std::string* p :
+       {&opt.tokens_path, &opt.text_path, &opt.token_file_path, &opt.tokenizer_path})
     if (!p->empty() && !fs::is_regular_file(*p)) fail("eval: '", *p, "' does not exist");
+  if (opt.bucket_tokens < 0) fail("eval: --bucket-tokens ", opt.bucket_tokens, " must be > 0");
 
-  const QuantKind quant = quant_kind_from_name(opt.quant);
-  InferenceModel model = load_inference_model("eval", opt.hf_dir, opt.ckpt_path);
-  const LlamaConfig& c = model.config;
-  // With --quant the linear layers are quantized tensor by tensor and the fp32 copy dropped.
-  std::unique_ptr<ParameterProvider> weights;
-  if (quant == QuantKind::none) {
-    weights = std::move(model.params);
-  } else {
-    LocalParameters& whole = *model.params;
-    weights = std::make_unique<QuantizedParameters>(
-        llama_units(c), quant, [&](const ParamSpec& p) { return whole.param(p.name); });
-    model.params.reset();
-  }
+  ShardedModelOptions load;
+  load.hf_dir = opt.hf_dir;
+  load.ckpt_path = opt.ckpt_path;
+  load.quant = quant_kind_from_name(opt.quant);
+  load.device = device_choice_from_option("eval", opt.device);
+  load.gpu_mem_limit = opt.gpu_mem_limit;
+  ShardedModel model("eval", load);
+  const LlamaConfig& c = model.config();
+  Comm& world = model.world();
+  if (!opt.logits_path.empty() && world.size() > 1)
+    fail("eval: --logits-out runs on one rank, not ", world.size());
   std::vector<std::vector<int32_t>> lines;
   std::string input = opt.tokens_path;
   if (!opt.tokens_path.empty()) {
     lines = read_token_lines(opt.tokens_path);
+  } else if (!opt.token_file_path.empty()) {
+    input = opt.token_file_path;
+    lines = read_token_file(opt.token_file_path, opt.seq_len, opt.max_sequences);
   } else {
     input = opt.text_path;
     const std::string tokenizer_path =
-        opt.tokenizer_path.empty() ? model.tokenizer_path : opt.tokenizer_path;
+        opt.tokenizer_path.empty() ? model.tokenizer_path() : opt.tokenizer_path;
     if (tokenizer_path.empty())
-      fail("eval: --text needs a tokenizer, and ", model.source,
+      fail("eval: --text needs a tokenizer, and ", model.source(),
            " has no tokenizer.model or tokenizer.json: pass --tokenizer PATH");
     Tokenizer tokenizer(tokenizer_path);
     if (tokenizer.vocab_size() > c.vocab_size)
@@ -193,16 +254,18 @@ int cmd_eval(const std::vector<std::string>& args) {
            " pieces, more than the model's vocab_size ", c.vocab_size);
     const int32_t bos = !tokenizer.prepends_bos() ? -1
                         : tokenizer.bos_id() >= 0 ? tokenizer.bos_id()
-                                                  : model.bos_id;
+                                                  : model.bos_id();
     lines = read_text_lines(opt.text_path, tokenizer, bos);
   }
   if (lines.empty()) fail("eval: '", input, "' holds no sequences");
+  int64_t longest = 0;
   for (size_t i = 0; i < lines.size(); ++i) {
     const auto n = static_cast<int64_t>(lines[i].size());
-    if (n > c.max_position_embeddings)
+    longest = std::max(longest, n);
+    if (n > c.context_length())
       fail("eval: '", input, "' sequence ", i + 1, " has ", n,
-           " tokens, more than the model's context (max_position_embeddings = ",
-           c.max_position_embeddings, "); split it");
+           " tokens, more than the model's context of ", c.context_length(),
+           " tokens (max_position_embeddings = ", c.max_position_embeddings, "); split it");
     for (int32_t id : lines[i])
       if (id >= c.vocab_size)
         fail("eval: '", input, "' sequence ", i + 1, ": token id ", id,
@@ -214,34 +277,92 @@ int cmd_eval(const std::vector<std::string>& args) {
     logits_out.open(opt.logits_path, std::ios::binary | std::ios::trunc);
     if (!logits_out) fail("eval: cannot write '", opt.logits_path, "'");
   }
+  // Positions [b W, (b + 1) W) form bucket b; without buckets, one bucket holds them all.
+  const int64_t width = opt.bucket_tokens > 0 ? opt.bucket_tokens : longest;
+  const int64_t buckets = (longest + width - 1) / width;
+  // Line i runs on rank i % R. Every rank runs the same number of forwards (the gathers of
+  // the sharded weights are collective): one with no line left runs a one-token stand-in.
   LlamaModel llama(c);
-  double loss_sum = 0;
-  int64_t count = 0;
-  for (const std::vector<int32_t>& ids : lines) {
+  const int ranks = world.size(), rank = world.rank();
+  const auto count = static_cast<int64_t>(lines.size());
+  std::vector<double> line_bucket_sums(static_cast<size_t>(count * buckets), 0.0);
+  world.barrier();  // the timing starts when every rank has loaded its shards
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t round = 0; round * ranks < count; ++round) {
+    const int64_t i = round * ranks + rank;
+    if (i >= count) {
+      llama.forward_loss(next_token_batch(std::vector<int32_t>{0}), model.params());
+      continue;
+    }
+    const std::vector<int32_t>& ids = lines[static_cast<size_t>(i)];
     const auto n = static_cast<int64_t>(ids.size());
     const Batch b = next_token_batch(ids);
     if (logits_out.is_open()) {
-      Tensor logits = llama.forward_logits(b, *weights);
+      Tensor logits = llama.forward_logits(b, model.params());
       logits_out.write(static_cast<const char*>(logits.raw()),
                        static_cast<std::streamsize>(logits.bytes()));
     }
-    if (n < 2) continue;
-    loss_sum += llama.forward_loss(b, *weights);
-    count += n - 1;
+    std::vector<int64_t> row_ends;
+    for (int64_t end = width; end < n; end += width) row_ends.push_back(end);
+    row_ends.push_back(n);
+    const std::vector<double> sums = llama.forward_loss_sums(b, model.params(), row_ends);
+    for (size_t k = 0; k < sums.size(); ++k)
+      line_bucket_sums[static_cast<size_t>(i * buckets) + k] = sums[k];
+  }
+  // Each value is held by one rank (the others add zeros, exactly), then summed in line order
+  // as one rank sums it: the loss does not depend on the number of ranks.
+  if (ranks > 1)
+    for (double& v : line_bucket_sums) v = world.all_reduce_sum(v);
+  // The losses were read back from the device: the forwards are done.
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double loss_sum = 0;
+  int64_t predicted = 0;
+  std::vector<double> bucket_sum(static_cast<size_t>(buckets), 0.0);
+  std::vector<int64_t> bucket_count(static_cast<size_t>(buckets), 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const auto n = static_cast<int64_t>(lines[static_cast<size_t>(i)].size());
+    for (int64_t k = 0; k < buckets; ++k) {
+      const double v = line_bucket_sums[static_cast<size_t>(i * buckets + k)];
+      loss_sum += v;
+      bucket_sum[static_cast<size_t>(k)] += v;
+      // Positions 0 .. n - 2 predict; the last reads the end of the line.
+      bucket_count[static_cast<size_t>(k)] +=
+          std::max<int64_t>(0, std::min(n - 1, (k + 1) * width) - k * width);
+    }
+    predicted += std::max<int64_t>(0, n - 1);
   }
   if (logits_out.is_open()) {
     logits_out.close();
     if (!logits_out) fail("eval: writing '", opt.logits_path, "' failed");
   }
-  if (count == 0)
+  if (predicted == 0)
     fail("eval: '", input, "' has no position to predict: every sequence has one token");
-  const double loss = loss_sum / static_cast<double>(count);
+  const double loss = loss_sum / static_cast<double>(predicted);
   // JSON has no NaN: it would print as null with exit 0, as if all were well.
   if (!std::isfinite(loss))
-    fail("eval: the loss of ", model.source, " on '", input, "' is ", loss,
+    fail("eval: the loss of ", model.source(), " on '", input, "' is ", loss,
          " (its weights overflow the forward pass, or are not finite)");
-  nlohmann::ordered_json result = {{"loss", loss}, {"tokens", count}};
-  std::cout << result.dump() << std::endl;
+  nlohmann::ordered_json result = {{"loss", loss}, {"tokens", predicted}};
+  if (opt.timing) {
+    int64_t line_tokens = 0;
+    for (const auto& ids : lines) line_tokens += static_cast<int64_t>(ids.size());
+    result["seconds"] = seconds;
+    result["tokens_per_s"] = static_cast<double>(line_tokens) / seconds;
+  }
+  if (opt.bucket_tokens > 0) {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (int64_t k = 0; k < buckets; ++k) {
+      const int64_t n = bucket_count[static_cast<size_t>(k)];
+      if (n == 0) continue;
+      rows.push_back({{"first", k * width},
+                      {"last", k * width + width - 1},
+                      {"loss", bucket_sum[static_cast<size_t>(k)] / static_cast<double>(n)},
+                      {"tokens", n}});
+    }
+    result["buckets"] = rows;
+  }
+  if (rank == 0) std::cout << result.dump() << std::endl;
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // `frugal generate`: continues a prompt with a model (a Hugging Face directory or a frugal
-// checkpoint), greedy or sampled, with a KV cache.
+// checkpoint), greedy or sampled, with a KV cache, on the CPU or GPUs, on one rank or several
+// (weights sharded over them as in training; every rank runs the same sequence).
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <iostream>
@@ -12,6 +13,8 @@
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
 #include "model/sampling.h"
+#include "quant/quantized_parameters.h"
+#include "train/sharded_model.h"
 
 namespace frugal {
 
@@ -22,6 +25,7 @@ namespace {
 
 struct GenerateOptions {
   std::string hf_dir, ckpt_path, prompt, prompt_ids, tokenizer_path;
+  std::string device = "auto", gpu_mem_limit = "0", quant = "none";
   int64_t max_new_tokens = 32;
   float temperature = 0;
   float top_p = 1.0f;
@@ -85,7 +89,14 @@ int cmd_generate(const std::vector<std::string>& args) {
        "re-run the whole prefix for every token instead of using the KV cache (same tokens, "
        "slower; for checking)")
       ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
-       "tokenizer.model or tokenizer.json to use (default: the model's own)");
+       "tokenizer.model or tokenizer.json to use (default: the model's own)")
+      ("device", po::value<std::string>(&opt.device)->default_value(opt.device)->value_name("D"),
+       "cpu, cuda (one GPU per rank) or auto (the GPUs when every rank has one)")
+      ("gpu-mem-limit", po::value<std::string>(&opt.gpu_mem_limit)
+           ->default_value(opt.gpu_mem_limit)->value_name("BYTES"),
+       "cap on each rank's GPU memory, e.g. 24GiB (0: the whole card)")
+      ("quant", po::value<std::string>(&opt.quant)->default_value(opt.quant)->value_name("Q"),
+       "none, nf4 or hqq: store the blocks' linear weights 4-bit on load");
   // clang-format on
   po::variables_map vm;
   try {
@@ -95,12 +106,13 @@ int cmd_generate(const std::vector<std::string>& args) {
     fail("generate: ", program_options_message(e), " (see 'frugal generate --help')");
   }
   if (vm.count("help")) {
-    std::cout << "usage: frugal generate (--hf-model DIR | --ckpt DIR) (--prompt TEXT | "
-                 "--prompt-ids \"IDS\") [options]\n\n"
+    std::cout << "usage: frugal generate (--hf-model DIR | --ckpt DIR)\n"
+                 "         (--prompt TEXT | --prompt-ids \"IDS\") [options]\n\n"
                  "Prints the prompt and its continuation: the text, or with --ids the token\n"
                  "ids on one line. Greedy unless --temperature is given; stops at eos or after\n"
-                 "--max-new-tokens. Sequences longer than the model's max_position_embeddings\n"
-                 "keep their last max_position_embeddings tokens.\n\n"
+                 "--max-new-tokens. Sequences longer than the model's context keep their\n"
+                 "last context-length tokens. Under mpirun the weights are sharded over the\n"
+                 "ranks as in training, every rank takes rank 0's tokens, and rank 0 prints.\n\n"
               << named << "\n";
     return 0;
   }
@@ -116,10 +128,16 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (!opt.tokenizer_path.empty() && !fs::is_regular_file(opt.tokenizer_path))
     fail("generate: tokenizer '", opt.tokenizer_path, "' does not exist");
 
-  InferenceModel model = load_inference_model("generate", opt.hf_dir, opt.ckpt_path);
-  const LlamaConfig& c = model.config;
+  ShardedModelOptions load;
+  load.hf_dir = opt.hf_dir;
+  load.ckpt_path = opt.ckpt_path;
+  load.quant = quant_kind_from_name(opt.quant);
+  load.device = device_choice_from_option("generate", opt.device);
+  load.gpu_mem_limit = opt.gpu_mem_limit;
+  ShardedModel model("generate", load);
+  const LlamaConfig& c = model.config();
   const std::string tokenizer_path =
-      opt.tokenizer_path.empty() ? model.tokenizer_path : opt.tokenizer_path;
+      opt.tokenizer_path.empty() ? model.tokenizer_path() : opt.tokenizer_path;
   std::unique_ptr<Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) {
     tokenizer = std::make_unique<Tokenizer>(tokenizer_path);
@@ -128,14 +146,14 @@ int cmd_generate(const std::vector<std::string>& args) {
            " pieces, more than the model's vocab_size ", c.vocab_size);
   }
   if (!tokenizer && (vm.count("prompt") || !opt.print_ids))
-    fail("generate: ", model.source, " has no tokenizer.model or tokenizer.json, needed for ",
+    fail("generate: ", model.source(), " has no tokenizer.model or tokenizer.json, needed for ",
          vm.count("prompt") ? "--prompt" : "printing text",
          ": pass --tokenizer PATH, or use --prompt-ids and --ids");
 
   std::vector<int32_t> prompt;
   if (vm.count("prompt")) {
     if (!opt.no_bos && tokenizer->prepends_bos())
-      prompt.push_back(tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : model.bos_id);
+      prompt.push_back(tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : model.bos_id());
     const std::vector<int32_t> ids = tokenizer->encode(opt.prompt);
     prompt.insert(prompt.end(), ids.begin(), ids.end());
   } else {
@@ -152,14 +170,21 @@ int cmd_generate(const std::vector<std::string>& args) {
   sampling.temperature = opt.temperature;
   sampling.top_p = opt.top_p;
   sampling.seed = opt.seed;
-  sampling.stop_token = opt.ignore_eos ? -1 : model.eos_id;
+  sampling.stop_token = opt.ignore_eos ? -1 : model.eos_id();
+  Comm& world = model.world();
+  // Ranks take rank 0's token (ids are >= 0, the others offer -1).
+  if (world.size() > 1)
+    sampling.agree = [&world](int32_t token) {
+      return static_cast<int32_t>(world.all_reduce_max(world.rank() == 0 ? token : -1));
+    };
   std::vector<int32_t> tokens;
   if (opt.no_cache) {
     LlamaModel llama(c);
-    tokens = generate(llama, *model.params, prompt, sampling);
+    tokens = generate(llama, model.params(), prompt, sampling);
   } else {
-    tokens = generate_cached(c, *model.params, prompt, sampling);
+    tokens = generate_cached(c, model.params(), prompt, sampling);
   }
+  if (world.rank() != 0) return 0;
 
   if (opt.print_ids) {
     for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];

@@ -123,7 +123,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
                  "--tokenizer: a tokenizer.model or a tokenizer.json), and writes the tokenizer\n"
                  "(DIR/tokenizer.model or DIR/tokenizer.json), DIR/train.tok, DIR/val.tok\n"
                  "and DIR/prepare.json. Documents are split into train and val by a seeded\n"
-                 "shuffle; each is stored as bos, ids..., eos.\n\n"
+                 "shuffle; each is stored as bos, ids..., eos (ids..., eos when the tokenizer has\n"
+                 "no bos).\n\n"
               << named << "\n";
     return 0;
   }
@@ -213,13 +214,15 @@ int cmd_prepare(const std::vector<std::string>& args) {
              " (vocab ", given.vocab_size(), ")");
   }
   Tokenizer tokenizer(model_path);
-  if (tokenizer.bos_id() < 0 || tokenizer.eos_id() < 0)
-    fail("prepare: tokenizer '", model_path, "' has no bos or eos piece (bos ", tokenizer.bos_id(),
-         ", eos ", tokenizer.eos_id(), "); token files need both",
+  // Documents end with eos; bos, where the tokenizer has one, starts them.
+  if (tokenizer.eos_id() < 0)
+    fail("prepare: tokenizer '", model_path, "' has no eos piece; token files end every document "
+         "with one",
          tokenizer.kind() == TokenizerKind::byte_level_bpe
-             ? " (a tokenizer.json takes them from bos_token and eos_token of the "
-               "tokenizer_config.json beside it, bos also from its TemplateProcessing)"
+             ? " (a tokenizer.json takes it from eos_token of the tokenizer_config.json beside it)"
              : "");
+  if (tokenizer.bos_id() < 0)
+    log_info("prepare: the tokenizer has no bos: each document is stored as ids..., eos");
 
   // 4. The token files.
   const auto t_encode = std::chrono::steady_clock::now();
@@ -252,7 +255,7 @@ int cmd_prepare(const std::vector<std::string>& args) {
       {"eos_id", tokenizer.eos_id()},
       {"pad_id", tokenizer.pad_id()},
       {"unk_id", tokenizer.unk_id()},
-      {"document_layout", "bos ids... eos"},
+      {"document_layout", tokenizer.bos_id() >= 0 ? "bos ids... eos" : "ids... eos"},
       {"tokenizer",
        {{"trained", train_new},
         {"source", train_new ? std::string("trained") : opt.tokenizer_path},

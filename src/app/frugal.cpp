@@ -30,6 +30,7 @@ const std::map<std::string, Command>& commands() {
       {"eval", {cmd_eval, "mean next-token loss of a model (HF dir or checkpoint) on a file"}},
       {"generate", {cmd_generate, "continue a prompt with a model (greedy or sampled, KV cache)"}},
       {"export", {cmd_export, "write a checkpoint as a Hugging Face directory (safetensors)"}},
+      {"plan", {cmd_plan, "predict memory, traffic and step time; pick techniques that fit"}},
   };
   return table;
 }

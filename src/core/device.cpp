@@ -347,6 +347,15 @@ DeviceContext::~DeviceContext() {
   cudaStreamSynchronize(comm_.handle());
 }
 
+int DeviceContext::compute_capability() const {
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_),
+             "cudaDeviceGetAttribute");
+  return major * 10 + minor;
+}
+
 void DeviceContext::make_current() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
 
 void DeviceContext::synchronize() const {

@@ -173,6 +173,8 @@ class DeviceContext {
   DeviceContext& operator=(const DeviceContext&) = delete;
 
   int device() const { return device_; }
+  // major * 10 + minor: 89 for an RTX 4090 (sm_89), 90 for an H100 / H200.
+  int compute_capability() const;
   const Stream& compute() const { return compute_; }
   const Stream& comm() const { return comm_; }
   DeviceArena& device_memory() { return device_memory_; }

@@ -110,9 +110,10 @@ TokenFileWriter::TokenFileWriter(const std::string& path, uint32_t vocab_size, i
                                  int32_t eos_id)
     : path_(path), tmp_path_(path + ".tmp") {
   if (vocab_size == 0) fail("token file '", path, "': vocab size 0");
-  if (bos_id < 0 || uint32_t(bos_id) >= vocab_size || eos_id < 0 || uint32_t(eos_id) >= vocab_size)
+  if (bos_id < -1 || (bos_id >= 0 && uint32_t(bos_id) >= vocab_size) || eos_id < 0 ||
+      uint32_t(eos_id) >= vocab_size)
     fail("token file '", path, "': bos id ", bos_id, " and eos id ", eos_id,
-         " must lie in the vocabulary [0, ", vocab_size, ")");
+         " must lie in the vocabulary [0, ", vocab_size, ") (bos -1: none)");
   header_.token_bytes = token_bytes_for_vocab(vocab_size);
   header_.vocab_size = vocab_size;
   header_.bos_id = bos_id;
@@ -155,7 +156,7 @@ void TokenFileWriter::add_document(const std::vector<int32_t>& ids) {
     if (ids[i] < 0 || uint32_t(ids[i]) >= header_.vocab_size)
       fail("token file '", path_, "': document ", header_.num_documents, " has id ", ids[i],
            " at position ", i, ", outside the vocabulary [0, ", header_.vocab_size, ")");
-  append(header_.bos_id);
+  if (header_.bos_id >= 0) append(header_.bos_id);
   for (int32_t id : ids) append(id);
   append(header_.eos_id);
   ++header_.num_documents;

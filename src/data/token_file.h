@@ -1,5 +1,6 @@
 // Token files (.tok): a 64-byte header and the token ids of every document, concatenated,
-// each document written as  bos, ids..., eos.  Written by `frugal prepare`, read (mmap) by
+// each document written as  bos, ids..., eos  (ids..., eos  for a tokenizer without bos, such as
+// Qwen2's: bos_id is then -1).  Written by `frugal prepare`, read (mmap) by
 // training and evaluation.
 //
 // Layout, little-endian:
@@ -9,14 +10,15 @@
 //          16  uint64   num_tokens
 //          24  uint64   num_documents
 //          32  uint32   vocab_size
-//          36  int32    bos_id
+//          36  int32    bos_id (-1: none; documents are ids..., eos)
 //          40  int32    eos_id
 //          44  uint32   header_bytes (64)
 //          48  16 bytes reserved, zero
 //          64  num_tokens ids of token_bytes each
 //
 // Why both bos and eos: generation starts from bos (the model has seen what a document's
-// first token looks like after it) and stops at eos (the model has learnt to end one).
+// first token looks like after it) and stops at eos (the model has learnt to end one). Without
+// a bos, eos alone separates documents: what precedes every document but the first.
 // Two ids per document is a few percent of a fortune, nothing of a book.
 #pragma once
 
@@ -70,7 +72,7 @@ class TokenFileWriter {
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
 
-  // Appends bos, ids..., eos. Throws Error if an id is outside [0, vocab_size).
+  // Appends bos (when there is one), ids..., eos. Throws Error if an id is outside [0, vocab_size).
   void add_document(const std::vector<int32_t>& ids);
   // Writes the header, closes and renames the file; returns the final header.
   TokenFileHeader finish();
@@ -89,7 +91,7 @@ class TokenFileWriter {
   bool finished_ = false;
 };
 
-// Writes documents (each as bos, ids..., eos) in one go.
+// Writes documents (each as bos, ids..., eos; bos_id -1: ids..., eos) in one go.
 TokenFileHeader write_token_file(const std::string& path,
                                  const std::vector<std::vector<int32_t>>& documents,
                                  uint32_t vocab_size, int32_t bos_id, int32_t eos_id);

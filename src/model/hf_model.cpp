@@ -30,19 +30,6 @@ bool present(const nlohmann::json& j, const char* key) {
   return j.contains(key) && !j.at(key).is_null();
 }
 
-// A rope scaling or rope parameters object: only the plain rotary embedding is supported.
-void check_rope_type(const nlohmann::json& rope, const char* key, const std::string& source) {
-  if (!rope.is_object())
-    fail(source, ": key '", key, "' has value ", rope.dump(), ", expected an object or null");
-  std::string type = "default";
-  for (const char* type_key : {"rope_type", "type"})
-    if (present(rope, type_key)) type = string_key(rope, type_key, source);
-  if (type != "default")
-    fail(source, ": ", key, " of type '", type, "' (", rope.dump(),
-         ") is not supported: frugal implements the plain rotary embedding only (rope_type "
-         "'default', rope_scaling null)");
-}
-
 int32_t token_id(const nlohmann::json& j, const char* key) {
   if (!present(j, key)) return -1;
   const nlohmann::json& v = j.at(key);
@@ -56,21 +43,26 @@ int32_t token_id(const nlohmann::json& j, const char* key) {
 LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) fail(source, ": not a JSON object");
   // The architecture: what the model class is, and what kind of config this is.
-  const char* supported = "LlamaForCausalLM and MistralForCausalLM (model_type llama, mistral)";
+  const char* supported =
+      "LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (model_type llama, mistral, "
+      "qwen2)";
+  bool qwen2 = false;
   if (present(j, "architectures")) {
     const nlohmann::json& arch = j.at("architectures");
     if (!arch.is_array() || arch.empty())
       fail(source, ": key 'architectures' has value ", arch.dump(), ", expected a list");
     for (const auto& a : arch) {
       const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
-      if (name != "LlamaForCausalLM" && name != "MistralForCausalLM")
+      if (name != "LlamaForCausalLM" && name != "MistralForCausalLM" && name != "Qwen2ForCausalLM")
         fail(source, ": architecture '", name, "' is not supported; frugal runs ", supported);
+      qwen2 = qwen2 || name == "Qwen2ForCausalLM";
     }
   }
   if (present(j, "model_type")) {
     const std::string type = string_key(j, "model_type", source);
-    if (type != "llama" && type != "mistral")
+    if (type != "llama" && type != "mistral" && type != "qwen2")
       fail(source, ": model_type '", type, "' is not supported; frugal runs ", supported);
+    qwen2 = qwen2 || type == "qwen2";
   }
   if (!present(j, "architectures") && !present(j, "model_type"))
     fail(source, ": has neither 'architectures' nor 'model_type'; frugal runs ", supported);
@@ -80,15 +72,18 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
     if (present(j, key) && string_key(j, key, source) != "silu")
       fail(source, ": ", key, " '", j.at(key).get<std::string>(),
            "' is not supported; frugal's MLP is SwiGLU (silu)");
+  // Qwen2's q/k/v biases come with its architecture; other biases are not implemented.
   for (const char* key : {"attention_bias", "mlp_bias"})
-    if (present(j, key) && !(j.at(key).is_boolean() && !j.at(key).get<bool>()))
+    if (!qwen2 && present(j, key) && !(j.at(key).is_boolean() && !j.at(key).get<bool>()))
       fail(source, ": ", key, " = ", j.at(key).dump(),
-           " is not supported; frugal's Llama layers have no biases");
+           " is not supported; frugal's Llama layers have no biases (Qwen2's q/k/v biases are)");
+  if (qwen2 && present(j, "use_sliding_window") && j.at("use_sliding_window") != false)
+    fail(source, ": use_sliding_window = ", j.at("use_sliding_window").dump(),
+         " is not supported; frugal runs Qwen2 with full attention");
   if (present(j, "quantization_config"))
     fail(source,
          ": quantized checkpoints (quantization_config) are not supported; give the "
          "unquantized model");
-  if (present(j, "rope_scaling")) check_rope_type(j.at("rope_scaling"), "rope_scaling", source);
 
   // The shape, through the same reader as frugal's own manifests. Null entries mean "the
   // default" in Hugging Face's configs.
@@ -98,18 +93,24 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
         "num_key_value_heads", "vocab_size", "max_position_embeddings", "rope_theta",
         "rms_norm_eps", "tie_word_embeddings", "head_dim"})
     if (present(j, key)) shape[key] = j.at(key);
-  // transformers 5 moved rope_theta (and the scaling) into "rope_parameters".
+  // transformers 5 moved rope_theta (and the scaling) into "rope_parameters"; an older
+  // config has "rope_scaling" (which wins when both are there, as in transformers).
+  nlohmann::json rope = nullptr;
   if (present(j, "rope_parameters")) {
-    const nlohmann::json& rope = j.at("rope_parameters");
-    check_rope_type(rope, "rope_parameters", source);
+    rope = j.at("rope_parameters");
+    if (!rope.is_object())
+      fail(source, ": key 'rope_parameters' has value ", rope.dump(), ", expected an object");
     if (present(rope, "rope_theta")) shape["rope_theta"] = rope.at("rope_theta");
   }
+  if (present(j, "rope_scaling") && !j.at("rope_scaling").empty()) rope = j.at("rope_scaling");
+  if (!rope.is_null()) shape["rope_scaling"] = rope;
   // Both default to what transformers' LlamaConfig defaults to.
   if (!shape.contains("tie_word_embeddings")) shape["tie_word_embeddings"] = false;
   if (!shape.contains("rms_norm_eps")) shape["rms_norm_eps"] = 1e-6;
   LlamaConfig config = llama_config_from_json(shape, source);
+  if (qwen2) config.architecture = Architecture::qwen2;
 
-  if (present(j, "sliding_window")) {
+  if (!qwen2 && present(j, "sliding_window")) {
     int64_t window = 0;
     try {
       window = json_integer(j.at("sliding_window"), "sliding_window");
@@ -143,32 +144,43 @@ nlohmann::json hf_config_json(const LlamaConfig& c, DType dtype, int32_t bos_tok
     default:
       fail("export: dtype ", dtype_name(dtype), " is not one of f32, bf16");
   }
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.intermediate_size},
-          {"num_hidden_layers", c.num_hidden_layers},
-          {"num_attention_heads", c.num_attention_heads},
-          {"num_key_value_heads", c.num_key_value_heads},
-          {"head_dim", c.attention_head_dim()},
-          {"vocab_size", c.vocab_size},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"rope_theta", c.rope_theta},
-          {"rope_scaling", nullptr},
-          {"rms_norm_eps", c.rms_norm_eps},
-          {"tie_word_embeddings", c.tie_word_embeddings},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"initializer_range", 0.02},
-          {"pretraining_tp", 1},
-          {"use_cache", true},
-          {"bos_token_id", bos_token_id},
-          {"eos_token_id", eos_token_id},
-          // transformers 4 reads "torch_dtype", transformers 5 "dtype".
-          {"torch_dtype", torch_dtype},
-          {"dtype", torch_dtype}};
+  nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.attention_head_dim()},
+      {"vocab_size", c.vocab_size},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", rope_scaling_to_hf_json(c.rope_scaling, c.max_position_embeddings)},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"initializer_range", 0.02},
+      {"pretraining_tp", 1},
+      {"use_cache", true},
+      {"bos_token_id", bos_token_id},
+      {"eos_token_id", eos_token_id},
+      // transformers 4 reads "torch_dtype", transformers 5 "dtype".
+      {"torch_dtype", torch_dtype},
+      {"dtype", torch_dtype}};
+  if (c.architecture == Architecture::qwen2) {
+    // Qwen2's q/k/v biases come with the architecture; its sliding window stays off.
+    j["architectures"] = {"Qwen2ForCausalLM"};
+    j["model_type"] = "qwen2";
+    for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(key);
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_hidden_layers;
+  }
+  return j;
 }
 
 // --- HfModelDir ---------------------------------------------------------------------------

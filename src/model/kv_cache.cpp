@@ -22,13 +22,20 @@ Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaC
                             const Tensor& positions, KvCache& cache, int64_t layer) {
   const int64_t n = x.size(0), d = c.attention_head_dim();
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const auto theta = static_cast<float>(c.rope_theta);
+  // The forward covers positions 0 .. past + n - 1 (dynamic scaling reads that length).
+  const ops::RotaryFrequencies rotary = c.rotary(cache.length() + n);
   Tensor n1 = ops::rmsnorm(x, w.input_norm, eps, nullptr);
-  Tensor q = ops::linear(n1, w.q_proj).view({n, c.num_attention_heads, d});
-  Tensor k = ops::linear(n1, w.k_proj).view({n, c.num_key_value_heads, d});
-  Tensor v = ops::linear(n1, w.v_proj).view({n, c.num_key_value_heads, d});
-  Tensor q_rot = ops::rope(q, positions, theta);
-  Tensor k_rot = ops::rope(k, positions, theta);
+  // q, k, v with their biases when the model has them (Qwen2).
+  auto project = [&](int p, int64_t heads) {
+    Tensor y = ops::linear(n1, w.at(p));
+    if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
+    return y.view({n, heads, d});
+  };
+  Tensor q = project(kQProj, c.num_attention_heads);
+  Tensor k = project(kKProj, c.num_key_value_heads);
+  Tensor v = project(kVProj, c.num_key_value_heads);
+  Tensor q_rot = ops::rope(q, positions, rotary);
+  Tensor k_rot = ops::rope(k, positions, rotary);
   const int64_t past = cache.length();
   auto [keys, values] = cache.append(layer, k_rot, v);
   ops::Attention attn = ops::attention_block(q_rot, keys, values, 1, past);
@@ -40,19 +47,18 @@ Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaC
 
 }  // namespace
 
-KvCache::KvCache(const LlamaConfig& config, int64_t capacity_tokens, Arena& arena)
-    : capacity_(capacity_tokens) {
+KvCache::KvCache(const LlamaConfig& config, int64_t capacity_tokens)
+    : capacity_(capacity_tokens),
+      shape_{capacity_tokens, config.num_key_value_heads, config.attention_head_dim()} {
   if (capacity_tokens <= 0) fail("KV cache capacity must be positive, got ", capacity_tokens);
-  const Shape shape{capacity_tokens, config.num_key_value_heads, config.attention_head_dim()};
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    keys_.push_back(Tensor::empty(shape, DType::f32, arena));
-    values_.push_back(Tensor::empty(shape, DType::f32, arena));
-  }
+  keys_.resize(static_cast<size_t>(config.num_hidden_layers));
+  values_.resize(static_cast<size_t>(config.num_hidden_layers));
 }
 
 size_t KvCache::bytes() const {
   size_t total = 0;
-  for (size_t i = 0; i < keys_.size(); ++i) total += keys_[i].bytes() + values_[i].bytes();
+  for (size_t i = 0; i < keys_.size(); ++i)
+    if (keys_[i].defined()) total += keys_[i].bytes() + values_[i].bytes();
   return total;
 }
 
@@ -64,12 +70,17 @@ std::pair<Tensor, Tensor> KvCache::append(int64_t layer, const Tensor& k, const 
          capacity_);
   Tensor& keys = keys_[layer];
   Tensor& values = values_[layer];
-  FRUGAL_CHECK(k.shape() == v.shape() && k.ndim() == 3 && k.size(1) == keys.size(1) &&
-                   k.size(2) == keys.size(2),
-               "KV cache append of k ", shape_string(k.shape()), " v ", shape_string(v.shape()),
-               " to a cache of ", shape_string(keys.shape()));
-  keys.rows(length_, length_ + n).copy_from(k);
-  values.rows(length_, length_ + n).copy_from(v);
+  FRUGAL_CHECK(
+      k.shape() == v.shape() && k.ndim() == 3 && k.size(1) == shape_[1] && k.size(2) == shape_[2],
+      "KV cache append of k ", shape_string(k.shape()), " v ", shape_string(v.shape()),
+      " to a cache of ", shape_string(shape_));
+  if (!keys.defined()) {  // where the model runs, in its compute dtype
+    keys = ops::empty_like(k, shape_, k.dtype());
+    values = ops::empty_like(v, shape_, v.dtype());
+  }
+  Tensor key_rows = keys.rows(length_, length_ + n), value_rows = values.rows(length_, length_ + n);
+  ops::copy(key_rows, k);
+  ops::copy(value_rows, v);
   return {keys.rows(0, length_ + n), values.rows(0, length_ + n)};
 }
 
@@ -86,16 +97,22 @@ Tensor forward_cached(const LlamaConfig& config, ParameterProvider& params, KvCa
   if (cache.length() + n > cache.capacity())
     fail("KV cache full: ", cache.length(), " cached + ", n, " new tokens exceed its capacity of ",
          cache.capacity());
-  if (cache.length() + n > config.max_position_embeddings)
-    fail("sequence of ", cache.length() + n, " tokens is longer than the model's context ",
-         "(max_position_embeddings = ", config.max_position_embeddings, ")");
+  if (cache.length() + n > config.context_length())
+    fail("sequence of ", cache.length() + n, " tokens is longer than the model's context of ",
+         config.context_length(), " tokens");
   Tensor ids = Tensor::empty({n}, DType::i32);
   std::copy(tokens.begin(), tokens.end(), ids.data<int32_t>());
   Tensor positions = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i)
     positions.data<int32_t>()[i] = static_cast<int32_t>(cache.length() + i);
 
-  Tensor x = ops::embedding(ids, params.gather(embed_unit())[0]);
+  Tensor x;
+  {
+    const Tensor embedding = params.gather(embed_unit())[0];
+    ids = ops::on_device_of(ids, embedding);
+    positions = ops::on_device_of(positions, embedding);
+    x = ops::embedding(ids, embedding);
+  }
   params.release(embed_unit());
   const int64_t layers = config.num_hidden_layers;
   params.prefetch(block_unit(0));
@@ -116,14 +133,14 @@ Tensor forward_cached(const LlamaConfig& config, ParameterProvider& params, KvCa
                               lm_head);
   if (config.tie_word_embeddings) params.release(embed_unit());
   params.release(head);
-  return logits;
+  return ops::to_host_f32(logits);
 }
 
 std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvider& params,
                                      std::vector<int32_t> tokens, const SamplingOptions& options) {
   if (tokens.empty()) fail("generation needs at least one prompt token");
   if (options.max_new_tokens <= 0) return tokens;
-  const int64_t window = config.max_position_embeddings;
+  const int64_t window = config.context_length();
   const int64_t capacity =
       std::min<int64_t>(window, static_cast<int64_t>(tokens.size()) + options.max_new_tokens);
   KvCache cache(config, capacity);
@@ -140,7 +157,8 @@ std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvide
       feed.assign(tokens.begin() + cache.length(), tokens.end());
     }
     Tensor logits = forward_cached(config, params, cache, feed, 1);
-    const int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    if (options.agree) next = options.agree(next);
     tokens.push_back(next);
     if (next == options.stop_token) break;
   }

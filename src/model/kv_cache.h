@@ -16,10 +16,12 @@
 
 namespace frugal {
 
-// Keys (after rotary) and values of one sequence, per layer: [capacity, kv_heads, head_dim].
+// Keys (after rotary) and values of one sequence, per layer: [capacity, kv_heads, head_dim], on
+// the device and in the dtype of the first keys appended (fp32 host memory on the CPU, bf16 on
+// a GPU).
 class KvCache {
  public:
-  KvCache(const LlamaConfig& config, int64_t capacity_tokens, Arena& arena = host_arena());
+  KvCache(const LlamaConfig& config, int64_t capacity_tokens);
 
   int64_t length() const { return length_; }  // tokens cached (positions 0 .. length-1)
   int64_t capacity() const { return capacity_; }
@@ -36,13 +38,14 @@ class KvCache {
  private:
   int64_t capacity_ = 0;
   int64_t length_ = 0;
+  Shape shape_;  // of one layer's keys
   std::vector<Tensor> keys_, values_;
 };
 
 // Runs `tokens`, the next tokens of the cached sequence (positions cache.length() onwards),
-// through the model; appends their keys and values to the cache and returns the logits of
-// the last `last_rows` of them ([rows, vocab]; all of them when last_rows <= 0). Throws Error
-// when the cache has no room for them.
+// through the model on the weights' device; appends their keys and values to the cache and
+// returns the logits of the last `last_rows` of them ([rows, vocab], f32 host memory; all of
+// them when last_rows <= 0). Throws Error when the cache has no room for them.
 Tensor forward_cached(const LlamaConfig& config, ParameterProvider& params, KvCache& cache,
                       const std::vector<int32_t>& tokens, int64_t last_rows = 1);
 

@@ -2,34 +2,53 @@
 #include "model/llama_block.h"
 
 #include "core/random.h"
+#include "model/fp8_linear.h"
 
 namespace frugal {
 
 BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraConfig* lora) {
   const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
-  FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),
-               " tensors, expected ", kBlockParamCount + adapters);
-  BlockWeights w{u[kInputNorm],         u[kQProj],    u[kKProj],  u[kVProj],   u[kOProj],
-                 u[kPostAttentionNorm], u[kGateProj], u[kUpProj], u[kDownProj], {}, {}};
+  const size_t biases = u.size() - std::min(u.size(), kBlockParamCount + adapters);
+  FRUGAL_CHECK(
+      u.size() == kBlockParamCount + adapters + biases && (biases == 0 || biases == kQkvBiasCount),
+      "block unit with ", u.size(), " tensors, expected ", kBlockParamCount + adapters, " (+ ",
+      kQkvBiasCount, " biases)");
+  BlockWeights w{
+      u[kInputNorm], u[kQProj],  u[kKProj],    u[kVProj], u[kOProj], u[kPostAttentionNorm],
+      u[kGateProj],  u[kUpProj], u[kDownProj], {},        {},        {}};
+  if (biases) {
+    w.bias[kQProj] = u[kBlockParamCount];
+    w.bias[kKProj] = u[kBlockParamCount + 1];
+    w.bias[kVProj] = u[kBlockParamCount + 2];
+  }
   for (int p = 0; adapters && p < kBlockParamCount; ++p)
     if (lora->adapts(p)) {
-      w.lora_a[p] = u[lora->a_index(p)];
-      w.lora_b[p] = u[lora->a_index(p) + 1];
+      w.lora_a[p] = u[biases + lora->a_index(p)];
+      w.lora_b[p] = u[biases + lora->a_index(p) + 1];
     }
   return w;
 }
 
 Tensor& BlockWeights::at(int p) {
   switch (p) {
-    case kInputNorm: return input_norm;
-    case kQProj: return q_proj;
-    case kKProj: return k_proj;
-    case kVProj: return v_proj;
-    case kOProj: return o_proj;
-    case kPostAttentionNorm: return post_attention_norm;
-    case kGateProj: return gate_proj;
-    case kUpProj: return up_proj;
-    case kDownProj: return down_proj;
+    case kInputNorm:
+      return input_norm;
+    case kQProj:
+      return q_proj;
+    case kKProj:
+      return k_proj;
+    case kVProj:
+      return v_proj;
+    case kOProj:
+      return o_proj;
+    case kPostAttentionNorm:
+      return post_attention_norm;
+    case kGateProj:
+      return gate_proj;
+    case kUpProj:
+      return up_proj;
+    case kDownProj:
+      return down_proj;
   }
   fail("block parameter index ", p, " out of range");
 }
@@ -67,9 +86,14 @@ Tensor adapter_input(const Tensor& x, const BlockContext& ctx, int p) {
 // y = x W^T, plus t B^T where the projection has a LoRA adapter, t = s d(x) A^T (d: its
 // dropout, s = alpha / r). t is kept; the scale goes on it ([T, r]) rather than on the
 // [T, out] update, which saves a pass over the projection's output.
+bool in_fp8(const BlockContext& ctx, int p) { return ctx.fp8 && ctx.fp8->covers(p); }
+Fp8Linear fp8_linear_of(const BlockContext& ctx, int p) { return {ctx.fp8, ctx.layer, p}; }
+
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
-               BlockActivations& a) {
-  Tensor y = ops::linear(x, w.projection(p));
+               BlockActivations& a, Fp8InputCasts& casts) {
+  Tensor y = in_fp8(ctx, p) ? fp8_linear(x, w.projection(p), fp8_linear_of(ctx, p), casts)
+                            : ops::linear(x, w.projection(p));
+  if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
   if (!w.lora_a[p].defined()) return y;
   a.lora_t[p] = ops::linear(adapter_input(x, ctx, p), w.lora_a[p]);
   ops::scale_inplace(a.lora_t[p], ctx.lora->scale());
@@ -80,8 +104,11 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 // The backward of project: returns dx; dW (when not frozen), dA and dB accumulated.
 Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w,
                         BlockWeights& g, int p, const BlockContext& ctx,
-                        const BlockActivations& a) {
-  Tensor dx = ops::linear_backward(dy, x, w.projection(p), g.at(p));
+                        const BlockActivations& a, Fp8InputCasts& casts) {
+  Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, w.projection(p), g.at(p),
+                                                   fp8_linear_of(ctx, p), casts)
+                             : ops::linear_backward(dy, x, w.projection(p), g.at(p));
+  if (g.bias[p].defined()) ops::bias_backward(dy, g.bias[p]);  // not frozen
   if (!w.lora_a[p].defined()) return dx;
   // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.
   Tensor dt = ops::linear_backward(dy, a.lora_t[p], w.lora_b[p], g.lora_b[p]);
@@ -93,27 +120,31 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
   ops::add_inplace(dx, d_input);
   return dx;
 }
-float theta_of(const BlockContext& ctx) { return static_cast<float>(ctx.config->rope_theta); }
+const ops::RotaryFrequencies& rotary_of(const BlockContext& ctx) {
+  FRUGAL_CHECK(ctx.rotary != nullptr, "block context without a rotary table");
+  return *ctx.rotary;
+}
 
 // Everything the forward computes, with every intermediate filled in.
 Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx) {
   const LlamaConfig& c = *ctx.config;
   const int64_t d = c.attention_head_dim();
+  Fp8InputCasts casts;  // FP8: n1 cast once for q, k, v; n2 once for gate, up
   a.n1 = ops::rmsnorm(a.x, w.input_norm, eps_of(ctx), &a.rstd1);
-  a.q = split_heads(project(a.n1, w, kQProj, ctx, a), c.num_attention_heads, d);
-  a.k = split_heads(project(a.n1, w, kKProj, ctx, a), c.num_key_value_heads, d);
-  a.v = split_heads(project(a.n1, w, kVProj, ctx, a), c.num_key_value_heads, d);
-  a.q_rot = ops::rope(a.q, ctx.positions, theta_of(ctx));
-  a.k_rot = ops::rope(a.k, ctx.positions, theta_of(ctx));
+  a.q = split_heads(project(a.n1, w, kQProj, ctx, a, casts), c.num_attention_heads, d);
+  a.k = split_heads(project(a.n1, w, kKProj, ctx, a, casts), c.num_key_value_heads, d);
+  a.v = split_heads(project(a.n1, w, kVProj, ctx, a, casts), c.num_key_value_heads, d);
+  a.q_rot = ops::rope(a.q, ctx.positions, rotary_of(ctx));
+  a.k_rot = ops::rope(a.k, ctx.positions, rotary_of(ctx));
   a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch)
                          : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
-  a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, ctx, a));
+  a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, ctx, a, casts));
 
   a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
-  a.gate = project(a.n2, w, kGateProj, ctx, a);
-  a.up = project(a.n2, w, kUpProj, ctx, a);
+  a.gate = project(a.n2, w, kGateProj, ctx, a, casts);
+  a.up = project(a.n2, w, kUpProj, ctx, a, casts);
   a.act = ops::swiglu(a.gate, a.up);
-  return ops::add(a.h, project(a.act, w, kDownProj, ctx, a));
+  return ops::add(a.h, project(a.act, w, kDownProj, ctx, a, casts));
 }
 
 // Drop what the policy does not keep. The projections before rotary (q, k) are never needed
@@ -163,28 +194,30 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
 
 Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWeights& w,
                       BlockWeights& g, const BlockContext& ctx) {
+  Fp8InputCasts casts;  // FP8: the transposed casts of n1 and n2, each made once
   // MLP: y = h + down(silu(gate) * up)
-  Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, ctx, a);
+  Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, ctx, a, casts);
   ops::SwigluGrads d_mlp = ops::swiglu_backward(d_act, a.gate, a.up);
-  Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, ctx, a);
+  Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, ctx, a, casts);
   ops::add_inplace(d_n2,
-                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a));
+                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a, casts));
   Tensor dh =
       ops::rmsnorm_backward(d_n2, a.h, w.post_attention_norm, a.rstd2, g.post_attention_norm);
   ops::add_inplace(dh, dy);
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
   Tensor d_attn =
-      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a);
+      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a, casts);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
   ops::AttentionGrads d_qkv =
       ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)
                     : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch);
-  Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, theta_of(ctx));
-  Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, theta_of(ctx));
-  Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a);
-  ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a));
-  ops::add_inplace(d_n1, project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a));
+  Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, rotary_of(ctx));
+  Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, rotary_of(ctx));
+  Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a, casts);
+  ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a, casts));
+  ops::add_inplace(d_n1,
+                   project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a, casts));
   Tensor dx = ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm);
   ops::add_inplace(dx, dh);
   return dx;

@@ -9,6 +9,7 @@
 
 #include "core/tensor.h"
 #include "model/checkpoint_policy.h"
+#include "model/fp8_scaling.h"
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "model/parameter_provider.h"
@@ -22,6 +23,8 @@ struct BlockWeights {
       down_proj;
   // LoRA adapters by BlockParam index (undefined where a projection has none).
   std::array<Tensor, kBlockParamCount> lora_a, lora_b;
+  // Biases by BlockParam index: q, k and v's with LlamaConfig::qkv_bias, else none.
+  std::array<Tensor, kBlockParamCount> bias;
   // Where projections left undefined (4-bit, ParameterProvider::gather_compressed) are made
   // when used: `unit` of `provider`.
   ParameterProvider* provider = nullptr;
@@ -33,7 +36,8 @@ struct BlockWeights {
   // Projection p's weight, made from its 4-bit bytes if that is how it came: the caller holds
   // it only while it multiplies (one bf16 matrix at a time).
   Tensor projection(int p) const;
-  // A unit's tensors: the 9 base ones, then the adapters `lora` places (lora.h).
+  // A unit's tensors: the 9 base ones, the q/k/v biases if the model has them, then the
+  // adapters `lora` places (lora.h).
   static BlockWeights from_unit(const std::vector<Tensor>& unit, const LoraConfig* lora = nullptr);
 };
 
@@ -53,11 +57,16 @@ struct BlockContext {
   const LlamaConfig* config = nullptr;
   int64_t batch = 1;  // sequences in the micro-batch; tokens = batch * seq
   Tensor positions;   // [tokens] i32, the rotary position of each token
+  const ops::RotaryFrequencies* rotary = nullptr;  // the rotary table of this forward
   CheckpointPolicy policy = CheckpointPolicy::none;
   const AttentionOperator* attention = nullptr;  // null: ops::attention on the local rows
   const LoraConfig* lora = nullptr;              // null: no adapters
   // Training noise (LoRA dropout) of this block in this micro-batch; 0: none (evaluation).
   uint64_t noise_seed = 0;
+  // FP8 linears (training with [fp8] enabled; null: every product in the compute dtype), and
+  // which block this is, for its scales.
+  const Fp8Scaling* fp8 = nullptr;
+  int64_t layer = 0;
 };
 
 // The forward's intermediates. Which ones survive until the backward is the policy's choice;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <type_traits>
 
 #include "core/checked.h"
@@ -33,6 +34,13 @@ void LlamaConfig::validate() const {
   if (!(rope_theta > 0)) fail("config key 'model.rope_theta': value ", rope_theta, " must be > 0");
   if (!(rms_norm_eps > 0))
     fail("config key 'model.rms_norm_eps': value ", rms_norm_eps, " must be > 0");
+  validate_rope_scaling(rope_scaling, "config keys 'model.rope_*'");
+}
+
+int64_t LlamaConfig::context_length() const {
+  if (rope_scaling.type != RopeScalingType::dynamic) return max_position_embeddings;
+  return static_cast<int64_t>(
+      std::floor(rope_scaling.factor * static_cast<double>(max_position_embeddings)));
 }
 
 std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
@@ -53,6 +61,11 @@ std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
     u.params[kGateProj] = {p + "mlp.gate_proj.weight", {c.intermediate_size, h}};
     u.params[kUpProj] = {p + "mlp.up_proj.weight", {c.intermediate_size, h}};
     u.params[kDownProj] = {p + "mlp.down_proj.weight", {h, c.intermediate_size}};
+    if (c.qkv_bias()) {
+      u.params.push_back({p + "self_attn.q_proj.bias", {q_out}});
+      u.params.push_back({p + "self_attn.k_proj.bias", {kv_out}});
+      u.params.push_back({p + "self_attn.v_proj.bias", {kv_out}});
+    }
     units.push_back(std::move(u));
   }
   UnitSpec head{"head", {{"model.norm.weight", {h}}}};
@@ -61,18 +74,40 @@ std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
   return units;
 }
 
+LlamaConfig with_context_extension(const LlamaConfig& base, const RopeScaling& scaling) {
+  FRUGAL_CHECK(scaling.type != RopeScalingType::none, "context extension without a scaling");
+  if (base.rope_scaling.type != RopeScalingType::none)
+    fail("config key 'model.rope_scaling': the model already has ",
+         enum_name(base.rope_scaling.type),
+         " rope scaling; extending a scaled model again is not supported");
+  LlamaConfig c = base;
+  c.rope_scaling = scaling;
+  if (c.rope_scaling.original_max_position_embeddings == 0)
+    c.rope_scaling.original_max_position_embeddings = base.max_position_embeddings;
+  if (scaling.type != RopeScalingType::dynamic)
+    c.max_position_embeddings = static_cast<int64_t>(std::floor(
+        scaling.factor * static_cast<double>(c.rope_scaling.original_max_position_embeddings)));
+  c.validate();
+  return c;
+}
+
 nlohmann::json llama_config_to_json(const LlamaConfig& m) {
-  return {{"hidden_size", m.hidden_size},
-          {"intermediate_size", m.intermediate_size},
-          {"num_hidden_layers", m.num_hidden_layers},
-          {"num_attention_heads", m.num_attention_heads},
-          {"num_key_value_heads", m.num_key_value_heads},
-          {"vocab_size", m.vocab_size},
-          {"head_dim", m.attention_head_dim()},
-          {"max_position_embeddings", m.max_position_embeddings},
-          {"rope_theta", m.rope_theta},
-          {"rms_norm_eps", m.rms_norm_eps},
-          {"tie_word_embeddings", m.tie_word_embeddings}};
+  nlohmann::json j = {{"hidden_size", m.hidden_size},
+                      {"intermediate_size", m.intermediate_size},
+                      {"num_hidden_layers", m.num_hidden_layers},
+                      {"num_attention_heads", m.num_attention_heads},
+                      {"num_key_value_heads", m.num_key_value_heads},
+                      {"vocab_size", m.vocab_size},
+                      {"head_dim", m.attention_head_dim()},
+                      {"max_position_embeddings", m.max_position_embeddings},
+                      {"rope_theta", m.rope_theta},
+                      {"rms_norm_eps", m.rms_norm_eps},
+                      {"tie_word_embeddings", m.tie_word_embeddings}};
+  // Only when not the default: manifests written before these existed read the same.
+  if (m.architecture != Architecture::llama) j["model_type"] = enum_name(m.architecture);
+  if (m.rope_scaling.type != RopeScalingType::none)
+    j["rope_scaling"] = rope_scaling_to_hf_json(m.rope_scaling, m.max_position_embeddings);
+  return j;
 }
 
 LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& source) {
@@ -113,6 +148,17 @@ LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& s
   read("tie_word_embeddings", c.tie_word_embeddings, false);
   if (j.contains("head_dim") && !j.at("head_dim").is_null()) read("head_dim", c.head_dim, false);
   if (c.head_dim == c.hidden_size / std::max<int64_t>(1, c.num_attention_heads)) c.head_dim = 0;
+  if (j.contains("model_type")) {
+    std::string type;
+    read("model_type", type, false);
+    const std::optional<Architecture> a = enum_from_name<Architecture>(type);
+    if (!a)
+      fail(source, ": model_type '", type, "' is not one of ", enum_name_list<Architecture>());
+    c.architecture = *a;
+  }
+  if (j.contains("rope_scaling"))
+    c.rope_scaling =
+        rope_scaling_from_hf_json(j.at("rope_scaling"), c.max_position_embeddings, source);
   c.validate();
   return c;
 }

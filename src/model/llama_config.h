@@ -9,10 +9,21 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/rope_scaling.h"
 
 namespace frugal {
 
+// The family of a model, for what changes the math or the names: Qwen2's q/k/v projections
+// have biases. (Mistral without a sliding window is a Llama.)
+enum class Architecture { llama, qwen2 };
+inline std::span<const EnumName<Architecture>> enum_names(Architecture) {
+  static constexpr EnumName<Architecture> names[] = {{Architecture::llama, "llama"},
+                                                     {Architecture::qwen2, "qwen2"}};
+  return names;
+}
+
 struct LlamaConfig {
+  Architecture architecture = Architecture::llama;
   int64_t hidden_size = 256;
   int64_t intermediate_size = 688;
   int64_t num_hidden_layers = 4;
@@ -22,19 +33,35 @@ struct LlamaConfig {
   int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
   int64_t max_position_embeddings = 2048;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;  // none: the plain rotary embedding
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
 
+  bool qkv_bias() const { return architecture == Architecture::qwen2; }
   int64_t attention_head_dim() const {
     return head_dim ? head_dim : hidden_size / num_attention_heads;
+  }
+  // The longest sequence the model takes: max_position_embeddings, except with dynamic
+  // scaling, which exists to run past it (up to factor times it).
+  int64_t context_length() const;
+  // The rotary table of a forward over sequences of `sequence_length` tokens (rope_scaling.h).
+  ops::RotaryFrequencies rotary(int64_t sequence_length) const {
+    return rotary_frequencies(rope_scaling, rope_theta, attention_head_dim(),
+                              max_position_embeddings, sequence_length);
   }
   // Throws Error naming the key when the shape is impossible (e.g. hidden_size % heads != 0).
   void validate() const;
   int64_t parameter_count() const;
 };
 
-// The shape as JSON with Hugging Face's key names (the subset frugal uses); from_json
-// throws Error naming a missing or mistyped key.
+// `base` (a model trained for base.max_position_embeddings tokens) with its context extended
+// by `scaling` (not none): the original length becomes base's max_position_embeddings unless
+// scaling names one, and max_position_embeddings becomes factor times it (dynamic scaling
+// keeps it: its context_length() grows instead). Throws Error when base is already scaled.
+LlamaConfig with_context_extension(const LlamaConfig& base, const RopeScaling& scaling);
+
+// The shape as JSON with Hugging Face's key names (the subset frugal uses; rope_scaling only
+// when there is one); from_json throws Error naming a missing or mistyped key.
 nlohmann::json llama_config_to_json(const LlamaConfig& config);
 LlamaConfig llama_config_from_json(const nlohmann::json& json, const std::string& source);
 
@@ -64,6 +91,12 @@ enum BlockParam : int {
   kDownProj,
   kBlockParamCount
 };
+// With biases (LlamaConfig::qkv_bias), a block unit holds after those 9 the q, k and v
+// projections' biases, in that order.
+inline constexpr int kQkvBiasCount = 3;
+inline int64_t block_unit_size(const LlamaConfig& c) {
+  return kBlockParamCount + (c.qkv_bias() ? kQkvBiasCount : 0);
+}
 
 // Units in model order: "embed" (embed_tokens), "layers.0" ... "layers.{L-1}", "head"
 // (final norm, and lm_head unless the embeddings are tied: then the head unit reuses the

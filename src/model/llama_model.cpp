@@ -42,9 +42,16 @@ namespace {
 constexpr int kFinalNorm = 0;
 constexpr int kLmHead = 1;
 
+// The rotary table of the batch: dynamic scaling depends on the whole sequence's length.
+ops::RotaryFrequencies batch_rotary(const LlamaConfig& config, const Batch& batch) {
+  return config.rotary(batch.full_seq > 0 ? batch.full_seq : batch.seq);
+}
+
 BlockContext block_context(const LlamaConfig& config, const Batch& batch, CheckpointPolicy policy,
-                           const AttentionOperator* attention, const LoraConfig* lora) {
+                           const AttentionOperator* attention, const LoraConfig* lora,
+                           const ops::RotaryFrequencies& rotary) {
   BlockContext ctx;
+  ctx.rotary = &rotary;
   ctx.lora = lora;
   ctx.attention = attention;
   ctx.config = &config;
@@ -56,8 +63,13 @@ BlockContext block_context(const LlamaConfig& config, const Batch& batch, Checkp
 
 }  // namespace
 
-BlockContext LlamaModel::layer_context(const BlockContext& ctx, int64_t layer, bool training) const {
+BlockContext LlamaModel::layer_context(const BlockContext& ctx, int64_t layer,
+                                       bool training) const {
   BlockContext c = ctx;
+  c.layer = layer;
+  // FP8 while training only: evaluation and generation run in the compute dtype, and leave
+  // the scales' history alone.
+  if (training) c.fp8 = fp8_;
   if (training && noise_ != 0) {
     uint64_t state = noise_ * 0x9E3779B97F4A7C15ull + uint64_t(layer);
     c.noise_seed = splitmix64(state) | 1;  // never 0 (which means none)
@@ -88,13 +100,15 @@ BlockWeights LlamaModel::block_weights(ParameterProvider& params, int64_t unit) 
 
 Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                                   CheckpointPolicy policy, std::vector<BlockActivations>* saved) {
-  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
+  const ops::RotaryFrequencies rotary = batch_rotary(config_, batch);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
   const int64_t layers = config_.num_hidden_layers;
   params.prefetch(block_unit(0));
   for (int64_t i = 0; i < layers; ++i) {
     params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config_));
     BlockWeights w = block_weights(params, block_unit(i));
-    x = block_forward(x, w, layer_context(ctx, i, saved != nullptr), saved ? &(*saved)[i] : nullptr);
+    x = block_forward(x, w, layer_context(ctx, i, saved != nullptr),
+                      saved ? &(*saved)[i] : nullptr);
     params.release(block_unit(i));
   }
   return x;
@@ -153,7 +167,8 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   Tensor dx = head_forward_backward(x, batch, params, grad_scale, &loss_sum);
 
   // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
-  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_);
+  const ops::RotaryFrequencies rotary = batch_rotary(config_, batch);
+  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
   for (int64_t i = layers - 1; i >= 0; --i) {
     if (i > 0) params.prefetch(block_unit(i - 1));
     BlockWeights w = block_weights(params, block_unit(i));
@@ -176,7 +191,17 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   return ops::read_loss(loss_sum);
 }
 
-double LlamaModel::forward_loss(const Batch& host_batch, ParameterProvider& params) {
+double LlamaModel::forward_loss(const Batch& batch, ParameterProvider& params) {
+  return forward_loss_sums(batch, params, {batch.batch * batch.seq})[0];
+}
+
+std::vector<double> LlamaModel::forward_loss_sums(const Batch& host_batch,
+                                                  ParameterProvider& params,
+                                                  const std::vector<int64_t>& row_ends) {
+  const int64_t rows = host_batch.batch * host_batch.seq;
+  FRUGAL_CHECK(!row_ends.empty() && row_ends.back() == rows &&
+                   std::is_sorted(row_ends.begin(), row_ends.end()) && row_ends.front() >= 0,
+               "forward_loss_sums: row ends must rise to the ", rows, " rows");
   Batch batch = host_batch;
   Tensor embedded = embed(batch, params);
   Tensor x = blocks_forward(embedded, batch, params, CheckpointPolicy::none, nullptr);
@@ -185,16 +210,24 @@ double LlamaModel::forward_loss(const Batch& host_batch, ParameterProvider& para
   Tensor lm_head = head_weight(head_w, params);
   Tensor xn =
       ops::rmsnorm(x, head_w[kFinalNorm], static_cast<float>(config_.rms_norm_eps), nullptr);
-  Tensor loss = ops::loss_accumulator(xn);
-  for (int64_t begin = 0; begin < xn.size(0); begin += loss_chunk_rows_) {
-    const int64_t end = std::min(xn.size(0), begin + loss_chunk_rows_);
-    Tensor logits = ops::linear(xn.rows(begin, end), lm_head);
-    ops::cross_entropy(logits, batch.targets.rows(begin, end), 0.0f, nullptr, loss);
+  // One accumulator per range of rows; a chunk never crosses a range's end.
+  std::vector<Tensor> sums;
+  int64_t range_begin = 0;
+  for (const int64_t range_end : row_ends) {
+    Tensor loss = ops::loss_accumulator(xn);
+    for (int64_t begin = range_begin; begin < range_end; begin += loss_chunk_rows_) {
+      const int64_t end = std::min(range_end, begin + loss_chunk_rows_);
+      Tensor logits = ops::linear(xn.rows(begin, end), lm_head);
+      ops::cross_entropy(logits, batch.targets.rows(begin, end), 0.0f, nullptr, loss);
+    }
+    sums.push_back(loss);
+    range_begin = range_end;
   }
-  const double loss_sum = ops::read_loss(loss);
+  std::vector<double> loss_sums;
+  for (const Tensor& loss : sums) loss_sums.push_back(ops::read_loss(loss));
   if (config_.tie_word_embeddings) params.release(embed_unit());
   params.release(head);
-  return loss_sum;
+  return loss_sums;
 }
 
 Tensor LlamaModel::forward_logits(const Batch& host_batch, ParameterProvider& params,

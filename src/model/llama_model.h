@@ -16,6 +16,7 @@ struct BlockWeights;
 struct AttentionOperator;
 struct LoraConfig;
 struct BlockContext;
+class Fp8Scaling;
 
 // A micro-batch of `batch` sequences of `seq` tokens, flattened to [batch * seq].
 struct Batch {
@@ -24,6 +25,9 @@ struct Batch {
   Tensor positions;  // i32 rotary positions (0..seq-1 in each sequence)
   int64_t batch = 0;
   int64_t seq = 0;
+  // Tokens of each whole sequence when these rows are a part of it (context parallelism:
+  // dynamic rotary scaling depends on the whole length); 0: seq.
+  int64_t full_seq = 0;
 };
 
 // Positions 0..seq-1 repeated for each sequence.
@@ -48,6 +52,11 @@ class LlamaModel {
                           CheckpointPolicy policy);
   // Forward only: the sum of the token losses.
   double forward_loss(const Batch& batch, ParameterProvider& params);
+  // Forward only: the sums of the token losses of consecutive ranges of rows, range i being
+  // rows [row_ends[i-1], row_ends[i]) (from 0; the last end is every row). With one sequence
+  // a row is a position: the loss by position bucket.
+  std::vector<double> forward_loss_sums(const Batch& batch, ParameterProvider& params,
+                                        const std::vector<int64_t>& row_ends);
   // Forward only: logits [rows, vocab] (f32, host memory) of the last `last_rows` positions of
   // each sequence (all of them when last_rows <= 0).
   Tensor forward_logits(const Batch& batch, ParameterProvider& params, int64_t last_rows = 0);
@@ -59,6 +68,8 @@ class LlamaModel {
   void set_attention(const AttentionOperator* attention) { attention_ = attention; }
   // LoRA adapters in the block units (lora.h); null, the default, means none. Not owned.
   void set_lora(const LoraConfig* lora) { lora_ = lora; }
+  // FP8 block linears while training (null: off); the scaling state outlives the model's use.
+  void set_fp8(const Fp8Scaling* fp8) { fp8_ = fp8; }
   // The seed of the training noise (LoRA dropout) of the next forward_backward calls; 0, the
   // default, means none. train_step sets one per micro-batch; evaluation never has noise.
   void set_noise(uint64_t seed) { noise_ = seed; }
@@ -83,6 +94,7 @@ class LlamaModel {
   int64_t loss_chunk_rows_ = 1024;
   const AttentionOperator* attention_ = nullptr;
   const LoraConfig* lora_ = nullptr;
+  const Fp8Scaling* fp8_ = nullptr;
   uint64_t noise_ = 0;
 };
 

@@ -14,8 +14,8 @@ namespace frugal {
 struct LoraConfig {
   int64_t rank = 0;  // 0: no adapters (full training)
   double alpha = 16;
-  double dropout = 0;  // on each adapter's input while training (PEFT's lora_dropout)
-  uint64_t seed = 0;   // mixed into the dropout masks (train.seed)
+  double dropout = 0;        // on each adapter's input while training (PEFT's lora_dropout)
+  uint64_t seed = 0;         // mixed into the dropout masks (train.seed)
   std::vector<int> targets;  // BlockParam indices of the adapted projections
 
   bool enabled() const { return rank > 0; }
@@ -28,6 +28,8 @@ struct LoraConfig {
 // "all" (every linear layer of a block: q, k, v, o, gate, up, down) or a comma-separated
 // list of their names ("q_proj,v_proj"); throws Error naming the key for anything else.
 std::vector<int> lora_targets_from_names(const std::string& list);
+// The same for the config key `key` (fp8.linears takes the same names).
+std::vector<int> projections_from_names(const std::string& list, const std::string& key);
 std::string lora_target_names(const std::vector<int>& targets);
 
 // The units of `config` with every base parameter frozen and each target projection's
@@ -37,6 +39,9 @@ std::string lora_target_names(const std::vector<int>& targets);
 std::vector<UnitSpec> lora_units(const LlamaConfig& config, const LoraConfig& lora);
 
 // Whether a parameter is one of a block's seven projection matrices (what QLoRA stores in NF4).
+// The BlockParam of a block projection's name ("model.layers.3.mlp.up_proj.weight": kUpProj),
+// -1 for any other name.
+int block_projection_index(const std::string& name);
 bool is_block_projection(const std::string& name);
 
 // Whether a parameter name is a LoRA adapter's (for initialisation and export).

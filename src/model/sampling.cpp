@@ -36,13 +36,14 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
 std::vector<int32_t> generate(LlamaModel& model, ParameterProvider& params,
                               std::vector<int32_t> tokens, const SamplingOptions& options) {
   uint64_t rng_state = options.seed;
-  const int64_t window = model.config().max_position_embeddings;
+  const int64_t window = model.config().context_length();
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     const int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - window);
     const int64_t seq = int64_t(tokens.size()) - start;
     const Batch b = next_token_batch(tokens.data() + start, seq);
     Tensor logits = model.forward_logits(b, params, 1);
     int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
+    if (options.agree) next = options.agree(next);
     tokens.push_back(next);
     if (next == options.stop_token) break;
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/llama_model.h"
@@ -15,6 +16,10 @@ struct SamplingOptions {
   float top_p = 1.0f;
   uint64_t seed = 0;
   int32_t stop_token = -1;  // e.g. eos; -1: none
+  // Ranks that generate together (weights sharded over them) take the token this returns, the
+  // same on every rank (e.g. rank 0's), so that a rounding difference cannot make their
+  // sequences, and so their collectives, part. Null: the sampled token.
+  std::function<int32_t(int32_t)> agree;
 };
 
 // Picks the next token from one row of logits.

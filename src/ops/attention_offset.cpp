@@ -37,8 +37,8 @@ Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch) {
   FRUGAL_CHECK(out.dtype() == DType::f32 && lse.dtype() == DType::f32 && out.ndim() == 3 &&
                    part.out.shape() == out.shape() && part.lse.shape() == lse.shape() &&
-                   out.device() == lse.device() && part.out.device() == out.device() &&
-                   batch > 0 && out.size(0) % batch == 0 &&
+                   out.device() == lse.device() && part.out.device() == out.device() && batch > 0 &&
+                   out.size(0) % batch == 0 &&
                    lse.shape() == Shape({batch, out.size(1), out.size(0) / batch}),
                "merge_attention of out ", shape_string(out.shape()), " lse ",
                shape_string(lse.shape()), " with a part ", shape_string(part.out.shape()));

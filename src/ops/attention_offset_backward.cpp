@@ -16,8 +16,9 @@ void attention_block_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   // On the CPU every tensor is f32; on a GPU the inputs are bf16 and dq, dk, dv, lse fp32.
   const Device device = q.defined() ? q.device() : Device::cpu;
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dq, &dk, &dv, &lse})
-    FRUGAL_CHECK(t->defined() && t->device() == device && t->dtype() == DType::f32,
-                 "attention_block_backward: the gradients and lse must be f32 on the inputs' device");
+    FRUGAL_CHECK(
+        t->defined() && t->device() == device && t->dtype() == DType::f32,
+        "attention_block_backward: the gradients and lse must be f32 on the inputs' device");
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dout, &q, &k, &v, &out})
     FRUGAL_CHECK(t->defined() && t->device() == device && t->dtype() == compute_dtype(device),
                  "attention_block_backward inputs must be ", dtype_name(compute_dtype(device)),

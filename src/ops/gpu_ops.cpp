@@ -15,11 +15,13 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_merge.h"
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/galore.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/quant.h"
@@ -36,10 +38,10 @@ namespace {
 struct BoundDevice {
   DeviceContext* context = nullptr;
   std::unique_ptr<cuda::GemmContext> gemm;
-  Tensor norm_sum;          // 1 f64: sum_squares' result
-  Tensor norm_scratch;      // cuda::kSumSquaresScratch f64
-  Tensor target_error;      // 2 i32: cross_entropy's out-of-range target report
-  int64_t loss_vocab = 0;   // vocabulary of the chunks since the last read_loss
+  Tensor norm_sum;         // 1 f64: sum_squares' result
+  Tensor norm_scratch;     // cuda::kSumSquaresScratch f64
+  Tensor target_error;     // 2 i32: cross_entropy's out-of-range target report
+  int64_t loss_vocab = 0;  // vocabulary of the chunks since the last read_loss
 };
 
 BoundDevice& bound() {
@@ -67,7 +69,9 @@ void expect(const Tensor& t, DType dtype, const char* what) {
                dtype_name(dtype));
 }
 
-Tensor empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, compute_arena()); }
+Tensor empty(const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, compute_arena());
+}
 
 }  // namespace
 
@@ -201,15 +205,18 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   return dx;
 }
 
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward) {
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary,
+            bool backward) {
   expect(x, DType::bf16, "rope input");
   expect(positions, DType::i32, "rope positions");
   Tensor y = empty(x.shape(), DType::bf16);
   copy(y, x);
   if (backward)
-    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+                        rotary.inv_freq.data(), rotary.attention_scaling, stream());
   else
-    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2), theta, stream());
+    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+                       rotary.inv_freq.data(), rotary.attention_scaling, stream());
   return y;
 }
 
@@ -242,16 +249,16 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
                                    const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out, const Tensor& lse,
                                    const cpu::AttentionShape& s) {
-  Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
-                         DType::f32);
+  Tensor scratch =
+      empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))}, DType::f32);
   cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(out),
                            f32(lse), s, f32(scratch), kernel_options().attention_sm90, stream());
 }
 
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch) {
   expect(part.out, DType::bf16, "attention block output");
-  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch,
-                        out.size(0) / batch, out.size(1), out.size(2), stream());
+  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch, out.size(0) / batch,
+                        out.size(1), out.size(2), stream());
 }
 
 Tensor dropout(const Tensor& x, float p, uint64_t seed) {
@@ -259,6 +266,18 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed) {
   Tensor y = empty(x.shape(), DType::bf16);
   cuda::dropout(bf(y), bf(x), x.numel(), p, seed, stream());
   return y;
+}
+
+void add_bias(Tensor& x, const Tensor& b) {
+  expect(x, DType::bf16, "bias input");
+  expect(b, DType::bf16, "bias");
+  cuda::add_bias(bf(x), bf(b), x.size(0), x.size(1), stream());
+}
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  expect(dy, DType::bf16, "bias output gradient");
+  expect(db, DType::f32, "bias gradient");
+  cuda::bias_backward(f32(db), bf(dy), dy.size(0), dy.size(1), stream());
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u) {
@@ -386,6 +405,65 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                                .param_bf16 = param_copy.defined() ? bf(param_copy) : nullptr,
                                .n = param.numel()};
   cuda::adamw_update(&chunk, 1, s, stream());
+}
+
+// --- FP8 -------------------------------------------------------------------------------------
+
+namespace {
+cudaDataType_t fp8_type(Fp8Format f) {
+  return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+}  // namespace
+
+Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed) {
+  expect(x, DType::bf16, "fp8 cast input");
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Fp8Cast out;
+  out.plain = {Tensor(), slot.scale_inv, slot.format};
+  out.transposed = {Tensor(), slot.scale_inv, slot.format};
+  if (plain) out.plain.codes = empty({rows, cols}, DType::u8);
+  if (transposed) out.transposed.codes = empty({cols, rows}, DType::u8);
+  if (slot.current) cuda::fp8_amax(f32(slot.amax), bf(x), x.numel(), stream());
+  const cuda::Fp8CastState state{f32(slot.scale), f32(slot.scale_inv),
+                                 slot.current ? nullptr : f32(slot.amax),
+                                 slot.current ? f32(slot.amax) : nullptr,
+                                 static_cast<int64_t*>(slot.counts.raw()), slot.margin};
+  cuda::fp8_cast_transpose(plain ? static_cast<uint8_t*>(out.plain.codes.raw()) : nullptr,
+                           transposed ? static_cast<uint8_t*>(out.transposed.codes.raw()) : nullptr,
+                           bf(x), rows, cols, slot.format, state, stream());
+  return out;
+}
+
+Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation) {
+  const int64_t m = a.codes.size(0), n = b.codes.size(0), k = a.codes.size(1);
+  Tensor out = empty({m, n}, DType::bf16);
+  cuda::fp8_gemm_tn(gemm(), out.raw(), CUDA_R_16BF, static_cast<const uint8_t*>(a.codes.raw()),
+                    fp8_type(a.format), f32(a.scale_inv),
+                    static_cast<const uint8_t*>(b.codes.raw()), fp8_type(b.format),
+                    f32(b.scale_inv), m, n, k, /*accumulate=*/false, fast_accumulation, stream());
+  return out;
+}
+
+void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+                         bool fast_accumulation) {
+  expect(out, DType::f32, "fp8 gemm accumulator");
+  const int64_t m = a.codes.size(0), n = b.codes.size(0), k = a.codes.size(1);
+  cuda::fp8_gemm_tn(gemm(), out.raw(), CUDA_R_32F, static_cast<const uint8_t*>(a.codes.raw()),
+                    fp8_type(a.format), f32(a.scale_inv),
+                    static_cast<const uint8_t*>(b.codes.raw()), fp8_type(b.format),
+                    f32(b.scale_inv), m, n, k, /*accumulate=*/true, fast_accumulation, stream());
+}
+
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format) {
+  expect(out, DType::bf16, "fp8 dequantized weight");
+  cuda::fp8_dequantize(bf(out), static_cast<const uint8_t*>(codes.raw()), out.numel(), format,
+                       f32(scale_inv), stream());
+}
+
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
+                        const Tensor& max_values, int margin) {
+  cuda::fp8_delayed_update(f32(history), f32(scale), f32(scale_inv), f32(max_values),
+                           history.size(0), scale.numel(), margin, stream());
 }
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/fp8.h"
 #include "ops/ops.h"
 
 namespace frugal::ops::gpu {
@@ -21,8 +22,8 @@ Tensor to_host_f32(const Tensor& src);
 // Queues dst = src on the communication stream after the compute stream's work so far; returns
 // an event recorded after it (opaque: a CUevent_st* owned by the caller, see event_*).
 void* copy_beside(Tensor& dst, const Tensor& src);
-void event_wait(void* event);     // the compute stream waits for it
-void event_done(void* event);     // the host waits for it
+void event_wait(void* event);  // the compute stream waits for it
+void event_done(void* event);  // the host waits for it
 void event_release(void* event);
 
 Tensor embedding(const Tensor& tokens, const Tensor& table);
@@ -32,7 +33,8 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
                         Tensor& dw);
 Tensor linear(const Tensor& x, const Tensor& w);
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw);
-Tensor rope(const Tensor& x, const Tensor& positions, float theta, bool backward);
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary,
+            bool backward);
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,
                     const cpu::AttentionShape& shape);
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -46,6 +48,8 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch);
 Tensor dropout(const Tensor& x, float p, uint64_t seed);
 Tensor swiglu(const Tensor& g, const Tensor& u);
+void add_bias(Tensor& x, const Tensor& b);
+void bias_backward(const Tensor& dy, Tensor& db);
 SwigluGrads swiglu_backward(const Tensor& dh, const Tensor& g, const Tensor& u);
 
 Tensor loss_accumulator();
@@ -63,6 +67,14 @@ void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, cons
 double sum_squares(const std::vector<Tensor>& xs);
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy);
+
+Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed);
+Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation);
+void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+                         bool fast_accumulation);
+void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format);
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
+                        const Tensor& max_values, int margin);
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
             int64_t n, int64_t k, float alpha, float beta);

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/elementwise.h"
@@ -259,30 +260,39 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   return dx;
 }
 
-Tensor rope(const Tensor& x, const Tensor& positions, float theta) {
-  FRUGAL_CHECK(x.ndim() == 3 && positions.numel() == x.size(0), "rope of ", shape_string(x.shape()),
-               " with ", positions.numel(), " positions");
-  FRUGAL_ON_GPU(x, rope(x, positions, theta, /*backward=*/false));
+namespace {
+void check_rotary(const Tensor& x, const Tensor& positions, const RotaryFrequencies& r) {
+  FRUGAL_CHECK(x.ndim() == 3 && positions.numel() == x.size(0) &&
+                   static_cast<int64_t>(r.inv_freq.size()) * 2 == x.size(2),
+               "rope of ", shape_string(x.shape()), " with ", positions.numel(), " positions and ",
+               r.inv_freq.size(), " frequencies");
+}
+}  // namespace
+
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary) {
+  check_rotary(x, positions, rotary);
+  FRUGAL_ON_GPU(x, rope(x, positions, rotary, /*backward=*/false));
   expect_cpu_f32(x, "rope input");
   Tensor y = x.clone(compute_arena(x));
   cpu::rope_forward(y.data<float>(), positions.data<int32_t>(), x.size(0), x.size(1), x.size(2),
-                    theta);
+                    rotary.inv_freq.data(), rotary.attention_scaling);
   return y;
 }
 
-Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta) {
-  FRUGAL_ON_GPU(dy, rope(dy, positions, theta, /*backward=*/true));
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const RotaryFrequencies& rotary) {
+  check_rotary(dy, positions, rotary);
+  FRUGAL_ON_GPU(dy, rope(dy, positions, rotary, /*backward=*/true));
   Tensor dx = dy.clone(compute_arena(dy));
   cpu::rope_backward(dx.data<float>(), positions.data<int32_t>(), dy.size(0), dy.size(1),
-                     dy.size(2), theta);
+                     dy.size(2), rotary.inv_freq.data(), rotary.attention_scaling);
   return dx;
 }
 
 cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t batch,
                                     int64_t causal_offset, const char* what) {
   FRUGAL_CHECK(q.ndim() == 3 && k.ndim() == 3 && batch > 0 && q.size(0) % batch == 0 &&
-                   k.size(0) % batch == 0 && q.size(2) == k.size(2) &&
-                   q.size(1) % k.size(1) == 0 && causal_offset >= 0,
+                   k.size(0) % batch == 0 && q.size(2) == k.size(2) && q.size(1) % k.size(1) == 0 &&
+                   causal_offset >= 0,
                what, " q ", shape_string(q.shape()), " k ", shape_string(k.shape()), " batch ",
                batch, " causal_offset ", causal_offset);
   cpu::AttentionShape s;
@@ -311,7 +321,8 @@ Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b
   cpu::AttentionShape s = causal_shape(q, k, batch);
   FRUGAL_ON_GPU(q, attention(q, k, v, s));
   expect_cpu_f32(q, "attention query");
-  Attention a{empty_like(q), Tensor::empty({batch, s.n_heads, s.q_len}, DType::f32, compute_arena(q))};
+  Attention a{empty_like(q),
+              Tensor::empty({batch, s.n_heads, s.q_len}, DType::f32, compute_arena(q))};
   cpu::attention_forward(a.out.data<float>(), a.lse.data<float>(), q.data<float>(), k.data<float>(),
                          v.data<float>(), s);
   return a;
@@ -338,6 +349,22 @@ Tensor dropout(const Tensor& x, float p, uint64_t seed) {
   Tensor y = empty_like(x);
   cpu::dropout(y.data<float>(), x.data<float>(), x.numel(), p, seed);
   return y;
+}
+
+void add_bias(Tensor& x, const Tensor& b) {
+  FRUGAL_CHECK(x.ndim() == 2 && b.ndim() == 1 && b.size(0) == x.size(1), "bias ",
+               shape_string(b.shape()), " for ", shape_string(x.shape()));
+  FRUGAL_ON_GPU(x, add_bias(x, b));
+  expect_cpu_f32(x, "bias input");
+  cpu::add_bias(x.data<float>(), b.data<float>(), x.size(0), x.size(1));
+}
+
+void bias_backward(const Tensor& dy, Tensor& db) {
+  FRUGAL_CHECK(dy.ndim() == 2 && db.ndim() == 1 && db.size(0) == dy.size(1), "bias gradient ",
+               shape_string(db.shape()), " of ", shape_string(dy.shape()));
+  FRUGAL_ON_GPU(dy, bias_backward(dy, db));
+  expect_cpu_f32(dy, "bias output gradient");
+  cpu::bias_backward(db.data<float>(), dy.data<float>(), dy.size(0), dy.size(1));
 }
 
 Tensor swiglu(const Tensor& g, const Tensor& u) {
@@ -428,8 +455,8 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                    scales.device() == out.device() && scales.dtype() == DType::f32,
                "dequantize_nf4 of ", n, " values from ", codes.numel(), " code bytes and ",
                absmax_codes.numel(), " absmax codes");
-  FRUGAL_ON_GPU(out, dequantize_nf4(out, codes, absmax_codes, scales, offset, nf4_table,
-                                    absmax_map));
+  FRUGAL_ON_GPU(out,
+                dequantize_nf4(out, codes, absmax_codes, scales, offset, nf4_table, absmax_map));
   expect_cpu_f32(out, "dequantized weight");
   cpu::nf4_dequantize(out.data<float>(), codes.data<uint8_t>(), absmax_codes.data<uint8_t>(),
                       scales.data<float>(), offset, nf4_table, absmax_map, n);
@@ -465,8 +492,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
     FRUGAL_CHECK(param_copy.device() == Device::cpu && param_copy.dtype() == DType::bf16,
                  "the copy of a host parameter must be a bf16 host tensor");
   cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                    param.numel(), s,
-                    param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
+                    param.numel(), s, param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
 }
 
 }  // namespace frugal::ops

@@ -93,9 +93,16 @@ Tensor linear(const Tensor& x, const Tensor& w);
 // returns dx; dw accumulated (dw may be undefined for a frozen weight)
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw);
 
+// What a rotary embedding rotates by: pair i of a token at position p turns by the float angle
+// p * inv_freq[i] (head_dim / 2 entries), and cos, sin are multiplied by attention_scaling
+// (YaRN's attention factor; 1 otherwise). model/rope_scaling.h makes them from the config.
+struct RotaryFrequencies {
+  std::vector<float> inv_freq;
+  float attention_scaling = 1.0f;
+};
 // x [T, heads, head_dim] rotated by positions [T] (i32); returns a new tensor
-Tensor rope(const Tensor& x, const Tensor& positions, float theta);
-Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta);
+Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary);
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const RotaryFrequencies& rotary);
 
 struct Attention {
   Tensor out;  // [B*S, n_heads, head_dim]
@@ -135,6 +142,10 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, float grad_scale
                    Tensor& loss_sum);
 // The value of an accumulator (waits for the GPU); reports target ids outside the vocabulary.
 double read_loss(const Tensor& loss_sum);
+
+// x [T, N] += b [N] on every row (a projection's bias); db [N] += the sum of dy's rows (f32).
+void add_bias(Tensor& x, const Tensor& b);
+void bias_backward(const Tensor& dy, Tensor& db);
 
 // --- elementwise --------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);

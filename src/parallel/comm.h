@@ -75,6 +75,8 @@ class Comm {
   // (send.numel = size * recv.numel).
   virtual Pending reduce_scatter_sum(const Tensor& send, Tensor& recv) = 0;
   virtual Pending all_reduce_sum(Tensor& buffer) = 0;
+  // buffer = the element-wise maximum over the ranks (FP8 amaxes).
+  virtual Pending all_reduce_max(Tensor& buffer) = 0;
   virtual Pending send(const Tensor& buffer, int peer, int tag) = 0;
   virtual Pending recv(Tensor& buffer, int peer, int tag) = 0;
   virtual void broadcast(Tensor& buffer, int root) = 0;

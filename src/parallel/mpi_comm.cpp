@@ -159,6 +159,15 @@ class MpiComm : public Comm {
     return pending(r, "all-reduce");
   }
 
+  Pending all_reduce_max(Tensor& buffer) override {
+    check_usable("all-reduce");
+    check_host(buffer, "all_reduce");
+    MPI_Request r;
+    MPI_Iallreduce(MPI_IN_PLACE, buffer.raw(), mpi_count(buffer.numel(), "all_reduce"),
+                   mpi_type(buffer.dtype()), MPI_MAX, comm_, &r);
+    return pending(r, "all-reduce (max)");
+  }
+
   Pending send(const Tensor& buffer, int peer, int tag) override {
     check_usable("send");
     check_host(buffer, "send");

@@ -263,6 +263,16 @@ class NcclComm final : public Comm {
     });
   }
 
+  Pending all_reduce_max(Tensor& buffer) override {
+    check_device(buffer, "all_reduce");
+    void* data = buffer.raw();
+    const size_t count = size_t(buffer.numel());
+    const ncclDataType_t type = nccl_type(buffer.dtype(), true);
+    return enqueue("all-reduce (max)", {buffer}, [&](cudaStream_t stream) {
+      return ncclAllReduce(data, data, count, type, ncclMax, handle_->comm, stream);
+    });
+  }
+
   Pending send(const Tensor& buffer, int peer, int tag) override {
     check_device(buffer, "send");
     FRUGAL_CHECK(peer >= 0 && peer < size_, "send to rank ", peer, " of ", size_);

@@ -155,7 +155,8 @@ void for_each_visible_pair(const RingShape& r, int s, F&& f) {
   const int src = r.source(s);
   for (int qh = 0; qh < 2; ++qh)
     for (int kh = 0; kh < 2; ++kh) {
-      const int64_t offset = block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
+      const int64_t offset =
+          block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
       if (offset >= 0) f(qh, kh, offset);
     }
 }
@@ -417,6 +418,7 @@ Batch context_parallel_slice(const Batch& whole, const ZigzagLayout& layout) {
   Batch local;
   local.batch = whole.batch;
   local.seq = layout.local_len();
+  local.full_seq = whole.full_seq > 0 ? whole.full_seq : whole.seq;
   local.tokens = zigzag_scatter(whole.tokens, layout, whole.batch);
   local.targets = zigzag_scatter(whole.targets, layout, whole.batch);
   local.positions = zigzag_positions(layout, whole.batch);

@@ -22,6 +22,9 @@ const std::vector<ConfigSection>& config_sections() {
       {"galore", "GaLore's low-rank moments (optim.type = galore_adamw)"},
       {"parallel", "ranks, sharding and offload (ZeRO-3 within a replica, replicas across nodes)"},
       {"ckpt", "checkpoints"},
+      {"fp8",
+       "FP8 block linears: E4M3 inputs and weights, E5M2 gradients (GPUs of sm_89+; the CPU "
+       "emulates)"},
       {"monitor", "progress and metrics"}};
   return sections;
 }
@@ -41,6 +44,26 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"model.max_position_embeddings", &m.max_position_embeddings, kPositive,
        "longest sequence the model is meant for"},
       {"model.rope_theta", &m.rope_theta, above(0), "rotary embedding base"},
+      {"model.rope_scaling", &m.rope_scaling.type, kAny,
+       "rotary scaling for long context, as transformers' rope_scaling: linear (position "
+       "interpolation), dynamic (NTK), yarn, llama3. With model.hf_path it extends that model's "
+       "context: its max_position_embeddings becomes the original, and factor times it the new "
+       "one"},
+      {"model.rope_scaling_factor", &m.rope_scaling.factor, at_least(1),
+       "how many times the original context the scaled rotary embedding covers"},
+      {"model.rope_original_max_position_embeddings",
+       &m.rope_scaling.original_max_position_embeddings, at_least(0),
+       "yarn, llama3: the context the model was trained for (0: max_position_embeddings)"},
+      {"model.rope_low_freq_factor", &m.rope_scaling.low_freq_factor, above(0),
+       "llama3: wavelengths above original / low_freq_factor are interpolated"},
+      {"model.rope_high_freq_factor", &m.rope_scaling.high_freq_factor, above(0),
+       "llama3: wavelengths below original / high_freq_factor are kept"},
+      {"model.rope_beta_fast", &m.rope_scaling.beta_fast, above(0),
+       "yarn: pairs turning more than this many times over the original context are kept"},
+      {"model.rope_beta_slow", &m.rope_scaling.beta_slow, above(0),
+       "yarn: pairs turning fewer times than this are interpolated"},
+      {"model.rope_attention_factor", &m.rope_scaling.attention_factor, at_least(0),
+       "yarn: factor on cos and sin (0: 0.1 ln(factor) + 1, as transformers)"},
       {"model.rms_norm_eps", &m.rms_norm_eps, above(0), "RMSNorm epsilon"},
       {"model.tie_word_embeddings", &m.tie_word_embeddings, kAny,
        "share the embedding matrix with the output head"},
@@ -153,6 +176,18 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"ckpt.async", &c.ckpt.async, kAny,
        "save in the background: training goes on once the state is copied to host memory, a "
        "thread writes the files, and the step is committed when every rank's is on disk"},
+
+      {"fp8.enabled", &c.fp8.enabled, kAny,
+       "run the blocks' linears (fp8.linears) through FP8 GEMMs while training; the head, "
+       "norms and attention stay in the compute dtype"},
+      {"fp8.recipe", &c.fp8.recipe, kAny,
+       "delayed: each tensor's scale from the max of its last amax_history_len amaxes "
+       "(TransformerEngine's DelayedScaling); current: from the tensor's own amax at each cast"},
+      {"fp8.amax_history_len", &c.fp8.amax_history_len, kPositive,
+       "steps of amax history a delayed scale looks back over"},
+      {"fp8.margin", &c.fp8.margin, at_least(0),
+       "scale = fp8 max / amax / 2^margin: headroom against growth between updates"},
+      {"fp8.linears", &c.fp8.linears, kLoraTargets, "the block projections that run in FP8"},
 
       {"monitor.log_every", &c.monitor.log_every, at_least(1),
        "print a progress line every N steps (metrics.jsonl gets every step)"},
@@ -289,7 +324,7 @@ void ConfigKey::check() const {
     return;
   }
   if (rule.kind == KeyRule::Kind::lora_targets) {
-    lora_targets_from_names(text());
+    projections_from_names(text(), name);
     return;
   }
   std::visit(

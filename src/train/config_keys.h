@@ -25,7 +25,7 @@ struct KeyRule {
     closed,       // [lo, hi]
     path,         // a file or directory (empty: none)
     size,         // bytes with an optional unit: 0, 512MiB, 24GiB (core/log.h's parse_bytes)
-    lora_targets  // all, or a comma-separated list of projections (model/lora.h)
+    lora_targets  // all, or a comma-separated list of projections (model/lora.h's names)
   };
   Kind kind = Kind::any;
   double lo = 0, hi = 0;
@@ -42,9 +42,10 @@ constexpr KeyRule closed_open(double lo, double hi) { return {KeyRule::Kind::clo
 constexpr KeyRule closed(double lo, double hi) { return {KeyRule::Kind::closed, lo, hi}; }
 
 // The field a key sets; a new mode enum joins the list.
-using KeyField = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*,
-                              CheckpointPolicy*, Offload*, StateDType*, DeviceChoice*,
-                              OptimizerType*, GaloreProjectorKind*, MomentsOnRefresh*>;
+using KeyField =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*, CheckpointPolicy*,
+                 Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
+                 MomentsOnRefresh*, Fp8Recipe*, RopeScalingType*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

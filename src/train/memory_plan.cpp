@@ -9,8 +9,6 @@
 
 namespace frugal {
 
-namespace {
-
 // GaLore's fp32 state of one matrix [m, n] on a rank holding shard_rows of its rows: right side
 // (m >= n) moments [shard_rows, r] and a replicated Q [r, n]; left side replicated moments
 // [r, n] and P's rows [shard_rows, r].
@@ -19,8 +17,6 @@ size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank) {
   if (galore_side(shape) == GaloreSide::right) return 4 * (2 * shard_rows * r + r * n);
   return 4 * (2 * r * n + shard_rows * r);
 }
-
-}  // namespace
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s) {
   MemoryPlan plan;

@@ -36,6 +36,10 @@ struct PlanSettings {
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);
 
+// GaLore's fp32 state of one projected matrix on a rank holding shard_rows of its rows (its
+// moments and its projector; see optim/galore_adamw.h for the sides).
+size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank);
+
 // "parameters 1.20 GiB, gradients ..., optimizer ..." of the non-zero kinds.
 std::string describe(const MemoryPlan& plan);
 std::string gib(size_t bytes);  // "1.20 GiB", or "3.00 MiB" below a GiB

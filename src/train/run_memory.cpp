@@ -8,6 +8,24 @@
 
 namespace frugal {
 
+bool decide_gpu(DeviceChoice device, Comm& world, const std::string& what) {
+  const int gpus = device_count(), node_ranks = mpi_node_size();
+  const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
+  const bool everywhere = world.all_reduce_max(enough_gpus ? 0 : 1) == 0;
+  if (device == DeviceChoice::cuda && !everywhere)
+    fail(what, ": cuda needs one GPU per rank, but ",
+         enough_gpus ? "another node has fewer GPUs than ranks"
+                     : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
+                           std::to_string(gpus) + " GPU(s)",
+         kHaveCuda ? "" : " (this frugal was built without CUDA)");
+  const bool use_gpu =
+      device == DeviceChoice::cuda || (device == DeviceChoice::automatic && everywhere);
+  if (device == DeviceChoice::automatic && gpus > 0 && !use_gpu)
+    log_warn(what, " = auto: ", node_ranks, " rank(s) on this node but ", gpus,
+             " GPU(s), so this runs on the CPU; start one rank per GPU to use them");
+  return use_gpu;
+}
+
 RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
   const Offload offload = p.offload;
   const std::string host = use_gpu ? " (pinned host, offloaded)" : " (host, offloaded)";

@@ -9,6 +9,7 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "parallel/comm.h"
 #include "train/train_config.h"
 
 namespace frugal {
@@ -34,6 +35,12 @@ struct RunMemory {
   // Host copies of the state for asynchronous checkpoints (pinned on a GPU), reused by each save.
   std::unique_ptr<Arena> staging;
 };
+
+// Whether the ranks run on GPUs, one each: `device` cuda demands it (throws Error starting
+// with `what`, e.g. "config key 'parallel.device'", when a node has fewer GPUs than ranks),
+// auto takes them when every node has enough, cpu never. Collective: every rank decides alike
+// (a rank on the CPU and one on a GPU cannot share a model).
+bool decide_gpu(DeviceChoice device, Comm& world, const std::string& what);
 
 // "12.34 MiB"
 std::string mib(size_t bytes);

@@ -167,6 +167,40 @@ SavedModel load_saved_model(const std::string& path) {
   return saved;
 }
 
+SavedModelRows::SavedModelRows(const std::string& path) {
+  SavedStep opened = open_saved_step(path);
+  const std::string source = opened.dir->rank_file(opened.step, 0);
+  config_ = llama_config_from_json(opened.manifest.at("model"), source);
+  step_dir_ = opened.dir->step_dir(opened.step);
+  if (fs::exists(opened.run_dir / "tokenizer.model"))
+    tokenizer_path_ = (opened.run_dir / "tokenizer.model").string();
+  const nlohmann::json config = opened.manifest.value("config", nlohmann::json::object());
+  if (train_type_of_run(config, source) != TrainType::full) {
+    merged_ = load_saved_model(path).params;
+    return;
+  }
+  // The reader refers to the directory: both live as long as this object.
+  dir_ = std::move(opened.dir);
+  reader_ = std::make_unique<ShardedTensorReader>(
+      *dir_, opened.step, opened.manifest.at("world_size").get<int>(), opened.manifest);
+}
+
+SavedModelRows::~SavedModelRows() = default;
+
+void SavedModelRows::read_rows_into(const std::string& name, int64_t first, int64_t last,
+                                    Tensor& rows) {
+  if (merged_) {
+    rows.copy_from(merged_->param(name).rows(first, last));
+    return;
+  }
+  Shape shape;
+  for (const UnitSpec& unit : llama_units(config_))
+    for (const ParamSpec& p : unit.params)
+      if (p.name == name) shape = p.shape;
+  FRUGAL_CHECK(!shape.empty(), "checkpoint '", step_dir_, "' has no parameter '", name, "'");
+  rows.copy_from(reader_->read_rows("model/" + name, shape, first, last));
+}
+
 void export_peft_adapters(const std::string& path, const std::string& out_dir) {
   SavedStep opened = open_saved_step(path);
   const nlohmann::json config = opened.manifest.value("config", nlohmann::json::object());

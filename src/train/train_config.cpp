@@ -15,9 +15,11 @@ void TrainConfig::resolve() {
 
 void TrainConfig::validate_model_dependent() const {
   model.validate();
-  if (train.seq_len > model.max_position_embeddings)
-    fail("config key 'train.seq_len': ", train.seq_len,
-         " exceeds model.max_position_embeddings = ", model.max_position_embeddings);
+  if (train.seq_len > model.context_length())
+    fail("config key 'train.seq_len': ", train.seq_len, " exceeds the model's context of ",
+         model.context_length(),
+         " tokens (model.max_position_embeddings = ", model.max_position_embeddings,
+         ", rope scaling ", enum_name(model.rope_scaling.type), ")");
 }
 
 void TrainConfig::validate() const {
@@ -29,6 +31,8 @@ void TrainConfig::validate() const {
     if (key.section() == "lora" && train.type == TrainType::full) continue;
     // AdamW ignores [galore].
     if (key.section() == "galore" && optim.type != OptimizerType::galore_adamw) continue;
+    // A run without FP8 ignores the rest of [fp8].
+    if (key.section() == "fp8" && !fp8.enabled) continue;
     key.check();
   }
   if (optim.type == OptimizerType::galore_adamw && train.type != TrainType::full)

@@ -11,6 +11,7 @@
 #include "model/checkpoint_policy.h"
 #include "model/llama_config.h"
 #include "optim/galore_modes.h"
+#include "model/fp8_scaling.h"
 
 namespace frugal {
 
@@ -129,6 +130,15 @@ struct CkptConfig {
   bool async = true;  // copy, then write on a thread (ckpt.async)
 };
 
+// [fp8]: the block linears through FP8 GEMMs (model/fp8_scaling.h).
+struct Fp8Config {
+  bool enabled = false;
+  Fp8Recipe recipe = Fp8Recipe::delayed;
+  int64_t amax_history_len = 16;
+  int64_t margin = 0;
+  std::string linears = "all";
+};
+
 struct MonitorConfig {
   int64_t log_every = 10;
 };
@@ -143,6 +153,7 @@ struct TrainConfig {
   GaloreSettings galore;
   ParallelConfig parallel;
   CkptConfig ckpt;
+  Fp8Config fp8;
   MonitorConfig monitor;
   // Every key with the value in force ("train.lr" -> "0.003"), for logs and checkpoints: ranks
   // compare it, and eval / export read a run's modes back from a checkpoint's copy, so the

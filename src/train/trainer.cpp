@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "model/sampling.h"
+#include "monitor/fp8_rates.h"
 #include "monitor/metrics.h"
 #include "ops/ops.h"
 #include "parallel/ring_attention.h"
@@ -24,6 +25,14 @@ namespace {
 
 // The model's batch of this rank: whole sequences, or with context parallelism this rank's
 // zigzag share of each.
+// The casts' counts since the last report, as the monitor's tallies (this rank's casts).
+std::vector<CastTally> fp8_tallies(const std::vector<Fp8Scaling::Counts>& counts) {
+  std::vector<CastTally> out;
+  for (const Fp8Scaling::Counts& c : counts)
+    out.push_back({c.layer, std::string(enum_name(c.role)), c.values, c.flushed, c.saturated});
+  return out;
+}
+
 Batch to_model_batch(const TokenBatch& tokens, const Mesh& mesh) {
   Batch b;
   b.batch = tokens.inputs.size(0);
@@ -188,6 +197,12 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     if (!std::isfinite(result.loss))
       fail("training loss became ", result.loss, " at step ", step,
            "; try a lower train.lr or a stronger optim.grad_clip");
+    // FP8: the amaxes of the step agree over the data-parallel ranks (they read different
+    // data; cp ranks' halves of a sequence keep their own), then the delayed scales move.
+    if (run.fp8)
+      run.fp8->end_step([&mesh](Tensor& amax) {
+        if (mesh.dp->size() > 1) mesh.dp->all_reduce_max(amax)->wait();
+      });
 
     const double step_seconds = now_seconds() - step_start;
     window_tokens += tokens_per_step;
@@ -208,6 +223,8 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     // bound a node holding all the ranks must have; what offload and loading cost in RAM).
     record["host_peak_rss_bytes"] = world.all_reduce_sum(double(peak_resident_bytes()));
     const bool last = step == c.train.steps;
+    if (run.fp8 && (step % c.monitor.log_every == 0 || last))
+      record["fp8"] = fp8_rates_record(fp8_tallies(run.fp8->take_counts()));
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
       record["val_loss"] = summary.final_val_loss;
@@ -281,7 +298,10 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     sampling.seed = c.train.seed;
     sampling.stop_token = run.tokenizer->eos_id();
     std::vector<int32_t> prompt = run.tokenizer->encode(c.train.sample_prompt);
-    prompt.insert(prompt.begin(), run.tokenizer->bos_id());
+    // What precedes a document in training: bos, or without one the previous document's eos.
+    const int32_t start = run.tokenizer->bos_id() >= 0 ? run.tokenizer->bos_id()
+                                                       : run.tokenizer->eos_id();
+    prompt.insert(prompt.begin(), start);
     std::vector<int32_t> out = generate(model, params, prompt, sampling);
     log_info("sample: ", run.tokenizer->decode(out));
   }

@@ -13,9 +13,11 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/galore_adamw.h"
+#include "parallel/fp8_encoding.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
+#include "train/config_keys.h"
 #include "train/memory_plan.h"
 #include "train/run_state.h"
 #include "train/same_config.h"
@@ -25,29 +27,6 @@ namespace fs = std::filesystem;
 namespace frugal {
 
 namespace {
-
-// One GPU per rank: `auto` takes the GPUs only when every node has one for each of its ranks,
-// and every rank decides the same (a rank on the CPU and one on a GPU cannot train together).
-bool decide_gpu(const TrainConfig& c, Comm& world) {
-  const int gpus = device_count(), node_ranks = mpi_node_size();
-  const bool enough_gpus = gpus > 0 && gpus >= node_ranks;
-  const bool everywhere = world.all_reduce_max(enough_gpus ? 0 : 1) == 0;
-  if (c.parallel.device == DeviceChoice::cuda && !everywhere)
-    fail("config key 'parallel.device': cuda needs one GPU per rank, but ",
-         enough_gpus ? "another node has fewer GPUs than ranks"
-                     : "this node has " + std::to_string(node_ranks) + " rank(s) and sees " +
-                           std::to_string(gpus) + " GPU(s)",
-         kHaveCuda ? "" : " (this frugal was built without CUDA)");
-  const bool use_gpu = c.parallel.device == DeviceChoice::cuda ||
-                       (c.parallel.device == DeviceChoice::automatic && everywhere);
-  if (c.parallel.device == DeviceChoice::automatic && gpus > 0 && !use_gpu)
-    log_warn("parallel.device = auto: ", node_ranks, " rank(s) on this node but ", gpus,
-             " GPU(s), so the run trains on the CPU; start one rank per GPU to use them");
-  if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
-    fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU (", gpus,
-         " GPU(s) for ", node_ranks, " rank(s) on this node)");
-  return use_gpu;
-}
 
 void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t vocab_size) {
   const TokenView view = tokens.view();
@@ -69,6 +48,32 @@ void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t v
 
 // The checkpoint directory must take files before any work is done: found at the first save,
 // an unwritable path costs the steps before it. Every rank writes there (its rank file).
+// FP8 GEMMs need sm_89+ (cuBLASLt's FP8 kernels; the casts' hardware conversion), and
+// cuBLASLt's FP8 layouts need every GEMM dimension a multiple of 16. The CPU emulates FP8 on
+// any shape.
+#ifdef FRUGAL_HAVE_CUDA
+void check_fp8_device(const TrainConfig& c, const DeviceContext& gpu) {
+  const int cc = gpu.compute_capability();
+  if (cc < 89)
+    fail("config key 'fp8.enabled': FP8 needs a GPU of compute capability 8.9 or newer (sm_89+: "
+         "RTX 40xx, L4, H100, H200); GPU ", gpu.device(), " is sm_", cc,
+         ". Run with fp8.enabled = false");
+  const LlamaConfig& m = c.model;
+  const int64_t head_dim = m.attention_head_dim();
+  const int64_t tokens = c.train.micro_batch_size * c.train.seq_len / c.parallel.cp;
+  const std::pair<const char*, int64_t> dims[] = {
+      {"model.hidden_size", m.hidden_size},
+      {"model.intermediate_size", m.intermediate_size},
+      {"model.num_attention_heads x head dimension", m.num_attention_heads * head_dim},
+      {"model.num_key_value_heads x head dimension", m.num_key_value_heads * head_dim},
+      {"train.micro_batch_size x train.seq_len / parallel.cp (tokens)", tokens}};
+  for (const auto& [what, value] : dims)
+    if (value % 16 != 0)
+      fail("config key 'fp8.enabled': FP8 GEMMs on a GPU need ", what, " = ", value,
+           " to be a multiple of 16");
+}
+#endif
+
 void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -94,10 +99,14 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   // Starting from a Hugging Face model: its shape wins over [model], its weights over init.
   if (!c.model_hf_path.empty()) {
     hf.emplace(c.model_hf_path);
+    const RopeScaling extension = c.model.rope_scaling;
     c.model = hf->config();
-    const nlohmann::json shape = llama_config_to_json(c.model);
-    for (auto it = shape.begin(); it != shape.end(); ++it)
-      c.resolved["model." + it.key()] = it.value().dump();
+    // [model] rope_scaling on a Hugging Face model: a context extension (long-context.md).
+    if (extension.type != RopeScalingType::none)
+      c.model = with_context_extension(c.model, extension);
+    for (const ConfigKey& key : config_keys(c))
+      if (key.section() == "model" && key.name != "model.hf_path")
+        c.resolved[key.name] = key.text();
     c.validate_model_dependent();
   }
   MeshShape shape;
@@ -106,7 +115,9 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   shape.node_ranks = c.parallel.node_ranks;
   host_mesh = make_mesh(shape, c.parallel.timeout_s);
   check_same_config(*host_mesh.world, c.resolved);
-  use_gpu = decide_gpu(c, *host_mesh.world);
+  use_gpu = decide_gpu(c.parallel.device, *host_mesh.world, "config key 'parallel.device'");
+  if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
+    fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU");
 
   // --- data ----------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
@@ -159,6 +170,19 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     lora.seed = c.train.seed;
     model->set_lora(&lora);
   }
+  if (c.fp8.enabled) {
+#ifdef FRUGAL_HAVE_CUDA
+    if (use_gpu) check_fp8_device(c, *memory->gpu);
+#endif
+    Fp8Settings settings;
+    settings.enabled = true;
+    settings.recipe = c.fp8.recipe;
+    settings.amax_history_len = c.fp8.amax_history_len;
+    settings.margin = c.fp8.margin;
+    settings.linears = projections_from_names(c.fp8.linears, "fp8.linears");
+    fp8 = std::make_unique<Fp8Scaling>(settings, c.model.num_hidden_layers, memory->activations());
+    model->set_fp8(fp8.get());
+  }
   Zero3Init init;
   if (hf) {
     // Each rank reads only its own rows of each tensor (one tensor's rows at a time): host
@@ -173,6 +197,16 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   const auto projection = [](const ParamSpec& p) {
     return p.shape.size() == 2 && is_block_projection(p.name);
   };
+  // LoRA with FP8: the frozen base projections the FP8 GEMMs read are kept and gathered as E4M3
+  // bytes with a per-tensor scale (half of bf16's bytes); the GEMM's cast of the decoded weight
+  // gives back the same codes under current scaling.
+  if (c.train.type == TrainType::lora && fp8)
+    init.encoding = [this](const ParamSpec& p) -> std::unique_ptr<WeightEncoding> {
+      const int index = block_projection_index(p.name);
+      if (p.shape.size() != 2 || index < 0 || !fp8->covers(index))
+        return nullptr;
+      return std::make_unique<Fp8Encoding>();
+    };
   if (c.train.type == TrainType::qlora) init.nf4 = projection;
   if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
@@ -225,6 +259,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
                                                 {"optim", optimizer.get()},
                                                 {"sampler", sampler.get()},
                                                 {"config", states[2].get()}};
+  if (fp8) parts.push_back({"fp8", fp8.get()});
   // The rank files are one replica's (a checkpoint of ZeRO-3 over its ranks, which any mesh
   // resumes); the other replicas hold the same rows and write nothing.
   Comm& shard = *mesh().shard;

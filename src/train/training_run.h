@@ -59,6 +59,7 @@ struct TrainingRun {
   std::unique_ptr<LlamaModel> model;
   AttentionOperator ring;  // ring attention over mesh().cp when parallel.cp > 1
   LoraConfig lora;
+  std::unique_ptr<Fp8Scaling> fp8;  // [fp8] enabled: the block linears' scales
   std::unique_ptr<Zero3Parameters> params;
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;

@@ -18,12 +18,14 @@
 #include "core/dtype.h"
 #include "gpu_support.h"
 #include "kernels/cpu/adamw.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cuda/adamw.h"
+#include "kernels/cuda/bias.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
@@ -276,27 +278,70 @@ TEST_CASE("cuda rope: forward and backward against the CPU", "[gpu]") {
   const int64_t tokens = 13, heads = 3;
   for (int64_t head_dim : {int64_t{16}, int64_t{128}, int64_t{10}, int64_t{48}}) {
     for (float theta : {10000.0f, 500000.0f}) {
-      INFO("head_dim " << head_dim << " theta " << theta);
-      const size_t n = static_cast<size_t>(tokens * heads * head_dim);
-      const Bf16Data x = random_bf16(n, rng);
-      std::vector<int32_t> pos(static_cast<size_t>(tokens));
-      for (auto& p : pos) p = pos_dist(rng);
-      pos[0] = 0;
-      DeviceBuffer<bf16> d_x(n);
-      DeviceBuffer<int32_t> d_pos(pos.size());
-      d_pos.upload(pos);
+      // The plain table of theta, and the same with linear scaling by 4 and YaRN's factor on
+      // cos and sin (the GPU takes any table; the scaled ones come from model/rope_scaling).
+      for (float scaling : {1.0f, 1.1386294f}) {
+        INFO("head_dim " << head_dim << " theta " << theta << " scaling " << scaling);
+        std::vector<float> inv(static_cast<size_t>(head_dim / 2));
+        for (int64_t i = 0; i < head_dim / 2; ++i)
+          inv[i] = static_cast<float>(1.0 / std::pow(double(theta), 2.0 * i / double(head_dim)) /
+                                      (scaling == 1.0f ? 1.0 : 4.0));
+        const size_t n = static_cast<size_t>(tokens * heads * head_dim);
+        const Bf16Data x = random_bf16(n, rng);
+        std::vector<int32_t> pos(static_cast<size_t>(tokens));
+        for (auto& p : pos) p = pos_dist(rng);
+        pos[0] = 0;
+        DeviceBuffer<bf16> d_x(n);
+        DeviceBuffer<int32_t> d_pos(pos.size());
+        d_pos.upload(pos);
 
+        d_x.upload(x.bits);
+        frugal::cuda::rope_forward(d_x.get(), d_pos.get(), tokens, heads, head_dim, inv.data(),
+                                   scaling, nullptr);
+        FVec want = x.f;
+        frugal::cpu::rope_forward(want.data(), pos.data(), tokens, heads, head_dim, inv.data(),
+                                  scaling);
+        check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope forward");
+
+        d_x.upload(x.bits);
+        frugal::cuda::rope_backward(d_x.get(), d_pos.get(), tokens, heads, head_dim, inv.data(),
+                                    scaling, nullptr);
+        want = x.f;
+        frugal::cpu::rope_backward(want.data(), pos.data(), tokens, heads, head_dim, inv.data(),
+                                   scaling);
+        check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope backward");
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda bias: add and gradient against the CPU", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  for (int64_t rows : {int64_t{1}, int64_t{37}, int64_t{1000}}) {
+    for (int64_t cols : {int64_t{13}, int64_t{384}, int64_t{300}}) {
+      INFO("rows " << rows << " cols " << cols);
+      const size_t n = static_cast<size_t>(rows * cols);
+      const Bf16Data x = random_bf16(n, rng), b = random_bf16(static_cast<size_t>(cols), rng);
+      DeviceBuffer<bf16> d_x(n), d_b(static_cast<size_t>(cols));
       d_x.upload(x.bits);
-      frugal::cuda::rope_forward(d_x.get(), d_pos.get(), tokens, heads, head_dim, theta, nullptr);
+      d_b.upload(b.bits);
+      frugal::cuda::add_bias(d_x.get(), d_b.get(), rows, cols, nullptr);
       FVec want = x.f;
-      frugal::cpu::rope_forward(want.data(), pos.data(), tokens, heads, head_dim, theta);
-      check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope forward");
+      frugal::cpu::add_bias(want.data(), b.f.data(), rows, cols);
+      check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "bias add");
 
-      d_x.upload(x.bits);
-      frugal::cuda::rope_backward(d_x.get(), d_pos.get(), tokens, heads, head_dim, theta, nullptr);
-      want = x.f;
-      frugal::cpu::rope_backward(want.data(), pos.data(), tokens, heads, head_dim, theta);
-      check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope backward");
+      const Bf16Data dy = random_bf16(n, rng);
+      DeviceBuffer<bf16> d_dy(n);
+      d_dy.upload(dy.bits);
+      std::vector<float> db(static_cast<size_t>(cols), 0.25f);
+      DeviceBuffer<float> d_db(db.size());
+      d_db.upload(db);
+      frugal::cuda::bias_backward(d_db.get(), d_dy.get(), rows, cols, nullptr);
+      frugal::cpu::bias_backward(db.data(), dy.f.data(), rows, cols);
+      const std::vector<float> got = d_db.download<float>();
+      for (int64_t c = 0; c < cols; ++c)  // fp32 sums of exact bf16 values, in row order
+        CHECK(got[c] == Approx(db[c]).epsilon(1e-5).margin(1e-4 * std::sqrt(double(rows))));
     }
   }
 }
@@ -544,13 +589,14 @@ TEST_CASE("cuda bf16 state: AdamW on bf16 tensors, fp32 sums into bf16, bf16 nor
     c.n = static_cast<int64_t>(n);
     frugal::cuda::adamw_update(&c, 1, step, nullptr);
     FVec wp = p.f, wm = m.f, wv = v.f;
-    frugal::cpu::adamw_update(wp.data(), g.f.data(), wm.data(), wv.data(),
-                              static_cast<int64_t>(n), step);
+    frugal::cpu::adamw_update(wp.data(), g.f.data(), wm.data(), wv.data(), static_cast<int64_t>(n),
+                              step);
     const auto gp = dp.download<uint16_t>(), gm = dm.download<uint16_t>(),
                gv = dv.download<uint16_t>();
     size_t mismatches = 0;
     for (size_t i = 0; i < n; ++i)
-      mismatches += (gp[i] != frugal::float_to_bf16(wp[i])) + (gm[i] != frugal::float_to_bf16(wm[i])) +
+      mismatches += (gp[i] != frugal::float_to_bf16(wp[i])) +
+                    (gm[i] != frugal::float_to_bf16(wm[i])) +
                     (gv[i] != frugal::float_to_bf16(wv[i]));
     CHECK(mismatches == 0);
 

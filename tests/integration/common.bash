@@ -5,13 +5,14 @@ set -euo pipefail
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # These scripts check fp32 equalities of the CPU backend: on a machine with a GPU, `train`
-# would pick it (parallel.device = auto), so $frugal pins the CPU; $frugal_binary is the real
-# one (tests/integration/gpu_*.sh use it).
+# would pick it (parallel.device = auto, and eval's and generate's --device auto), so $frugal
+# pins the CPU; $frugal_binary is the real one (tests/integration/gpu_*.sh use it).
 frugal_binary=$1
 frugal=$work/frugal-cpu
 cat > "$frugal" <<EOF
 #!/usr/bin/env bash
 if [ "\${1:-}" = train ]; then shift; exec "$frugal_binary" train "\$@" --parallel.device=cpu; fi
+case "\${1:-}" in eval|generate) exec "$frugal_binary" "\$@" --device=cpu ;; esac
 exec "$frugal_binary" "\$@"
 EOF
 chmod +x "$frugal"

@@ -119,15 +119,15 @@ expect_error "safetensors file '.*model.safetensors': tensor '.*': data_offsets 
   generate --hf-model "$work/cut" --prompt-ids "1 2" --ids
 
 mkdir "$work/arch" && cp "$gqa/"* "$work/arch/"
-sed -i 's/LlamaForCausalLM/Qwen2ForCausalLM/' "$work/arch/config.json"
-expect_error "config.json: architecture 'Qwen2ForCausalLM' is not supported" \
+sed -i 's/LlamaForCausalLM/Qwen3ForCausalLM/' "$work/arch/config.json"
+expect_error "config.json: architecture 'Qwen3ForCausalLM' is not supported" \
   eval --hf-model "$work/arch" --tokens "$toks"
 mkdir "$work/bias" && cp "$gqa/"* "$work/bias/"
 sed -i 's/"attention_bias": false/"attention_bias": true/' "$work/bias/config.json"
 expect_error "attention_bias = true is not supported" eval --hf-model "$work/bias" --tokens "$toks"
 mkdir "$work/rope" && cp "$gqa/"* "$work/rope/"
-sed -i 's/"rope_type": "default"/"rope_type": "llama3"/' "$work/rope/config.json"
-expect_error "rope_parameters of type 'llama3'" eval --hf-model "$work/rope" --tokens "$toks"
+sed -i 's/"rope_type": "default"/"rope_type": "longrope"/' "$work/rope/config.json"
+expect_error "rope_scaling of type 'longrope'" eval --hf-model "$work/rope" --tokens "$toks"
 
 # Weights that disagree with config.json or are not finite: refused by name. (The unit tests
 # cover more: unused tensors, a tied model's lm_head, fractional sizes.)
@@ -160,7 +160,7 @@ seq 1 70 | tr '\n' ' ' > "$work/long.txt"
 expect_error "more than the model's context" eval --hf-model "$gqa" --tokens "$work/long.txt"
 expect_error "exactly one of --hf-model DIR or --ckpt DIR" eval --tokens "$toks"
 expect_error "exactly one of --hf-model DIR or --ckpt DIR" eval --hf-model "$gqa" --ckpt "$work/run" --tokens "$toks"
-expect_error "exactly one of --tokens FILE or --text FILE" eval --hf-model "$gqa"
+expect_error "exactly one of --tokens FILE, --text FILE or --token-file FILE" eval --hf-model "$gqa"
 expect_error "has no tokenizer.model" eval --hf-model "$gqa" --text "$work/text.txt"
 expect_error "no config.json" eval --hf-model "$work/data" --tokens "$toks"
 expect_error "does not exist" eval --hf-model "$work/nowhere" --tokens "$toks"

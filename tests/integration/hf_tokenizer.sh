@@ -2,7 +2,7 @@
 # tokenizer.json end to end: `frugal prepare --tokenizer tokenizer.json` (the Llama-3-style
 # fixture of tools/make_bpe_fixtures.py), a short training run on it, then eval --text,
 # generate --prompt and export on the run, each picking the run's tokenizer.json; a Qwen2-style
-# tokenizer (no bos) is refused by prepare with a message; a model directory whose
+# tokenizer (no bos) prepares token files of documents "ids... eos" and trains; a model directory whose
 # tokenizer.json is too big for it is named.   usage: hf_tokenizer.sh FRUGAL_BINARY REPO_ROOT
 set -euo pipefail
 frugal=$1
@@ -58,9 +58,22 @@ cmp -s "$work/hf/tokenizer_config.json" "$fixtures/llama3/tokenizer_config.json"
 out2=$("$frugal" eval --hf-model "$work/hf" --text "$work/eval.txt")
 [ "$out" = "$out2" ] || fail "eval of the export '$out2' differs from the run's '$out'"
 
+# A tokenizer without bos (Qwen2's): documents stored as ids... eos, and a run trains on them.
+"$frugal" prepare "$work/corpus.txt" --out "$work/qwen" \
+  --tokenizer "$fixtures/qwen2/tokenizer.json" > "$work/prepare_qwen.log"
+grep -q "has no bos" "$work/prepare_qwen.log" || fail "prepare did not say the tokenizer has no bos"
+for stat in '"bos_id": -1' '"document_layout": "ids... eos"'; do
+  grep -qF "$stat" "$work/qwen/prepare.json" || fail "prepare.json of the Qwen2-style run lacks $stat"
+done
+"$frugal" train --data.dir="$work/qwen" --model.hidden_size=32 --model.intermediate_size=64 \
+  --model.num_hidden_layers=1 --model.num_attention_heads=2 --model.num_key_value_heads=1 \
+  --model.vocab_size=3072 --model.max_position_embeddings=128 --train.seq_len=32 \
+  --train.micro_batch_size=2 --train.steps=2 --train.lr=5e-3 --train.warmup_steps=1 \
+  --train.eval_batches=1 --train.sample_tokens=4 --train.out_dir="$work/qwen_run" \
+  --parallel.device=cpu > "$work/train_qwen.log" 2>&1 || { cat "$work/train_qwen.log"; fail "training on the Qwen2-style token files"; }
+grep -q "sample:" "$work/train_qwen.log" || fail "no sample after training on the Qwen2-style token files"
+
 # Refusals that name the problem.
-expect_error "has no bos .*tokenizer_config.json" \
-  "$frugal" prepare "$work/corpus.txt" --out "$work/qwen" --tokenizer "$fixtures/qwen2/tokenizer.json"
 mkdir "$work/small"
 cp "$root/tests/fixtures/hf/gqa_untied/"{config.json,model.safetensors} "$work/small/"
 cp "$fixtures/llama3/tokenizer.json" "$work/small/"

@@ -1,18 +1,20 @@
 // Context parallelism: the whole model trained with ring attention over cp ranks (and
 // ZeRO-3 over all dp x cp ranks) equals one rank with ordinary attention on the same global
 // batch: cp = 1, 2, 4, and dp = 2 x cp = 2, at a sequence length that is not a multiple of
-// 2 cp (padding), with grouped-query attention.
+// 2 cp (padding), with grouped-query attention; and with rotary scaling whose tables depend on
+// the whole sequence's length (dynamic) or scale cos and sin (YaRN), which every rank of the
+// ring must apply alike.
 #include <cmath>
 #include <random>
 
 #include "catch_compat.h"
-#include "parallel/mesh.h"
-#include "parallel/ring_attention.h"
-#include "parallel/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model_support.h"
 #include "optim/adamw.h"
+#include "parallel/mesh.h"
+#include "parallel/ring_attention.h"
+#include "parallel/zero3_parameters.h"
 #include "train/train_step.h"
 
 using namespace frugal;
@@ -21,7 +23,7 @@ namespace {
 
 constexpr int64_t kSequences = 4, kSeq = 37;
 
-LlamaConfig gqa_config() {
+LlamaConfig gqa_config(RopeScaling scaling = {}) {
   LlamaConfig c;
   c.hidden_size = 48;
   c.intermediate_size = 64;
@@ -31,6 +33,9 @@ LlamaConfig gqa_config() {
   c.vocab_size = 41;
   c.max_position_embeddings = 64;
   c.rope_theta = 500;
+  c.rope_scaling = scaling;
+  // Dynamic scaling grows the base past max_position_embeddings: the sequences pass it.
+  if (scaling.type == RopeScalingType::dynamic) c.max_position_embeddings = 16;
   return c;
 }
 
@@ -39,9 +44,9 @@ Batch sequences(int64_t first, int64_t count, int64_t step) {
   return test::slice_of_random_batch(uint32_t(77 + step), kSequences, kSeq, 41, first, count, 9);
 }
 
-void check_against_one_rank(int cp) {
+void check_against_one_rank(int cp, RopeScaling scaling = {}) {
   Mesh mesh = make_mesh(cp, 60);
-  const LlamaConfig config = gqa_config();
+  const LlamaConfig config = gqa_config(scaling);
   const AdamWConfig adamw{0.9, 0.95, 1e-6, 0.1, 1.0};
 
   LlamaModel reference_model(config);
@@ -84,5 +89,18 @@ TEST_CASE("ring attention training equals one rank", "[cp][mpi]") {
   SECTION("cp = every rank") { check_against_one_rank(world); }
   if (world == 4) {
     SECTION("dp = 2 x cp = 2") { check_against_one_rank(2); }
+  }
+  SECTION("dynamic rotary scaling past the context") {
+    RopeScaling dynamic;
+    dynamic.type = RopeScalingType::dynamic;
+    dynamic.factor = 3;
+    check_against_one_rank(world, dynamic);
+  }
+  SECTION("YaRN") {
+    RopeScaling yarn;
+    yarn.type = RopeScalingType::yarn;
+    yarn.factor = 4;
+    yarn.original_max_position_embeddings = 16;
+    check_against_one_rank(world, yarn);
   }
 }

@@ -196,6 +196,14 @@ TEST_CASE("token files round-trip and reject damage", "[data][token_file]") {
   CHECK(file[8] == 300);
   CHECK(read_token_file_header(path).num_tokens == 11);
 
+  // Without bos (a Qwen2-style tokenizer): every document is ids..., eos.
+  const std::string no_bos = dir.file("no_bos.tok");
+  CHECK(write_token_file(no_bos, docs, 512, -1, 2).num_tokens == 3 + 1 + 0 + 1 + 2 + 1);
+  CHECK(TokenFile(no_bos).header().bos_id == -1);
+  CHECK(TokenFile(no_bos).read_all() == std::vector<int32_t>{5, 6, 7, 2, 2, 300, 4, 2});
+  CHECK(contains(error_of([&] { write_token_file(dir.file("bad.tok"), docs, 512, -2, 2); }),
+                 "bos id -2 and eos id 2 must lie in the vocabulary [0, 512)"));
+
   // Large vocabularies use 4-byte ids.
   const std::string wide = dir.file("wide.tok");
   write_token_file(wide, {{70000, 3}}, 70001, 1, 2);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bias.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -120,8 +121,16 @@ Vec rmsnorm_ref(const Vec& x, const Vec& w, int64_t rows, int64_t dim, double ep
 
 // hf_angles: the angle as Hugging Face rounds it (float inv_freq, float product); otherwise the
 // exact pos * theta^(-2i/d) in double.
+// float(1 / theta^(2i/d)): the plain rotary table.
+FVec plain_inv_freq(double theta, int64_t d) {
+  FVec inv(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i)
+    inv[i] = static_cast<float>(1.0 / std::pow(theta, 2.0 * i / d));
+  return inv;
+}
+
 Vec rope_ref(const Vec& x, const std::vector<int32_t>& pos, int64_t tokens, int64_t heads,
-             int64_t d, double theta, bool hf_angles) {
+             int64_t d, double theta, bool hf_angles, double scaling = 1.0) {
   Vec y(x.size());
   const int64_t half = d / 2;
   for (int64_t t = 0; t < tokens; ++t)
@@ -134,8 +143,8 @@ Vec rope_ref(const Vec& x, const std::vector<int32_t>& pos, int64_t tokens, int6
         }
         const int64_t base = (t * heads + h) * d;
         const double x1 = x[base + i], x2 = x[base + i + half];
-        y[base + i] = x1 * std::cos(angle) - x2 * std::sin(angle);
-        y[base + i + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+        y[base + i] = scaling * (x1 * std::cos(angle) - x2 * std::sin(angle));
+        y[base + i + half] = scaling * (x2 * std::cos(angle) + x1 * std::sin(angle));
       }
   return y;
 }
@@ -384,29 +393,87 @@ TEST_CASE("rope: Hugging Face rotate-half, backward is the inverse", "[kernels]"
     std::vector<int32_t> pos(tokens);
     for (int64_t t = 0; t < tokens; ++t) pos[t] = static_cast<int32_t>((t * 7) % 40);
     FVec y = x;
-    rope_forward(y.data(), pos.data(), tokens, heads, d, 10000.0f);
+    rope_forward(y.data(), pos.data(), tokens, heads, d, plain_inv_freq(10000.0, d).data(), 1.0f);
     CHECK(rel_err(y, rope_ref(xd, pos, tokens, heads, d, 10000.0, false)) < 2 * kForwardTol);
+  }
+
+  SECTION("a scaled table: cos and sin times the attention scaling, backward its adjoint") {
+    // Linear scaling by 4 is the plain table of theta over 4 positions per step; YaRN's
+    // attention factor multiplies the rotation.
+    const std::vector<int32_t> pos = {0, 1, 2, 3, 12, 511, 4095, 8191, 32767, 131071, 5, 6, 0};
+    FVec inv = plain_inv_freq(10000.0, d);
+    for (float& f : inv) f /= 4.0f;
+    const double scaling = 1.1386294361119891;  // 0.1 ln 4 + 1
+    FVec y = x;
+    rope_forward(y.data(), pos.data(), tokens, heads, d, inv.data(), static_cast<float>(scaling));
+    Vec want(xd.size());
+    {
+      const int64_t half = d / 2;
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            const double angle = static_cast<float>(pos[t]) * inv[i];
+            const int64_t b = (t * heads + h) * d;
+            want[b + i] =
+                scaling * (xd[b + i] * std::cos(angle) - xd[b + i + half] * std::sin(angle));
+            want[b + i + half] =
+                scaling * (xd[b + i + half] * std::cos(angle) + xd[b + i] * std::sin(angle));
+          }
+    }
+    CHECK(rel_err(y, want) < kForwardTol);
+    const FVec dy = random_floats(tokens * heads * d, rng);
+    FVec dx = dy;
+    rope_backward(dx.data(), pos.data(), tokens, heads, d, inv.data(), static_cast<float>(scaling));
+    // <rope(x), dy> = <x, rope_backward(dy)>: the backward is the adjoint.
+    FVec ry = x;
+    rope_forward(ry.data(), pos.data(), tokens, heads, d, inv.data(), static_cast<float>(scaling));
+    double lhs = 0, rhs = 0;
+    for (size_t j = 0; j < x.size(); ++j) {
+      lhs += double(ry[j]) * dy[j];
+      rhs += double(x[j]) * dx[j];
+    }
+    CHECK(std::fabs(lhs - rhs) < 1e-5 * (std::fabs(lhs) + 1));
   }
 
   for (double theta : {10000.0, 500000.0}) {
     // Large positions too: the angle is rounded as Hugging Face rounds it.
     const std::vector<int32_t> pos = {0, 1, 2, 3, 12, 511, 4095, 8191, 32767, 131071, 5, 6, 0};
     FVec y = x;
-    rope_forward(y.data(), pos.data(), tokens, heads, d, static_cast<float>(theta));
+    const FVec inv = plain_inv_freq(theta, d);
+    rope_forward(y.data(), pos.data(), tokens, heads, d, inv.data(), 1.0f);
     CHECK(rel_err(y, rope_ref(xd, pos, tokens, heads, d, theta, true)) < kForwardTol);
     // Position 0 is the identity.
     for (int64_t j = 0; j < heads * d; ++j) CHECK(y[j] == x[j]);
 
     const FVec dy = random_floats(tokens * heads * d, rng);
     FVec dx = dy;
-    rope_backward(dx.data(), pos.data(), tokens, heads, d, static_cast<float>(theta));
+    rope_backward(dx.data(), pos.data(), tokens, heads, d, inv.data(), 1.0f);
     const Vec num = numeric_grad(xd, [&](const Vec& xx) {
       return dot(rope_ref(xx, pos, tokens, heads, d, theta, true), to_double(dy));
     });
     CHECK(rel_err(dx, num) < kGradientTol);
 
-    rope_backward(y.data(), pos.data(), tokens, heads, d, static_cast<float>(theta));
+    rope_backward(y.data(), pos.data(), tokens, heads, d, inv.data(), 1.0f);
     CHECK(rel_err(y, xd) < kForwardTol);  // forward then backward is the identity
+  }
+}
+
+TEST_CASE("bias: added to every row, gradient the sum of the rows, against float64", "[kernels]") {
+  const int64_t rows = 37, cols = 13;
+  std::mt19937 rng(8);
+  const FVec x = random_floats(rows * cols, rng), b = random_floats(cols, rng);
+  const FVec dy = random_floats(rows * cols, rng);
+  FVec y = x;
+  add_bias(y.data(), b.data(), rows, cols);
+  FVec db(static_cast<size_t>(cols), 0.5f);  // accumulated into
+  bias_backward(db.data(), dy.data(), rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      CHECK(y[r * cols + c] == Approx(double(x[r * cols + c]) + b[c]).epsilon(1e-6));
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum = 0.5;
+    for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
+    CHECK(db[c] == Approx(sum).epsilon(1e-6));
   }
 }
 

@@ -17,8 +17,9 @@ using namespace frugal;
 
 namespace {
 
-LlamaConfig awkward_config() {
+LlamaConfig awkward_config(Architecture architecture = Architecture::llama) {
   LlamaConfig c;
+  c.architecture = architecture;
   c.hidden_size = 48;
   c.intermediate_size = 80;
   c.num_hidden_layers = 2;
@@ -57,8 +58,9 @@ double training_loss(LlamaModel& model, LocalParameters& params, const Batch& b,
          static_cast<double>(counted_targets(b.targets));
 }
 
-void check_gradients(const LoraConfig& lora, CheckpointPolicy policy) {
-  const LlamaConfig config = awkward_config();
+void check_gradients(const LoraConfig& lora, CheckpointPolicy policy,
+                     Architecture architecture = Architecture::llama) {
+  const LlamaConfig config = awkward_config(architecture);
   LlamaModel model(config);
   model.set_lora(&lora);
   LocalParameters params(lora_units(config, lora), 7, 0.1f, true);
@@ -77,16 +79,17 @@ void check_gradients(const LoraConfig& lora, CheckpointPolicy policy) {
   CHECK(shards.size() == 2 * lora.targets.size() * size_t(config.num_hidden_layers));
   for (const TrainableShard& s : shards) CHECK((is_lora_a(s.name) || is_lora_b(s.name)));
   CHECK_FALSE(params.grads(block_unit(0))[kQProj].defined());
+  // Qwen2's biases are the base's: frozen with it.
+  if (config.qkv_bias()) CHECK_FALSE(params.grads(block_unit(0))[kBlockParamCount].defined());
   CHECK_FALSE(params.grads(embed_unit())[0].defined());
 
   std::mt19937 rng(3);
   for (size_t k = 0; k < shards.size(); ++k) {
     const TrainableShard& s = shards[k];
-    const test::DirectionalDerivative d =
-        test::directional_derivative(s.param, grads[k], rng, [&] {
-          return lora.dropout > 0 ? training_loss(model, params, b, policy)
-                                  : mean_loss(model, params, b);
-        });
+    const test::DirectionalDerivative d = test::directional_derivative(s.param, grads[k], rng, [&] {
+      return lora.dropout > 0 ? training_loss(model, params, b, policy)
+                              : mean_loss(model, params, b);
+    });
     const double analytic = d.analytic, numeric = d.numeric;
     INFO(s.name << ": analytic " << analytic << " numeric " << numeric);
     CHECK(std::abs(analytic - numeric) <= 2e-3 * std::abs(numeric) + 5e-5);
@@ -104,6 +107,9 @@ TEST_CASE("LoRA adapter gradients equal finite differences", "[lora]") {
   }
   SECTION("MLP only, rank 2, full recompute") {
     check_gradients(lora_of(2, "gate_proj,up_proj,down_proj"), CheckpointPolicy::full);
+  }
+  SECTION("Qwen2 (q/k/v biases, frozen), every projection, selective") {
+    check_gradients(lora_of(2, "all"), CheckpointPolicy::selective, Architecture::qwen2);
   }
   SECTION("dropout 0.3 on every adapter, full recompute draws the same masks") {
     LoraConfig lora = lora_of(3, "all");
@@ -141,7 +147,8 @@ TEST_CASE("dropout keeps 1 - p of the elements, scaled, and is its own adjoint",
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   Tensor x = Tensor::empty({1000}), z = Tensor::empty({1000});
-  for (int64_t i = 0; i < 1000; ++i) x.data<float>()[i] = normal(rng), z.data<float>()[i] = normal(rng);
+  for (int64_t i = 0; i < 1000; ++i)
+    x.data<float>()[i] = normal(rng), z.data<float>()[i] = normal(rng);
   const Tensor dx = ops::dropout(x, 0.4f, 9), dz = ops::dropout(z, 0.4f, 9);
   double left = 0, right = 0;
   for (int64_t i = 0; i < 1000; ++i) {
@@ -165,7 +172,8 @@ TEST_CASE("a fresh LoRA model is the base model", "[lora]") {
   CHECK(a.shape() == Shape({4, config.intermediate_size}));
   const double bound = 1.0 / std::sqrt(double(config.intermediate_size));
   double largest = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) largest = std::max(largest, double(std::abs(a.data<float>()[i])));
+  for (int64_t i = 0; i < a.numel(); ++i)
+    largest = std::max(largest, double(std::abs(a.data<float>()[i])));
   CHECK(largest <= bound);
   CHECK(largest > 0.5 * bound);  // uniform over the whole range, not a narrow normal
   CHECK(adapted.param("model.layers.0.self_attn.k_proj.lora_B.weight").shape() ==

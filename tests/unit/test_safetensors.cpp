@@ -436,15 +436,48 @@ TEST_CASE("config.json of the Llama family: accepted layouts and refused ones") 
     CHECK(contains(err, "cfg.json"));
     CHECK(contains(err, message));
   };
-  refused("architectures", {"Qwen2ForCausalLM"},
-          "architecture 'Qwen2ForCausalLM' is not supported");
+  refused("architectures", {"Qwen3ForCausalLM"},
+          "architecture 'Qwen3ForCausalLM' is not supported");
   refused("model_type", "gemma", "model_type 'gemma' is not supported");
+  refused("rope_scaling", {{"rope_type", "longrope"}, {"factor", 8.0}},
+          "rope_scaling of type 'longrope'");
+  refused("rope_parameters", {{"rope_type", "su"}, {"rope_theta", 1e4}},
+          "rope_scaling of type 'su'");
   refused("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}},
-          "rope_scaling of type 'llama3'");
-  refused("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling of type 'linear'");
-  refused("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1e4}},
-          "rope_parameters of type 'yarn'");
+          "needs the key 'original_max_position_embeddings'");
+  refused("rope_scaling",
+          {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", 8192}},
+          "needs the key 'low_freq_factor'");
+  refused("rope_scaling", {{"type", "linear"}}, "needs the key 'factor'");
+  refused("rope_scaling", {{"type", "linear"}, {"factor", "two"}}, "key 'factor' has value");
+  refused("rope_scaling", {{"type", "linear"}, {"factor", 0.5}}, "must be >= 1");
+  refused("rope_scaling", {{"type", "yarn"}}, "needs 'factor' or");
+  // transformers 4's "type", and YaRN's factor from the two lengths when it is not given.
+  nlohmann::json linear = v4;
+  linear["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  const LlamaConfig lc = llama_config_from_hf_json(linear, "cfg.json");
+  CHECK(lc.rope_scaling.type == RopeScalingType::linear);
+  CHECK(lc.rope_scaling.factor == 2.0);
+  nlohmann::json yarn = v4;
+  yarn["max_position_embeddings"] = 4096;
+  yarn["rope_parameters"] = {
+      {"rope_type", "yarn"}, {"rope_theta", 1e4}, {"original_max_position_embeddings", 1024}};
+  yarn.erase("rope_scaling");
+  const LlamaConfig yc = llama_config_from_hf_json(yarn, "cfg.json");
+  CHECK(yc.rope_scaling.type == RopeScalingType::yarn);
+  CHECK(yc.rope_scaling.factor == 4.0);
+  CHECK(yc.rope_theta == 1e4);
   refused("attention_bias", true, "attention_bias = true is not supported");
+  {
+    nlohmann::json qwen2 = v4;
+    qwen2["architectures"] = {"Qwen2ForCausalLM"};
+    qwen2["model_type"] = "qwen2";
+    CHECK(llama_config_from_hf_json(qwen2, "cfg.json").architecture == Architecture::qwen2);
+    CHECK(llama_config_from_hf_json(qwen2, "cfg.json").qkv_bias());
+    qwen2["use_sliding_window"] = true;
+    CHECK(contains(error_of([&] { llama_config_from_hf_json(qwen2, "cfg.json"); }),
+                   "use_sliding_window = true is not supported"));
+  }
   refused("mlp_bias", true, "mlp_bias = true is not supported");
   refused("hidden_act", "gelu", "hidden_act 'gelu' is not supported");
   refused("quantization_config", {{"quant_method", "gptq"}}, "quantized checkpoints");

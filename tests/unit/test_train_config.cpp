@@ -40,6 +40,14 @@ const std::map<std::string, std::string> kDefaults = {
     {"model.head_dim", "0"},
     {"model.max_position_embeddings", "2048"},
     {"model.rope_theta", "10000"},
+    {"model.rope_scaling", "none"},
+    {"model.rope_scaling_factor", "1"},
+    {"model.rope_original_max_position_embeddings", "0"},
+    {"model.rope_low_freq_factor", "1"},
+    {"model.rope_high_freq_factor", "4"},
+    {"model.rope_beta_fast", "32"},
+    {"model.rope_beta_slow", "1"},
+    {"model.rope_attention_factor", "0"},
     {"model.rms_norm_eps", "1e-05"},
     {"model.tie_word_embeddings", "false"},
     {"model.hf_path", ""},
@@ -89,6 +97,11 @@ const std::map<std::string, std::string> kDefaults = {
     {"ckpt.keep", "2"},
     {"ckpt.final", "true"},
     {"ckpt.async", "true"},
+    {"fp8.enabled", "false"},
+    {"fp8.recipe", "delayed"},
+    {"fp8.amax_history_len", "16"},
+    {"fp8.margin", "0"},
+    {"fp8.linears", "all"},
     {"monitor.log_every", "10"},
 };
 
@@ -204,6 +217,21 @@ TEST_CASE("a value outside its key's range is refused naming the key and the ran
                          c.train.type = TrainType::qlora;
                        }),
                        "config key 'lora.targets': 'attn' is not one of"));
+  // [fp8] counts only with fp8.enabled; its projections' names are lora.targets' names.
+  CHECK(error_with([](TrainConfig& c) { c.fp8.linears = "attn"; }).empty());
+  CHECK(test::contains(error_with([](TrainConfig& c) {
+                         c.fp8.enabled = true;
+                         c.fp8.linears = "q_proj,attn";
+                       }),
+                       "config key 'fp8.linears': 'attn' is not one of"));
+  CHECK(error_with([](TrainConfig& c) {
+          c.fp8.enabled = true;
+          c.fp8.amax_history_len = 0;
+        }) == "config key 'fp8.amax_history_len': value 0 must be positive");
+  CHECK(error_with([](TrainConfig& c) {
+          c.fp8.enabled = true;
+          c.fp8.margin = -1;
+        }) == "config key 'fp8.margin': value -1 must be >= 0");
 }
 
 TEST_CASE("every key: declared once, in resolved with its default as before", "[config]") {

@@ -5,7 +5,10 @@ transformers.
   --device cpu (default, tools/bench/train_cpu_vs_torch): fp32 weights, torch.optim.AdamW.
   --device cuda (tools/bench/train_vs_torch): bf16 weights on one GPU, SDPA attention,
     torch.optim.AdamW(fused=True), peak GPU memory reported; --grad-ckpt 1 recomputes each
-    decoder layer in the backward (gradient_checkpointing_enable, use_reentrant=False)."""
+    decoder layer in the backward (gradient_checkpointing_enable, use_reentrant=False);
+    --compile 1 wraps the model in torch.compile; --float8 1 converts the decoder layers'
+    linears to torchao's float8 training (tensorwise scaling, the lm_head stays bf16), the
+    peer of frugal's [fp8] (tools/bench/fp8_vs_bf16)."""
 import argparse
 import json
 import sys
@@ -22,6 +25,9 @@ for key, default in [("hidden", 192), ("intermediate", 512), ("layers", 4), ("he
 p.add_argument("--tied", type=int, default=1)
 p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 p.add_argument("--grad-ckpt", type=int, default=0, help="1: activation checkpointing (cuda only)")
+p.add_argument("--compile", type=int, default=0, help="1: torch.compile the model (cuda only)")
+p.add_argument("--float8", type=int, default=0,
+               help="1: torchao float8 training of the decoder linears (cuda only)")
 a = p.parse_args()
 cuda = a.device == "cuda"
 if cuda and not torch.cuda.is_available():
@@ -48,8 +54,17 @@ if cuda:
             model.activation_checkpointing_enable({"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if a.float8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        # Tensorwise (per-tensor) dynamic scaling, torchao's default recipe; the output head
+        # stays bf16, as frugal's does.
+        convert_to_float8_training(
+            model, config=Float8LinearConfig(),
+            module_filter_fn=lambda mod, fqn: fqn != "lm_head")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=True)
+    if a.compile:
+        model = torch.compile(model)
 else:
     model = LlamaForCausalLM(config).float().train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
@@ -84,7 +99,9 @@ result = {"peer": "transformers " + __import__("transformers").__version__ + " /
 if cuda:
     result.update({"device": torch.cuda.get_device_name(), "dtype": "bfloat16",
                    "attn_implementation": "sdpa", "optimizer": "AdamW(fused=True)",
-                   "grad_ckpt": bool(a.grad_ckpt),
+                   "grad_ckpt": bool(a.grad_ckpt), "compile": bool(a.compile),
+                   "float8": ("torchao " + __import__("torchao").__version__
+                              + " tensorwise") if a.float8 else None,
                    "n_params": sum(t.numel() for t in model.parameters()),
                    "final_loss": float(loss),
                    "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),

@@ -1,0 +1,360 @@
+// A rank's memory, phase by phase, as the caching allocator will see it.
+#include "train/step_memory.h"
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <vector>
+
+#include "model/lora.h"
+#include "optim/galore_adamw.h"
+#include "quant/hqq.h"
+#include "quant/nf4.h"
+#include "train/memory_plan.h"
+
+namespace frugal {
+
+const char* memory_part_name(MemoryPart part) {
+  switch (part) {
+    case MemoryPart::state:
+      return "state";
+    case MemoryPart::activations:
+      return "activations";
+    case MemoryPart::block_work:
+      return "block_work";
+    case MemoryPart::gathered:
+      return "gathered";
+    case MemoryPart::dequantized:
+      return "dequantized";
+    case MemoryPart::loss:
+      return "loss";
+    case MemoryPart::ring:
+      return "ring";
+    case MemoryPart::start_up:
+      return "start_up";
+    case MemoryPart::count:
+      break;
+  }
+  return "?";
+}
+
+namespace {
+
+// core/device.cpp's size classes (CachingArena): 512-byte steps up to 1 MiB, 2 MiB steps above.
+size_t size_class(size_t bytes) {
+  const size_t step = bytes <= (size_t(1) << 20) ? 512 : (size_t(2) << 20);
+  return std::max<size_t>(1, (bytes + step - 1) / step) * step;
+}
+
+// LlamaModel's chunk of rows for the head and the loss (llama_model.h, loss_chunk_rows_).
+constexpr int64_t kLossChunkRows = 1024;
+
+using PartCounts = std::array<int64_t, size_t(MemoryPart::count)>;
+
+// The blocks in use in one phase of a step: size class -> blocks, by part.
+struct Phase {
+  std::map<size_t, PartCounts> blocks;
+  void add(MemoryPart part, size_t bytes, int64_t n = 1) {
+    if (bytes == 0 || n == 0) return;
+    blocks[size_class(bytes)][size_t(part)] += n;
+  }
+  size_t in_use() const {
+    size_t total = 0;
+    for (const auto& [block, counts] : blocks)
+      for (int64_t n : counts) total += block * size_t(n);
+    return total;
+  }
+};
+
+// One activation tensor of a block: elements per token and bytes per element.
+struct PerToken {
+  int64_t width;
+  int bytes;
+};
+
+// The widths a block's tensors have: hidden, attention (q, o), key/value, ffn, heads.
+struct BlockWidths {
+  int64_t h, a, kv, f, heads, lora_rank, adapted;
+};
+
+// What block_forward keeps for the backward under each policy (llama_block.cpp, keep_only),
+// bf16 activations and fp32 statistics.
+std::vector<PerToken> kept(CheckpointPolicy policy, const BlockWidths& w) {
+  std::vector<PerToken> t;
+  const PerToken lora_t{w.lora_rank, 2};
+  switch (policy) {
+    case CheckpointPolicy::none:
+      t = {{w.h, 2},     {w.h, 2}, {1, 4},   {w.a, 2}, {w.kv, 2}, {w.kv, 2}, {w.a, 2},
+           {w.heads, 4}, {w.h, 2}, {w.h, 2}, {1, 4},   {w.f, 2},  {w.f, 2},  {w.f, 2}};
+      break;
+    case CheckpointPolicy::selective:  // x, rotated q and k, v, attention output + LSE, h, gate, up
+      t = {{w.h, 2},     {w.a, 2}, {w.kv, 2}, {w.kv, 2}, {w.a, 2},
+           {w.heads, 4}, {w.h, 2}, {w.f, 2},  {w.f, 2}};
+      break;
+    case CheckpointPolicy::full:  // x alone
+      return {{w.h, 2}};
+  }
+  for (int64_t i = 0; i < w.adapted; ++i) t.push_back(lora_t);
+  return t;
+}
+
+// What block_recompute makes again before the backward.
+std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w) {
+  switch (policy) {
+    case CheckpointPolicy::none:
+      return {};
+    case CheckpointPolicy::selective:
+      return {{w.h, 2}, {1, 4}, {w.h, 2}, {1, 4}, {w.f, 2}};
+    case CheckpointPolicy::full: {
+      // Everything but x, and q, k before rotary (forward_all keeps them while it runs).
+      std::vector<PerToken> t = kept(CheckpointPolicy::none, w);
+      t.erase(t.begin());
+      t.push_back({w.a, 2});
+      t.push_back({w.kv, 2});
+      for (int64_t i = 0; i < w.adapted; ++i) t.push_back({w.lora_rank, 2});
+      return t;
+    }
+  }
+  return {};
+}
+
+// block_backward's tensors (locals live to its end): dy; d_act, dg, du; d_n2, dh, d_attn; the
+// attention kernels' fp32 dq, dk, dv and their scratch (2 floats per head and token), then their
+// bf16 copies; rotary's dq, dk; d_n1 and dx.
+std::vector<PerToken> backward_temporaries(const BlockWidths& w) {
+  return {{w.h, 2},  {w.f, 2},  {w.f, 2},  {w.f, 2},  {w.h, 2},         {w.h, 2},
+          {w.a, 2},  {w.a, 4},  {w.kv, 4}, {w.kv, 4}, {2 * w.heads, 4}, {w.a, 2},
+          {w.kv, 2}, {w.kv, 2}, {w.a, 2},  {w.kv, 2}, {w.h, 2},         {w.h, 2}};
+}
+
+void add_tensors(Phase& phase, MemoryPart part, const std::vector<PerToken>& tensors,
+                 int64_t tokens, int64_t times = 1) {
+  for (const PerToken& t : tensors) phase.add(part, size_t(t.width * tokens * t.bytes), times);
+}
+
+enum class Encoding { none, nf4, hqq };
+
+// One parameter's shard layout on a rank of a shard group of `ranks` (shard_layout.h: padded
+// row shards).
+struct ParamLayout {
+  size_t shard = 0, padded = 0, rows = 0, numel = 0;
+  Shape shape;
+  bool trainable = true;
+  Encoding encoding = Encoding::none;
+};
+
+// A 4-bit weight's parts (nf4_encoding.cpp, hqq_encoding.cpp) for `elements` of its rows.
+std::vector<size_t> encoded_parts(const ParamLayout& p, size_t elements, bool with_scales) {
+  if (p.encoding == Encoding::hqq)  // codes, fp32 scales and zeros per group
+    return {elements / 2, elements / size_t(kHqqGroupSize) * 4,
+            elements / size_t(kHqqGroupSize) * 4};
+  // NF4: codes, 8-bit absmax codes per block, fp32 scales per 256 blocks of the whole tensor
+  // (replicated: used where they are unless they are uploaded).
+  const size_t blocks = p.numel / size_t(kNf4BlockSize);
+  std::vector<size_t> parts = {elements / 2, elements / size_t(kNf4BlockSize)};
+  if (with_scales)
+    parts.push_back(4 * ((blocks + size_t(kNf4AbsmaxBlockSize) - 1) / size_t(kNf4AbsmaxBlockSize)));
+  return parts;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
+  const LlamaConfig& m = c.model;
+  const size_t ranks = size_t(std::max<int64_t>(1, mesh.shard));
+  const bool lora = c.train.type != TrainType::full;
+  LoraConfig lora_config;
+  if (lora) {
+    lora_config.rank = c.lora.rank;
+    lora_config.targets = lora_targets_from_names(c.lora.targets);
+  }
+  const std::vector<UnitSpec> units = lora ? lora_units(m, lora_config) : llama_units(m);
+  const Encoding base_encoding = c.train.type == TrainType::qlora      ? Encoding::nf4
+                                 : c.train.type == TrainType::hqq_lora ? Encoding::hqq
+                                                                       : Encoding::none;
+  const bool host_state = c.parallel.offload != Offload::none;
+  const bool copies_on_host = c.parallel.offload == Offload::params;
+  const size_t master = c.optim.state_dtype == StateDType::bf16 ? 2 : 4;
+  // One rank with fp32 state on the GPU: the backward adds into the gradient shards themselves.
+  const bool direct_grads = ranks == 1 && !host_state && master == 4;
+  const int64_t galore_rank = c.optim.type == OptimizerType::galore_adamw ? c.galore.rank : 0;
+
+  std::vector<std::vector<ParamLayout>> layout(units.size());
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const ParamSpec& spec : units[u].params) {
+      ParamLayout p;
+      p.shape = spec.shape;
+      p.trainable = spec.trainable;
+      p.rows = spec.shape.empty() ? 1 : size_t(spec.shape[0]);
+      p.numel = size_t(shape_numel(spec.shape));
+      const size_t row_len = p.rows ? p.numel / p.rows : 0;
+      p.shard = (p.rows + ranks - 1) / ranks * row_len;
+      p.padded = p.shard * ranks;
+      if (!spec.trainable && spec.shape.size() == 2 && is_block_projection(spec.name))
+        p.encoding = base_encoding;
+      layout[u].push_back(p);
+    }
+
+  MemoryEstimate out;
+  // --- the state: in every phase ----------------------------------------------------------
+  Phase state;
+  Phase start_up_extra;
+  auto keep = [&](bool on_host, size_t bytes) {
+    if (on_host)
+      out.host_state += bytes;
+    else
+      state.add(MemoryPart::state, bytes);
+  };
+  for (size_t u = 0; u < units.size(); ++u)
+    for (size_t i = 0; i < units[u].params.size(); ++i) {
+      const ParamLayout& p = layout[u][i];
+      if (p.trainable) {
+        keep(host_state, p.shard * master);  // master
+        keep(host_state, p.shard * master);  // gradient shard
+        size_t optimizer = 2 * p.shard * master;
+        if (galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape))
+          optimizer = galore_state_bytes(p.shape, p.shard / (p.numel / p.rows), galore_rank);
+        for (int k = 0; k < 2; ++k) keep(host_state, optimizer / 2);
+        if (master == 4) keep(copies_on_host, p.shard * 2);  // the bf16 copy the layers read
+        if (host_state && !copies_on_host) out.host_state += p.shard * 2;  // its host staging
+        if (c.ckpt.async)  // the checkpoint's staging: master and moments, widened to fp32
+          out.host_staging += p.shard * 4 + optimizer * 4 / master;
+      } else if (p.encoding != Encoding::none) {
+        for (size_t part : encoded_parts(p, p.shard, true)) keep(copies_on_host, part);
+      } else {
+        keep(copies_on_host, p.shard * 2);
+        // Start-up: its fp32 master is made on the GPU, copied to bf16 and dropped (the
+        // allocator keeps the block).
+        if (!host_state) start_up_extra.add(MemoryPart::start_up, p.shard * 4);
+      }
+    }
+
+  // --- what the units in flight hold -------------------------------------------------------
+  const size_t embed = 0, block = 1, head = units.size() - 1;
+  auto add_weights = [&](Phase& phase, size_t u) {
+    for (const ParamLayout& p : layout[u]) {
+      // On one rank the layers read the shards in place; offloaded ones are uploaded first.
+      if (copies_on_host) {
+        if (p.encoding != Encoding::none)
+          for (size_t part : encoded_parts(p, p.shard, true)) phase.add(MemoryPart::gathered, part);
+        else
+          phase.add(MemoryPart::gathered, p.shard * 2);
+      }
+      if (ranks == 1) continue;
+      if (p.encoding != Encoding::none)
+        for (size_t part : encoded_parts(p, p.padded, false)) phase.add(MemoryPart::gathered, part);
+      else
+        phase.add(MemoryPart::gathered, p.padded * 2);
+    }
+  };
+  auto add_full_grads = [&](Phase& phase, size_t u) {
+    if (direct_grads) return;
+    for (const ParamLayout& p : layout[u])
+      if (p.trainable) phase.add(MemoryPart::gathered, p.padded * 4);
+  };
+  // A unit's reduction still in flight while the next unit's backward runs (several ranks, or
+  // gradients on their way down to host memory).
+  auto add_in_flight = [&](Phase& phase, size_t u) {
+    if (direct_grads || (ranks == 1 && !host_state)) return;
+    add_full_grads(phase, u);
+    if (ranks > 1)
+      for (const ParamLayout& p : layout[u])
+        if (p.trainable) phase.add(MemoryPart::gathered, p.shard * 4);
+  };
+
+  // --- activations ---------------------------------------------------------------------------
+  const int64_t d = m.attention_head_dim();
+  const int64_t adapted = lora ? int64_t(lora_config.targets.size()) : 0;
+  const BlockWidths w{m.hidden_size,
+                      m.num_attention_heads * d,
+                      m.num_key_value_heads * d,
+                      m.intermediate_size,
+                      m.num_attention_heads,
+                      lora ? c.lora.rank : 0,
+                      adapted};
+  const int64_t cp = std::max<int64_t>(1, mesh.cp);
+  const int64_t tokens = c.train.micro_batch_size * ((c.train.seq_len + 2 * cp - 1) / (2 * cp) * 2);
+  const int64_t layers = m.num_hidden_layers;
+  const std::vector<PerToken> saved = kept(c.train.activation_checkpointing, w);
+  const std::vector<PerToken> again = recomputed(c.train.activation_checkpointing, w);
+  const std::vector<PerToken> temporaries = backward_temporaries(w);
+
+  auto with_state = [&](Phase phase) {
+    for (const auto& [block_bytes, counts] : state.blocks)
+      for (size_t k = 0; k < counts.size(); ++k) phase.blocks[block_bytes][k] += counts[k];
+    return phase;
+  };
+  // 4-bit projections: one bf16 matrix at a time, each shape's block kept by the allocator.
+  auto add_dequantized = [&](Phase& phase) {
+    std::map<size_t, bool> shapes;
+    for (const ParamLayout& p : layout[block])
+      if (p.encoding != Encoding::none) shapes[size_class(p.padded * 2)] = true;
+    for (const auto& [bytes, yes] : shapes) phase.add(MemoryPart::dequantized, bytes);
+  };
+  auto add_ring = [&](Phase& phase) {
+    if (cp == 1) return;
+    // K/V double buffer (bf16) and three fp32 dK/dV accumulators (ring_attention.cpp).
+    phase.add(MemoryPart::ring, size_t(tokens * 2 * w.kv * 2), 2);
+    phase.add(MemoryPart::ring, size_t(tokens * 2 * w.kv * 4), 3);
+  };
+
+  std::vector<Phase> phases;
+  {  // start-up: the state and the frozen fp32 masters before they are dropped
+    Phase p = with_state(start_up_extra);
+    phases.push_back(p);
+  }
+  {  // the loss: every layer's kept activations, the head's input, norm and chunks
+    Phase p = with_state(Phase());
+    add_tensors(p, MemoryPart::activations, saved, tokens, layers);
+    const int64_t rows = std::min(kLossChunkRows, tokens);
+    add_tensors(p, MemoryPart::loss, {{w.h, 2}, {w.h, 2}, {1, 4}, {w.h, 2}}, tokens);
+    p.add(MemoryPart::loss, size_t(rows * m.vocab_size * 2), 2);  // logits and their gradient
+    p.add(MemoryPart::loss, size_t(rows * w.h * 2));
+    add_weights(p, head);
+    add_full_grads(p, head);
+    phases.push_back(p);
+  }
+  for (int last = 1; last >= 0; --last) {  // the backward of the last block, of a middle one
+    Phase p = with_state(Phase());
+    add_tensors(p, MemoryPart::activations, saved, tokens, last ? layers : layers - 1);
+    add_tensors(p, MemoryPart::block_work, again, tokens);
+    add_tensors(p, MemoryPart::block_work, temporaries, tokens);
+    add_weights(p, block);
+    add_weights(p, block);  // the next one, gathered ahead
+    add_full_grads(p, block);
+    add_in_flight(p, last ? head : block);
+    add_dequantized(p);
+    add_ring(p);
+    phases.push_back(p);
+  }
+  {  // the embedding's backward, the last block's reduction in flight
+    Phase p = with_state(Phase());
+    add_tensors(p, MemoryPart::block_work, {{w.h, 2}}, tokens);
+    add_full_grads(p, embed);
+    add_in_flight(p, block);
+    phases.push_back(p);
+  }
+
+  // The allocator's reservation: each size class at its most blocks in any phase.
+  std::map<size_t, const PartCounts*> most;
+  for (const Phase& p : phases) {
+    out.device_in_use = std::max(out.device_in_use, p.in_use());
+    for (const auto& [block_bytes, counts] : p.blocks) {
+      int64_t n = 0;
+      for (int64_t k : counts) n += k;
+      auto it = most.find(block_bytes);
+      int64_t before = 0;
+      if (it != most.end())
+        for (int64_t k : *it->second) before += k;
+      if (it == most.end() || n > before) most[block_bytes] = &counts;
+    }
+  }
+  for (const auto& [block_bytes, counts] : most)
+    for (size_t k = 0; k < counts->size(); ++k) {
+      out.parts[k] += block_bytes * size_t((*counts)[k]);
+      out.device_reserved += block_bytes * size_t((*counts)[k]);
+    }
+  return out;
+}
+
+}  // namespace frugal
