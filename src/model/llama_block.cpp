@@ -9,8 +9,9 @@ BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraCon
   const size_t adapters = lora && lora->enabled() ? 2 * lora->targets.size() : 0;
   FRUGAL_CHECK(u.size() == kBlockParamCount + adapters, "block unit with ", u.size(),
                " tensors, expected ", kBlockParamCount + adapters);
-  BlockWeights w{u[kInputNorm],         u[kQProj],    u[kKProj],  u[kVProj],   u[kOProj],
-                 u[kPostAttentionNorm], u[kGateProj], u[kUpProj], u[kDownProj], {}, {}};
+  BlockWeights w{
+      u[kInputNorm], u[kQProj],  u[kKProj],    u[kVProj], u[kOProj], u[kPostAttentionNorm],
+      u[kGateProj],  u[kUpProj], u[kDownProj], {},        {}};
   for (int p = 0; adapters && p < kBlockParamCount; ++p)
     if (lora->adapts(p)) {
       w.lora_a[p] = u[lora->a_index(p)];
@@ -21,15 +22,24 @@ BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraCon
 
 Tensor& BlockWeights::at(int p) {
   switch (p) {
-    case kInputNorm: return input_norm;
-    case kQProj: return q_proj;
-    case kKProj: return k_proj;
-    case kVProj: return v_proj;
-    case kOProj: return o_proj;
-    case kPostAttentionNorm: return post_attention_norm;
-    case kGateProj: return gate_proj;
-    case kUpProj: return up_proj;
-    case kDownProj: return down_proj;
+    case kInputNorm:
+      return input_norm;
+    case kQProj:
+      return q_proj;
+    case kKProj:
+      return k_proj;
+    case kVProj:
+      return v_proj;
+    case kOProj:
+      return o_proj;
+    case kPostAttentionNorm:
+      return post_attention_norm;
+    case kGateProj:
+      return gate_proj;
+    case kUpProj:
+      return up_proj;
+    case kDownProj:
+      return down_proj;
   }
   fail("block parameter index ", p, " out of range");
 }
@@ -78,9 +88,8 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 }
 
 // The backward of project: returns dx; dW (when not frozen), dA and dB accumulated.
-Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w,
-                        BlockWeights& g, int p, const BlockContext& ctx,
-                        const BlockActivations& a) {
+Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
+                        int p, const BlockContext& ctx, const BlockActivations& a) {
   Tensor dx = ops::linear_backward(dy, x, w.projection(p), g.at(p));
   if (!w.lora_a[p].defined()) return dx;
   // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.
@@ -123,8 +132,10 @@ void keep_only(BlockActivations& a, CheckpointPolicy policy) {
   if (policy == CheckpointPolicy::none) return;
   if (policy == CheckpointPolicy::full) {
     Tensor x = a.x;
+    const double checksum = a.act_checksum;
     a = BlockActivations();
     a.x = x;
+    a.act_checksum = checksum;
     return;
   }
   // selective keeps lora_t: recomputing them would need the inputs it drops.
@@ -140,6 +151,7 @@ Tensor block_forward(const Tensor& x, const BlockWeights& w, const BlockContext&
   a.x = x;
   Tensor y = forward_all(a, w, ctx);
   if (saved) {
+    if (ctx.checksum_act) a.act_checksum = ops::sum_squares({a.act});
     keep_only(a, ctx.policy);
     *saved = std::move(a);
   }
@@ -152,13 +164,15 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
       return;
     case CheckpointPolicy::full:
       forward_all(a, w, ctx);
-      return;
+      break;
     case CheckpointPolicy::selective:
       a.n1 = ops::rmsnorm(a.x, w.input_norm, eps_of(ctx), &a.rstd1);
       a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
       a.act = ops::swiglu(a.gate, a.up);
-      return;
+      break;
   }
+  // As a kernel that is not deterministic would: the recompute differs from the forward.
+  if (ctx.perturb_recompute) ops::scale_inplace(a.act, 1.0f + 1.0f / 64);
 }
 
 Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWeights& w,
@@ -167,15 +181,13 @@ Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWe
   Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, ctx, a);
   ops::SwigluGrads d_mlp = ops::swiglu_backward(d_act, a.gate, a.up);
   Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, ctx, a);
-  ops::add_inplace(d_n2,
-                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a));
+  ops::add_inplace(d_n2, project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a));
   Tensor dh =
       ops::rmsnorm_backward(d_n2, a.h, w.post_attention_norm, a.rstd2, g.post_attention_norm);
   ops::add_inplace(dh, dy);
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
-  Tensor d_attn =
-      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a);
+  Tensor d_attn = project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
   ops::AttentionGrads d_qkv =
       ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)

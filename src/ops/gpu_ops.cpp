@@ -36,10 +36,10 @@ namespace {
 struct BoundDevice {
   DeviceContext* context = nullptr;
   std::unique_ptr<cuda::GemmContext> gemm;
-  Tensor norm_sum;          // 1 f64: sum_squares' result
-  Tensor norm_scratch;      // cuda::kSumSquaresScratch f64
-  Tensor target_error;      // 2 i32: cross_entropy's out-of-range target report
-  int64_t loss_vocab = 0;   // vocabulary of the chunks since the last read_loss
+  Tensor norm_sum;         // 1 f64: sum_squares' result
+  Tensor norm_scratch;     // cuda::kSumSquaresScratch f64
+  Tensor target_error;     // 2 i32: cross_entropy's out-of-range target report
+  int64_t loss_vocab = 0;  // vocabulary of the chunks since the last read_loss
 };
 
 BoundDevice& bound() {
@@ -67,7 +67,9 @@ void expect(const Tensor& t, DType dtype, const char* what) {
                dtype_name(dtype));
 }
 
-Tensor empty(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype, compute_arena()); }
+Tensor empty(const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, compute_arena());
+}
 
 }  // namespace
 
@@ -242,16 +244,16 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
                                    const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out, const Tensor& lse,
                                    const cpu::AttentionShape& s) {
-  Tensor scratch = empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))},
-                         DType::f32);
+  Tensor scratch =
+      empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))}, DType::f32);
   cuda::attention_backward(f32(dq), f32(dk), f32(dv), bf(dout), bf(q), bf(k), bf(v), bf(out),
                            f32(lse), s, f32(scratch), kernel_options().attention_sm90, stream());
 }
 
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch) {
   expect(part.out, DType::bf16, "attention block output");
-  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch,
-                        out.size(0) / batch, out.size(1), out.size(2), stream());
+  cuda::merge_attention(f32(out), f32(lse), bf(part.out), f32(part.lse), batch, out.size(0) / batch,
+                        out.size(1), out.size(2), stream());
 }
 
 Tensor dropout(const Tensor& x, float p, uint64_t seed) {
@@ -359,6 +361,35 @@ double sum_squares(const std::vector<Tensor>& xs) {
   }
   if (first) return 0;
   return to_host(d.norm_sum, d.context->compute()).data<double>()[0];
+}
+
+std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs) {
+  // Every tensor's values land in one device array, read back with one wait.
+  const int64_t n = static_cast<int64_t>(xs.size());
+  Tensor values = empty({std::max<int64_t>(1, n) * cuda::kGradHealthValues}, DType::f64);
+  Tensor scratch = empty({cuda::kGradHealthValues * cuda::kSumSquaresScratch}, DType::f64);
+  double* out = static_cast<double*>(values.raw());
+  double* partial = static_cast<double*>(scratch.raw());
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& x = xs[static_cast<size_t>(i)];
+    double* row = out + i * cuda::kGradHealthValues;
+    if (x.dtype() == DType::bf16)  // a bf16 run's gradients
+      cuda::grad_health(row, bf(x), x.numel(), partial, stream());
+    else {
+      expect(x, DType::f32, "gradient");
+      cuda::grad_health(row, f32(x), x.numel(), partial, stream());
+    }
+  }
+  std::vector<GradHealth> result;
+  if (n == 0) return result;
+  const Tensor host = to_host(values, device().context->compute());
+  const double* v = host.data<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    const double* row = v + i * cuda::kGradHealthValues;
+    result.push_back({row[0], static_cast<int64_t>(row[1]), static_cast<int64_t>(row[2]),
+                      static_cast<int64_t>(row[3]), xs[static_cast<size_t>(i)].numel()});
+  }
+  return result;
 }
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,

@@ -281,8 +281,8 @@ Tensor rope_backward(const Tensor& dy, const Tensor& positions, float theta) {
 cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t batch,
                                     int64_t causal_offset, const char* what) {
   FRUGAL_CHECK(q.ndim() == 3 && k.ndim() == 3 && batch > 0 && q.size(0) % batch == 0 &&
-                   k.size(0) % batch == 0 && q.size(2) == k.size(2) &&
-                   q.size(1) % k.size(1) == 0 && causal_offset >= 0,
+                   k.size(0) % batch == 0 && q.size(2) == k.size(2) && q.size(1) % k.size(1) == 0 &&
+                   causal_offset >= 0,
                what, " q ", shape_string(q.shape()), " k ", shape_string(k.shape()), " batch ",
                batch, " causal_offset ", causal_offset);
   cpu::AttentionShape s;
@@ -311,7 +311,8 @@ Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b
   cpu::AttentionShape s = causal_shape(q, k, batch);
   FRUGAL_ON_GPU(q, attention(q, k, v, s));
   expect_cpu_f32(q, "attention query");
-  Attention a{empty_like(q), Tensor::empty({batch, s.n_heads, s.q_len}, DType::f32, compute_arena(q))};
+  Attention a{empty_like(q),
+              Tensor::empty({batch, s.n_heads, s.q_len}, DType::f32, compute_arena(q))};
   cpu::attention_forward(a.out.data<float>(), a.lse.data<float>(), q.data<float>(), k.data<float>(),
                          v.data<float>(), s);
   return a;
@@ -419,6 +420,19 @@ double sum_squares(const std::vector<Tensor>& xs) {
   return sum;
 }
 
+std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs) {
+  if (!xs.empty()) {
+    FRUGAL_ON_GPU(xs.front(), grad_health(xs));
+  }
+  std::vector<GradHealth> out;
+  for (const Tensor& x : xs) {
+    expect_cpu_f32(x, "gradient");
+    const cpu::GradHealthCounts c = cpu::grad_health(x.data<float>(), x.numel());
+    out.push_back({c.sum_squares, c.nonfinite, c.bf16_underflow, c.bf16_overflow, x.numel()});
+  }
+  return out;
+}
+
 void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
                     const Tensor& scales, float offset, const float* nf4_table,
                     const float* absmax_map) {
@@ -428,8 +442,8 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                    scales.device() == out.device() && scales.dtype() == DType::f32,
                "dequantize_nf4 of ", n, " values from ", codes.numel(), " code bytes and ",
                absmax_codes.numel(), " absmax codes");
-  FRUGAL_ON_GPU(out, dequantize_nf4(out, codes, absmax_codes, scales, offset, nf4_table,
-                                    absmax_map));
+  FRUGAL_ON_GPU(out,
+                dequantize_nf4(out, codes, absmax_codes, scales, offset, nf4_table, absmax_map));
   expect_cpu_f32(out, "dequantized weight");
   cpu::nf4_dequantize(out.data<float>(), codes.data<uint8_t>(), absmax_codes.data<uint8_t>(),
                       scales.data<float>(), offset, nf4_table, absmax_map, n);
@@ -465,8 +479,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
     FRUGAL_CHECK(param_copy.device() == Device::cpu && param_copy.dtype() == DType::bf16,
                  "the copy of a host parameter must be a bf16 host tensor");
   cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                    param.numel(), s,
-                    param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
+                    param.numel(), s, param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
 }
 
 }  // namespace frugal::ops

@@ -44,7 +44,8 @@ constexpr KeyRule closed(double lo, double hi) { return {KeyRule::Kind::closed, 
 // The field a key sets; a new mode enum joins the list.
 using KeyField = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*,
                               CheckpointPolicy*, Offload*, StateDType*, DeviceChoice*,
-                              OptimizerType*, GaloreProjectorKind*, MomentsOnRefresh*>;
+                              OptimizerType*, GaloreProjectorKind*, MomentsOnRefresh*,
+                              DivergenceAction*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

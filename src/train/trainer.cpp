@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include "core/log.h"
 #include "data/tokenizer.h"
@@ -13,6 +14,7 @@
 #include "monitor/metrics.h"
 #include "ops/ops.h"
 #include "parallel/ring_attention.h"
+#include "train/health_monitor.h"
 #include "train/train_step.h"
 #include "train/training_run.h"
 
@@ -162,21 +164,35 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   }
 
   // --- the loop --------------------------------------------------------------------------------
+  HealthMonitor health(run, fault);
   const double loop_start = now_seconds();
   double window_start = loop_start;
   int64_t window_tokens = 0;
+  double lr_factor = 1;  // lowered by a rollback, up to step lowered_until
+  int64_t lowered_until = 0;
+  std::set<int64_t> skipped_steps;     // steps whose batches a rollback skips when they come again
+  int64_t furthest_step = start_step;  // faults fire only the first time a step runs
   for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
-    inject_fault(fault, rank, step);
+    const bool first_pass = step > furthest_step;
+    furthest_step = std::max(furthest_step, step);
     const double step_start = now_seconds();
-    const double lr = run.schedule.at(step);
+    inject_fault(fault, rank, step);  // (a slow rank's sleep counts in its step)
+    double lr = run.schedule.at(step) * (step <= lowered_until ? lr_factor : 1.0);
+    if (first_pass && fault.at(FaultInjection::Kind::spike, rank, step)) {
+      std::fprintf(stderr, "frugal: rank %d: injected fault 'spike' at step %lld\n", rank,
+                   static_cast<long long>(step));
+      lr *= 1000;
+    }
     std::vector<Batch> micro;
-    for (int64_t m = 0; m < c.train.grad_accum_steps; ++m)
+    for (int64_t m = 0; m < c.train.grad_accum_steps; ++m) {
+      // A batch a rollback skips is drawn and dropped, so every later step sees the batch it
+      // would have seen.
+      if (skipped_steps.count(step)) run.sampler->next();
       micro.push_back(to_model_batch(run.sampler->next(), mesh));
+    }
     StepResult result = train_step(model, params, *run.optimizer, micro, &world, lr, step,
-                                   c.train.activation_checkpointing, run.host_mesh.world.get());
-    if (!std::isfinite(result.loss))
-      fail("training loss became ", result.loss, " at step ", step,
-           "; try a lower train.lr or a stronger optim.grad_clip");
+                                   c.train.activation_checkpointing, run.host_mesh.world.get(),
+                                   health.hooks(step, first_pass));
 
     const double step_seconds = now_seconds() - step_start;
     window_tokens += tokens_per_step;
@@ -190,11 +206,56 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
                                {"optimizer", result.optimizer_seconds}}},
                              {"peak_memory_bytes", run.memory->peak_bytes()},
                              {"memory", run.memory->report()}};
+    if (!std::isfinite(result.loss)) record["loss"] = nullptr;
+    if (!std::isfinite(result.grad_norm)) record["grad_norm"] = nullptr;
+    if (!result.applied) record["skipped"] = true;
     if (record["memory"].contains("device_peak_bytes"))  // a GPU run
       record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
     // Host memory as the operating system saw it: every rank's peak resident set, summed (the
     // bound a node holding all the ranks must have; what offload and loading cost in RAM).
     record["host_peak_rss_bytes"] = world.all_reduce_sum(double(peak_resident_bytes()));
+    health.after_step(step, step_seconds, record);
+
+    if (health.verdict() == HealthMonitor::Verdict::rollback) {
+      // Back to the newest checkpoint before the damage (the update of step - 1 may have made
+      // it), with a lower LR, and without this step's batch when it comes again.
+      if (health.counts().rollbacks >= c.monitor.max_rollbacks)
+        fail("training diverged at step ", step, " (", health.verdict_reason(), ") after ",
+             health.counts().rollbacks, " rollbacks (monitor.max_rollbacks); try a lower train.lr");
+      run.checkpoints->finish();
+      const int64_t back_to = run.checkpoints->resume(step - 1);
+      if (back_to > 0) {
+        lr_factor = (step <= lowered_until ? lr_factor : 1.0) * c.monitor.rollback_lr_factor;
+        lowered_until =
+            c.monitor.rollback_lr_steps > 0 ? back_to + c.monitor.rollback_lr_steps : c.train.steps;
+        skipped_steps.insert(step);
+        health.rolled_back_to(back_to);
+        saved_step = std::min(saved_step, back_to);
+        if (rank == 0)
+          log_warn("step ", step, ": ", health.verdict_reason(), "; rolled back to step ", back_to,
+                   ", the learning rate x", lr_factor, " up to step ", lowered_until,
+                   ", this step's batch to be skipped");
+        if (metrics) {
+          metrics.reset();
+          const fs::path metrics_path = fs::path(c.train.out_dir) / "metrics.jsonl";
+          truncate_metrics(metrics_path, back_to);
+          metrics.emplace(metrics_path.string(), true);
+          metrics->write({{"step", back_to},
+                          {"rollback",
+                           {{"from_step", step},
+                            {"reason", health.verdict_reason()},
+                            {"lr_factor", lr_factor}}}});
+        }
+        step = back_to;
+        window_start = now_seconds();
+        window_tokens = 0;
+        continue;
+      }
+      if (rank == 0)
+        log_warn("step ", step, ": ", health.verdict_reason(),
+                 "; no checkpoint before it to roll back to: its batch is skipped instead");
+    }
+
     const bool last = step == c.train.steps;
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
@@ -248,6 +309,15 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   log_info("done: ", summary.steps_done, " steps in ", format_duration(elapsed), ", ",
            fixed(summary.tokens_per_s, 0), " tok/s; val_loss ", fixed(summary.first_val_loss, 4),
            " -> ", fixed(summary.final_val_loss, 4));
+  summary.health = health.counts();
+  log_info(run_summary_table(
+      {{"steps", std::to_string(summary.steps_done) + " (" + std::to_string(start_step + 1) +
+                     " to " + std::to_string(c.train.steps) + ")"},
+       {"time", format_duration(elapsed)},
+       {"tokens_per_s", fixed(summary.tokens_per_s, 0)},
+       {"val_loss", fixed(summary.first_val_loss, 4) + " -> " + fixed(summary.final_val_loss, 4)},
+       {"peak_memory", mib(run.memory->peak_bytes())}},
+      summary.health));
   log_info("memory per rank: parameters ", mib(report["parameters_bytes"]), ", gradients ",
            mib(report["gradients_bytes"]), ", optimizer ", mib(report["optimizer_bytes"]),
            ", gathered peak ", mib(report["gathered_peak_bytes"]), ", activations peak ",
