@@ -175,6 +175,7 @@ bool HealthMonitor::accept(int64_t step, const StepResult& r) {
              "); try a lower train.lr, a stronger optim.grad_clip, or "
              "monitor.on_divergence = rollback");
       verdict_ = Verdict::rollback;
+      rollback_before_ = step - consecutive_nonfinite_;
       consecutive_nonfinite_ = 0;
       return false;
     }
@@ -208,6 +209,7 @@ bool HealthMonitor::accept(int64_t step, const StepResult& r) {
       return false;
     case DivergenceAction::rollback:
       verdict_ = Verdict::rollback;
+      rollback_before_ = step - 1;
       return false;
   }
   return true;
@@ -287,6 +289,7 @@ void HealthMonitor::check_replicas(int64_t step, bool inject_flip, nlohmann::jso
     // The state is no longer one model: rollback restores every rank's copy from a checkpoint.
     if (run_.config.monitor.on_divergence == DivergenceAction::rollback) {
       verdict_ = Verdict::rollback;
+      rollback_before_ = step;
       reason_ = "replicated state differs across ranks";
     }
   }

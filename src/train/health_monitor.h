@@ -51,6 +51,10 @@ class HealthMonitor {
   // What accept decided for the step just run.
   Verdict verdict() const { return verdict_; }
   std::string verdict_reason() const { return reason_; }
+  // A rollback's checkpoint must be older than this step: a loss spike at step s shows weights
+  // the update of step s - 1 made, which its checkpoint holds; replicated state is saved from
+  // rank 0, so any checkpoint before the step restores it.
+  int64_t rollback_before() const { return rollback_before_; }
 
   // After the step (its record written by the caller): the validations due, the ranks'
   // timing, and on a log step (or one where something went wrong) record["health"].
@@ -88,6 +92,7 @@ class HealthMonitor {
   bool noteworthy_ = false;  // the record goes into metrics.jsonl even off a log step
   Verdict verdict_ = Verdict::apply;
   std::string reason_;
+  int64_t rollback_before_ = 0;
   int64_t consecutive_nonfinite_ = 0;
   RecomputeCheck recompute_;
   bool checking_recompute_ = false;

@@ -217,13 +217,13 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     health.after_step(step, step_seconds, record);
 
     if (health.verdict() == HealthMonitor::Verdict::rollback) {
-      // Back to the newest checkpoint before the damage (the update of step - 1 may have made
-      // it), with a lower LR, and without this step's batch when it comes again.
+      // Back to the newest checkpoint before the damage, with a lower LR, and without this
+      // step's batch when it comes again.
       if (health.counts().rollbacks >= c.monitor.max_rollbacks)
         fail("training diverged at step ", step, " (", health.verdict_reason(), ") after ",
              health.counts().rollbacks, " rollbacks (monitor.max_rollbacks); try a lower train.lr");
       run.checkpoints->finish();
-      const int64_t back_to = run.checkpoints->resume(step - 1);
+      const int64_t back_to = run.checkpoints->resume(health.rollback_before());
       if (back_to > 0) {
         lr_factor = (step <= lowered_until ? lr_factor : 1.0) * c.monitor.rollback_lr_factor;
         lowered_until =
