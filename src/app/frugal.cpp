@@ -30,6 +30,7 @@ const std::map<std::string, Command>& commands() {
       {"eval", {cmd_eval, "mean next-token loss of a model (HF dir or checkpoint) on a file"}},
       {"generate", {cmd_generate, "continue a prompt with a model (greedy or sampled, KV cache)"}},
       {"export", {cmd_export, "write a checkpoint as a Hugging Face directory (safetensors)"}},
+      {"plot", {cmd_plot, "PNGs of a run's metrics: loss, tokens/s, memory, health (gnuplot)"}},
   };
   return table;
 }

@@ -100,4 +100,19 @@ train flip-rollback bitflip:1:6 --train.steps=12 "${galore[@]}" --monitor.on_div
 grep -q 'step 6: replicated state differs across ranks; rolled back to step 5' "$work/flip-rollback.log" \
   || fail "bitflip: no rollback"
 record flip-rollback 12 | grep -q '"replica_check":{"mismatches":\[\]' || fail "bitflip: still differs after the rollback"
+# frugal plot: four PNGs of the clean run; without gnuplot, an error that says so.
+if command -v gnuplot >/dev/null; then
+  "$frugal" plot "$work/clean" > "$work/plot.out" 2>&1 || { cat "$work/plot.out"; fail "plot failed"; }
+  for png in loss throughput memory health; do
+    [ -s "$work/clean/plots/$png.png" ] || fail "plot: no $png.png"
+    head -c 8 "$work/clean/plots/$png.png" | od -An -c | grep -q 'P   N   G' || fail "plot: $png.png is no PNG"
+  done
+  # Only orted (MPI's start-up) on PATH: no gnuplot.
+  mkdir -p "$work/bin" && ln -s "$(command -v orted)" "$work/bin/orted"
+  out=$(PATH="$work/bin" OMPI_MCA_plm_rsh_agent=/bin/false "$frugal_binary" plot "$work/clean" 2>&1) \
+    && fail "plot without gnuplot: expected a failure"
+  grep -q "gnuplot is not installed" <<< "$out" || fail "plot without gnuplot: $out"
+else
+  echo "no gnuplot here: frugal plot not tested (tools/install-deps installs it)"
+fi
 echo "integration health: ok"
