@@ -1,9 +1,10 @@
 // AdamW exactly as torch.optim.AdamW computes it (single-tensor path), and the sum of squares
-// for global-norm gradient clipping.
+// for global-norm gradient clipping (with the counts of the health monitor).
 #include "kernels/cpu/adamw.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -93,14 +94,26 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   }
 }
 
-double sum_squares(const float* x, int64_t n) {
-  // Fixed-size chunks summed in chunk order, each in kLanes interleaved partial sums added in
-  // lane order: the same result for any thread count, and a loop the compiler vectorizes
-  // (one running sum would be a chain it may not reorder).
+namespace {
+
+// The bf16 rounding of |x| (bits u, sign cleared) is zero or subnormal below 0x007F8000 (at that
+// tie, round-to-nearest-even goes up to the smallest normal, 0x0080), and infinite from
+// 0x7F7F8000 (the tie between the largest finite bf16, 0x7F7F, and inf rounds to even: inf).
+constexpr uint32_t kBf16UnderflowBelow = 0x007F8000u;
+constexpr uint32_t kBf16OverflowFrom = 0x7F7F8000u;
+constexpr uint32_t kF32Inf = 0x7F800000u;
+
+// Fixed-size chunks summed in chunk order, each in kLanes interleaved partial sums added in lane
+// order: the same result for any thread count, and a loop the compiler vectorizes (one running
+// sum would be a chain it may not reorder). kCount: also count, per chunk while it is in cache,
+// the non-finite values and those a bf16 cast would underflow or overflow; the sum is the same
+// code either way, so grad_health's sum equals sum_squares' bit for bit.
+template <bool kCount>
+GradHealthCounts sum_squares_chunks(const float* x, int64_t n) {
   constexpr int64_t kChunk = 1 << 14;
   constexpr int kLanes = 8;
   const int64_t n_chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<size_t>(n_chunks), 0.0);
+  std::vector<GradHealthCounts> partial(static_cast<size_t>(n_chunks));
 #pragma omp parallel for schedule(static) if (n_chunks > 1)
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
@@ -111,11 +124,39 @@ double sum_squares(const float* x, int64_t n) {
     for (; i < end; ++i) lanes[0] += static_cast<double>(x[i]) * x[i];
     double acc = 0.0;
     for (double lane : lanes) acc += lane;
-    partial[c] = acc;
+    GradHealthCounts& p = partial[static_cast<size_t>(c)];
+    p.sum_squares = acc;
+    if constexpr (kCount) {
+      int64_t nonfinite = 0, underflow = 0, overflow = 0;
+      for (int64_t j = begin; j < end; ++j) {
+        uint32_t u;
+        std::memcpy(&u, x + j, sizeof u);
+        u &= 0x7FFFFFFFu;
+        nonfinite += u >= kF32Inf;
+        underflow += u != 0 && u < kBf16UnderflowBelow;
+        overflow += u >= kBf16OverflowFrom && u < kF32Inf;
+      }
+      p.nonfinite = nonfinite;
+      p.bf16_underflow = underflow;
+      p.bf16_overflow = overflow;
+    }
   }
-  double total = 0.0;
-  for (double p : partial) total += p;
+  GradHealthCounts total;
+  for (const GradHealthCounts& p : partial) {
+    total.sum_squares += p.sum_squares;
+    total.nonfinite += p.nonfinite;
+    total.bf16_underflow += p.bf16_underflow;
+    total.bf16_overflow += p.bf16_overflow;
+  }
   return total;
 }
+
+}  // namespace
+
+double sum_squares(const float* x, int64_t n) {
+  return sum_squares_chunks<false>(x, n).sum_squares;
+}
+
+GradHealthCounts grad_health(const float* x, int64_t n) { return sum_squares_chunks<true>(x, n); }
 
 }  // namespace frugal::cpu

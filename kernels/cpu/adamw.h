@@ -42,4 +42,16 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 // sum of x[i]^2 in fp64 (for the global gradient norm)
 double sum_squares(const float* x, int64_t n);
 
+// The health monitor's pass over a gradient: the same sum of squares, bit for bit (a NaN or an
+// inf makes it NaN or inf, as it does the norm), and how many values are not finite, and how
+// many finite ones a cast to bf16 (round to nearest even) would turn into zero or a subnormal
+// (underflow: lost where subnormals are flushed) or into inf (overflow).
+struct GradHealthCounts {
+  double sum_squares = 0;
+  int64_t nonfinite = 0;
+  int64_t bf16_underflow = 0;
+  int64_t bf16_overflow = 0;
+};
+GradHealthCounts grad_health(const float* x, int64_t n);
+
 }  // namespace frugal::cpu

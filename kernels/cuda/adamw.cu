@@ -12,7 +12,8 @@
 // Sum of squares: pass 1 runs a grid of at most kSumSquaresScratch blocks (a function of n
 // only), each thread accumulating x^2 in fp64 over a grid-stride loop and each block reducing by
 // shuffles into one partial; pass 2, a single block, sums the partials in a fixed order. Same
-// grid and same order on every run: bitwise reproducible.
+// grid and same order on every run: bitwise reproducible. grad_health is the same two passes
+// with the health monitor's counts beside the sum (frugal::cpu::grad_health's twin).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -188,14 +189,33 @@ void launch_adamw(void (*kernel)(ChunkBatch<Chunk>, AdamWScalars), const Chunk* 
 __device__ __forceinline__ double widen(float x) { return x; }
 __device__ __forceinline__ double widen(bf16 x) { return __bfloat162float(x); }
 
+// The health counts of one value (as frugal::cpu::grad_health): not finite; finite and cast to
+// bf16 (round to nearest even) zero or subnormal, or inf. A bf16 value is its own cast.
+struct HealthCounts {
+  double nonfinite = 0, underflow = 0, overflow = 0;
+  __device__ __forceinline__ void add(float x) {
+    const unsigned u = __float_as_uint(x) & 0x7FFFFFFFu;
+    nonfinite += u >= 0x7F800000u;
+    underflow += u != 0 && u < 0x007F8000u;
+    overflow += u >= 0x7F7F8000u && u < 0x7F800000u;
+  }
+  __device__ __forceinline__ void add(bf16 x) {
+    const unsigned u = __bfloat16_as_ushort(x) & 0x7FFFu;
+    nonfinite += u >= 0x7F80u;
+  }
+};
+
 // Pass 1 of sum_squares: partial[blockIdx.x] = this block's share, in fp64 (fp32 values four at
-// a time where aligned, bf16 ones, a bf16 run's gradients, one at a time).
-template <class T, bool kVec>
+// a time where aligned, bf16 ones, a bf16 run's gradients, one at a time). kCount (grad_health):
+// also the counts, into partial[gridDim.x * (1 + j) + blockIdx.x]; the sum is the same code, so
+// it equals sum_squares' bit for bit. Counts of up to 2^53 are exact in fp64.
+template <class T, bool kVec, bool kCount>
 __global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
   __shared__ double scratch[kWarpSize];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   double acc = 0.0;
+  HealthCounts counts;
   int64_t n4 = 0;
   if constexpr (kVec) {
     n4 = n / 4;
@@ -205,11 +225,27 @@ __global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t 
       acc += static_cast<double>(v.y) * v.y;
       acc += static_cast<double>(v.z) * v.z;
       acc += static_cast<double>(v.w) * v.w;
+      if constexpr (kCount) {
+        counts.add(v.x);
+        counts.add(v.y);
+        counts.add(v.z);
+        counts.add(v.w);
+      }
     }
   }
-  for (int64_t i = 4 * n4 + first; i < n; i += stride) acc += widen(x[i]) * widen(x[i]);
+  for (int64_t i = 4 * n4 + first; i < n; i += stride) {
+    acc += widen(x[i]) * widen(x[i]);
+    if constexpr (kCount) counts.add(x[i]);
+  }
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  if constexpr (kCount) {
+    const double c[3] = {block_sum(counts.nonfinite, scratch),
+                         block_sum(counts.underflow, scratch),
+                         block_sum(counts.overflow, scratch)};
+    if (threadIdx.x == 0)
+      for (int j = 0; j < 3; ++j) partial[gridDim.x * (1 + j) + blockIdx.x] = c[j];
+  }
 }
 
 // Pass 2: one block sums the partials in a fixed order.
@@ -222,23 +258,54 @@ __global__ void sum_squares_final_kernel(double* out, const double* partial, int
   if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
 }
 
+// grad_health's pass 2: out[j] = the sum of partial row j (row 0 as sum_squares sums it).
+__global__ void grad_health_final_kernel(double* out, const double* partial, int64_t n_partials) {
+  __shared__ double scratch[kWarpSize];
+  for (int j = 0; j < kGradHealthValues; ++j) {
+    double acc = 0.0;
+    for (int64_t b = threadIdx.x; b < n_partials; b += blockDim.x) acc += partial[j * n_partials + b];
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) out[j] = acc;
+  }
+}
+
+// The grid of pass 1, a function of n alone.
+int64_t sum_squares_blocks(int64_t items) {
+  return std::clamp<int64_t>((items + kSumThreads - 1) / kSumThreads, 1, kSumSquaresScratch);
+}
+
 template <class T>
 void launch_sum_squares(double* out, const T* x, int64_t n, bool accumulate, double* scratch,
                         cudaStream_t stream) {
   FRUGAL_CHECK(n >= 0, "sum_squares: n = ", n);
   FRUGAL_CHECK(scratch != nullptr && out != nullptr, "sum_squares: null out or scratch");
   const bool vec = std::is_same_v<T, float> && aligned16(x);
-  const int64_t items = vec ? (n + 3) / 4 : n;
-  const int64_t blocks =
-      std::clamp<int64_t>((items + kSumThreads - 1) / kSumThreads, 1, kSumSquaresScratch);
+  const int64_t blocks = sum_squares_blocks(vec ? (n + 3) / 4 : n);
   if (vec)
-    sum_squares_partial_kernel<T, std::is_same_v<T, float>>
+    sum_squares_partial_kernel<T, std::is_same_v<T, float>, false>
         <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
   else
-    sum_squares_partial_kernel<T, false>
+    sum_squares_partial_kernel<T, false, false>
         <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
   CUDA_CHECK_LAUNCH();
   sum_squares_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_grad_health(double* out, const T* x, int64_t n, double* scratch, cudaStream_t stream) {
+  FRUGAL_CHECK(n >= 0, "grad_health: n = ", n);
+  FRUGAL_CHECK(scratch != nullptr && out != nullptr, "grad_health: null out or scratch");
+  const bool vec = std::is_same_v<T, float> && aligned16(x);
+  const int64_t blocks = sum_squares_blocks(vec ? (n + 3) / 4 : n);
+  if (vec)
+    sum_squares_partial_kernel<T, std::is_same_v<T, float>, true>
+        <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
+  else
+    sum_squares_partial_kernel<T, false, true>
+        <<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch, x, n);
+  CUDA_CHECK_LAUNCH();
+  grad_health_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -262,6 +329,14 @@ void adamw_update(const AdamWChunkBf16* chunks, int64_t n_chunks, const AdamWSte
 void sum_squares(double* out, const bf16* x, int64_t n, bool accumulate, double* scratch,
                  cudaStream_t stream) {
   launch_sum_squares(out, x, n, accumulate, scratch, stream);
+}
+
+void grad_health(double* out, const float* x, int64_t n, double* scratch, cudaStream_t stream) {
+  launch_grad_health(out, x, n, scratch, stream);
+}
+
+void grad_health(double* out, const bf16* x, int64_t n, double* scratch, cudaStream_t stream) {
+  launch_grad_health(out, x, n, scratch, stream);
 }
 
 }  // namespace frugal::cuda

@@ -60,4 +60,13 @@ void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double
 void sum_squares(double* out, const __nv_bfloat16* x, int64_t n, bool accumulate, double* scratch,
                  cudaStream_t stream);
 
+// The health monitor's pass (frugal::cpu::grad_health's twin): out[0] = sum_squares' value bit
+// for bit (not accumulated), out[1] = non-finite values, out[2] / out[3] = finite values a bf16
+// cast turns into zero or a subnormal / into inf (0 for bf16 input). out: kGradHealthValues
+// device doubles; scratch: kGradHealthValues * kSumSquaresScratch doubles.
+inline constexpr int kGradHealthValues = 4;
+void grad_health(double* out, const float* x, int64_t n, double* scratch, cudaStream_t stream);
+void grad_health(double* out, const __nv_bfloat16* x, int64_t n, double* scratch,
+                 cudaStream_t stream);
+
 }  // namespace frugal::cuda

@@ -20,6 +20,7 @@ int cmd_eval(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);
+int cmd_plot(const std::vector<std::string>& args);
 
 // A whole model for eval, generate and export, from a Hugging Face directory (hf_dir) or a
 // frugal checkpoint (ckpt_path): exactly one of them must be given. Defined in cmd_eval.cpp.

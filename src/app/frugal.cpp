@@ -31,6 +31,7 @@ const std::map<std::string, Command>& commands() {
       {"generate", {cmd_generate, "continue a prompt with a model (greedy or sampled, KV cache)"}},
       {"export", {cmd_export, "write a checkpoint as a Hugging Face directory (safetensors)"}},
       {"plan", {cmd_plan, "predict memory, traffic and step time; pick techniques that fit"}},
+      {"plot", {cmd_plot, "PNGs of a run's metrics: loss, tokens/s, memory, health (gnuplot)"}},
   };
   return table;
 }

@@ -232,9 +232,11 @@ void CheckpointManager::load(int64_t step) {
   for (Part& p : parts_) p.state->after_load();
 }
 
-int64_t CheckpointManager::resume() {
+int64_t CheckpointManager::resume(int64_t before_step) {
   if (leader_) dir_.remove_pruned_leftovers();
-  const std::vector<int64_t> steps = dir_.committed_steps();
+  std::vector<int64_t> steps;
+  for (int64_t step : dir_.committed_steps())
+    if (step < before_step) steps.push_back(step);
   if (steps.empty()) {
     log_info("train.resume: no committed checkpoint under ", dir_.root(),
              ", starting from scratch");

@@ -88,8 +88,9 @@ class CheckpointManager {
   // loaded its files are read through in child processes (check_step, each rank a share), so
   // that a file that makes HDF5 crash only makes the step unusable. Warns when LATEST is
   // missing or damaged (the committed steps come from their directories). An Error when
-  // committed steps exist but none can be read; the files are kept.
-  int64_t resume();
+  // committed steps exist but none can be read; the files are kept. `before_step`: only steps
+  // below it (a rollback past a step whose weights may already be damaged).
+  int64_t resume(int64_t before_step = INT64_MAX);
   // For a run that does not resume: when the directory holds committed or partial steps of an
   // earlier run, rank 0 moves them aside (CheckpointDir::set_aside) and says where, so that
   // this run's steps neither overwrite nor mix with them. Collective.

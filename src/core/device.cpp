@@ -394,6 +394,28 @@ Tensor to_host(const Tensor& src, const Stream& stream) {
   return out;
 }
 
+std::string gpu_pci_bus_id(int device) {
+  char id[32] = {0};
+  check_cuda(cudaDeviceGetPCIBusId(id, sizeof id, device), "cudaDeviceGetPCIBusId");
+  return id;
+}
+
+double measure_host_to_device_gb_per_s(DeviceContext& context, size_t bytes) {
+  const int64_t n = static_cast<int64_t>(bytes);
+  Tensor host = Tensor::empty({n}, DType::u8, context.pinned_memory());
+  Tensor device = Tensor::empty({n}, DType::u8, context.device_memory());
+  const Stream& stream = context.comm();
+  copy_async(device, host, stream);  // the first copy pays for mapping the pages
+  Event start(true), end(true);
+  constexpr int kCopies = 3;
+  start.record(stream);
+  for (int i = 0; i < kCopies; ++i) copy_async(device, host, stream);
+  end.record(stream);
+  end.synchronize();
+  const double seconds = end.elapsed_ms_since(start) / 1e3;
+  return seconds > 0 ? kCopies * double(bytes) / seconds / 1e9 : 0;
+}
+
 }  // namespace frugal
 
 #else  // !FRUGAL_HAVE_CUDA

@@ -208,6 +208,14 @@ void fill_zero_async(Tensor& tensor, const Stream& stream);
 // A host copy of any tensor, complete on return (synchronizes `stream`): tests and logging.
 Tensor to_host(const Tensor& src, const Stream& stream);
 
+// The GPU's PCI bus id as NVML names it ("00000000:3B:00.0"): the health monitor finds its
+// sensors by it, whatever CUDA_VISIBLE_DEVICES renumbered.
+std::string gpu_pci_bus_id(int device);
+// The rate of a pinned host -> device copy of `bytes` on this context's communication stream
+// (the offload copies' stream), in GB/s: the link's peak the offload traffic is measured
+// against. Synchronizes the stream.
+double measure_host_to_device_gb_per_s(DeviceContext& context, size_t bytes);
+
 #endif  // FRUGAL_HAVE_CUDA
 
 }  // namespace frugal

@@ -154,8 +154,10 @@ void keep_only(BlockActivations& a, CheckpointPolicy policy) {
   if (policy == CheckpointPolicy::none) return;
   if (policy == CheckpointPolicy::full) {
     Tensor x = a.x;
+    const double checksum = a.act_checksum;
     a = BlockActivations();
     a.x = x;
+    a.act_checksum = checksum;
     return;
   }
   // selective keeps lora_t: recomputing them would need the inputs it drops.
@@ -171,6 +173,7 @@ Tensor block_forward(const Tensor& x, const BlockWeights& w, const BlockContext&
   a.x = x;
   Tensor y = forward_all(a, w, ctx);
   if (saved) {
+    if (ctx.checksum_act) a.act_checksum = ops::sum_squares({a.act});
     keep_only(a, ctx.policy);
     *saved = std::move(a);
   }
@@ -183,13 +186,15 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
       return;
     case CheckpointPolicy::full:
       forward_all(a, w, ctx);
-      return;
+      break;
     case CheckpointPolicy::selective:
       a.n1 = ops::rmsnorm(a.x, w.input_norm, eps_of(ctx), &a.rstd1);
       a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
       a.act = ops::swiglu(a.gate, a.up);
-      return;
+      break;
   }
+  // As a kernel that is not deterministic would: the recompute differs from the forward.
+  if (ctx.perturb_recompute) ops::scale_inplace(a.act, 1.0f + 1.0f / 64);
 }
 
 Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWeights& w,

@@ -67,6 +67,10 @@ struct BlockContext {
   // which block this is, for its scales.
   const Fp8Scaling* fp8 = nullptr;
   int64_t layer = 0;
+  // Validation of the recompute (RecomputeCheck): the forward keeps a checksum of `act`, and
+  // perturb_recompute changes the recomputed one (a testing aid).
+  bool checksum_act = false;
+  bool perturb_recompute = false;
 };
 
 // The forward's intermediates. Which ones survive until the backward is the policy's choice;
@@ -84,6 +88,9 @@ struct BlockActivations {
   // (alpha / r) d(x) A^T of each adapted projection (LoRA; d: its dropout), [T, r]: kept by
   // every policy (they are small).
   std::array<Tensor, kBlockParamCount> lora_t;
+  // With BlockContext::checksum_act: the original forward's checksum of act, kept by every
+  // policy (the recompute makes act again).
+  double act_checksum = 0;
 };
 
 // Runs the block on x, returns y; `saved` receives what the policy keeps.

@@ -99,9 +99,11 @@ BlockWeights LlamaModel::block_weights(ParameterProvider& params, int64_t unit) 
 }
 
 Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
-                                  CheckpointPolicy policy, std::vector<BlockActivations>* saved) {
+                                  CheckpointPolicy policy, std::vector<BlockActivations>* saved,
+                                  bool checksum_act) {
   const ops::RotaryFrequencies rotary = batch_rotary(config_, batch);
-  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
+  BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
+  ctx.checksum_act = checksum_act;
   const int64_t layers = config_.num_hidden_layers;
   params.prefetch(block_unit(0));
   for (int64_t i = 0; i < layers; ++i) {
@@ -159,8 +161,10 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   const int64_t layers = config_.num_hidden_layers;
   std::vector<BlockActivations> saved(layers);
   Batch batch = host_batch;
+  // Only a policy that recomputes has something to validate.
+  const bool checking = recompute_check_ && policy != CheckpointPolicy::none;
   Tensor embedded = embed(batch, params);
-  Tensor x = blocks_forward(embedded, batch, params, policy, &saved);
+  Tensor x = blocks_forward(embedded, batch, params, policy, &saved, checking);
 
   // The loss is read after the backward is queued, so the GPU never waits for the host.
   Tensor loss_sum;
@@ -173,8 +177,15 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
     if (i > 0) params.prefetch(block_unit(i - 1));
     BlockWeights w = block_weights(params, block_unit(i));
     BlockWeights g = BlockWeights::from_unit(params.grads(block_unit(i)), lora_);
-    const BlockContext layer_ctx = layer_context(ctx, i, true);
+    BlockContext layer_ctx = layer_context(ctx, i, true);
+    if (checking) layer_ctx.perturb_recompute = recompute_check_->perturb_layer == i;
     block_recompute(saved[i], w, layer_ctx);
+    if (checking) {
+      const double recomputed = ops::sum_squares({saved[i].act});
+      ++recompute_check_->blocks_checked;
+      if (recomputed != saved[i].act_checksum)
+        recompute_check_->mismatches.push_back({i, saved[i].act_checksum, recomputed});
+    }
     dx = block_backward(dx, saved[i], w, g, layer_ctx);
     saved[i] = BlockActivations{};
     w = g = BlockWeights{};  // drop our references before the provider frees the unit

@@ -41,6 +41,21 @@ inline Batch next_token_batch(const std::vector<int32_t>& ids) {
 // Number of counted (unmasked) targets.
 int64_t counted_targets(const Tensor& targets);
 
+// What set_recompute_check compares: each block whose recomputed forward differs from the
+// original (a non-deterministic kernel, or faulty hardware), by layer, with both checksums
+// (ops::sum_squares of the product: deterministic kernels give equal sums for equal tensors).
+struct RecomputeCheck {
+  struct Mismatch {
+    int64_t layer;
+    double forward, recomputed;
+  };
+  std::vector<Mismatch> mismatches;
+  int64_t blocks_checked = 0;
+  // A testing aid (FRUGAL_INJECT_FAULT=recompute): the recompute of this layer is perturbed as
+  // a non-deterministic kernel would make it; -1: none.
+  int64_t perturb_layer = -1;
+};
+
 class LlamaModel {
  public:
   explicit LlamaModel(const LlamaConfig& config) : config_(config) { config_.validate(); }
@@ -74,6 +89,10 @@ class LlamaModel {
   // default, means none. train_step sets one per micro-batch; evaluation never has noise.
   void set_noise(uint64_t seed) { noise_ = seed; }
   const LoraConfig* lora() const { return lora_; }
+  // Validation of activation checkpointing for the next forward_backward calls (null, the
+  // default: none): each block's recomputed SwiGLU product, which under `full` depends on the
+  // whole recomputed block, is checksummed and compared with the original forward's. Not owned.
+  void set_recompute_check(RecomputeCheck* check) { recompute_check_ = check; }
 
  private:
   // ctx for block `layer`, with its own noise seed when training.
@@ -82,7 +101,8 @@ class LlamaModel {
   // (once per call on a GPU).
   Tensor embed(Batch& batch, ParameterProvider& params);
   Tensor blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
-                        CheckpointPolicy policy, std::vector<BlockActivations>* saved);
+                        CheckpointPolicy policy, std::vector<BlockActivations>* saved,
+                        bool checksum_act = false);
   // Final norm, head and loss forward and backward; returns d(loss)/d(x).
   Tensor head_forward_backward(const Tensor& x, const Batch& batch, ParameterProvider& params,
                                float grad_scale, Tensor* loss_sum);
@@ -96,6 +116,7 @@ class LlamaModel {
   const LoraConfig* lora_ = nullptr;
   const Fp8Scaling* fp8_ = nullptr;
   uint64_t noise_ = 0;
+  RecomputeCheck* recompute_check_ = nullptr;
 };
 
 }  // namespace frugal

@@ -380,6 +380,35 @@ double sum_squares(const std::vector<Tensor>& xs) {
   return to_host(d.norm_sum, d.context->compute()).data<double>()[0];
 }
 
+std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs) {
+  // Every tensor's values land in one device array, read back with one wait.
+  const int64_t n = static_cast<int64_t>(xs.size());
+  Tensor values = empty({std::max<int64_t>(1, n) * cuda::kGradHealthValues}, DType::f64);
+  Tensor scratch = empty({cuda::kGradHealthValues * cuda::kSumSquaresScratch}, DType::f64);
+  double* out = static_cast<double*>(values.raw());
+  double* partial = static_cast<double*>(scratch.raw());
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& x = xs[static_cast<size_t>(i)];
+    double* row = out + i * cuda::kGradHealthValues;
+    if (x.dtype() == DType::bf16)  // a bf16 run's gradients
+      cuda::grad_health(row, bf(x), x.numel(), partial, stream());
+    else {
+      expect(x, DType::f32, "gradient");
+      cuda::grad_health(row, f32(x), x.numel(), partial, stream());
+    }
+  }
+  std::vector<GradHealth> result;
+  if (n == 0) return result;
+  const Tensor host = to_host(values, device().context->compute());
+  const double* v = host.data<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    const double* row = v + i * cuda::kGradHealthValues;
+    result.push_back({row[0], static_cast<int64_t>(row[1]), static_cast<int64_t>(row[2]),
+                      static_cast<int64_t>(row[3]), xs[static_cast<size_t>(i)].numel()});
+  }
+  return result;
+}
+
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy) {
   // (Offloaded state is updated on the host: ops::adamw_update dispatches on the parameter.)

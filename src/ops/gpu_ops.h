@@ -65,6 +65,7 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                     const float* absmax_map);
 void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, const Tensor& zeros);
 double sum_squares(const std::vector<Tensor>& xs);
+std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs);
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor& param_copy);
 

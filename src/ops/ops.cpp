@@ -446,6 +446,19 @@ double sum_squares(const std::vector<Tensor>& xs) {
   return sum;
 }
 
+std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs) {
+  if (!xs.empty()) {
+    FRUGAL_ON_GPU(xs.front(), grad_health(xs));
+  }
+  std::vector<GradHealth> out;
+  for (const Tensor& x : xs) {
+    expect_cpu_f32(x, "gradient");
+    const cpu::GradHealthCounts c = cpu::grad_health(x.data<float>(), x.numel());
+    out.push_back({c.sum_squares, c.nonfinite, c.bf16_underflow, c.bf16_overflow, x.numel()});
+  }
+  return out;
+}
+
 void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
                     const Tensor& scales, float offset, const float* nf4_table,
                     const float* absmax_map) {

@@ -155,6 +155,19 @@ void zero(Tensor& t);
 // The sum of squares of every element of every tensor (f32), in order: one wait for a GPU.
 double sum_squares(const std::vector<Tensor>& xs);
 
+// The health monitor's pass over gradients (f32, or bf16 on a GPU), one result per tensor: its
+// sum of squares (summed in order, they give sum_squares(xs) bit for bit, so a log step's norm
+// is the norm of any step), its non-finite values, and the finite values a cast to bf16 would
+// make zero or subnormal (underflow) or inf (overflow). One wait for a GPU.
+struct GradHealth {
+  double sum_squares = 0;
+  int64_t nonfinite = 0;
+  int64_t bf16_underflow = 0;
+  int64_t bf16_overflow = 0;
+  int64_t count = 0;  // elements
+};
+std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs);
+
 // --- quantized weights ------------------------------------------------------------------
 // NF4 (quant/nf4.h's format) dequantized into out (numel n, a multiple of 64): f32 on the CPU,
 // bf16 on a GPU. codes u8 [n / 2], absmax_codes u8 [n / 64], scales f32 [ceil(n / 16384)] on

@@ -22,7 +22,7 @@ AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Aren
 StepReport AdamW::begin_step(double lr, int64_t step, const StepCollectives& collectives) {
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
-  const double local = ops::sum_squares(grads);
+  const double local = collectives.local_sum_squares(grads);
   StepReport report;
   report.grad_norm = std::sqrt(collectives.sum(local));
   if (config_.grad_clip > 0 && report.grad_norm > config_.grad_clip)

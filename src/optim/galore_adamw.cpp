@@ -94,12 +94,14 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
   StepReport report;
-  report.grad_norm = std::sqrt(collectives.sum(ops::sum_squares(grads)));
+  report.grad_norm = std::sqrt(collectives.sum(collectives.local_sum_squares(grads)));
   if (adamw_.grad_clip > 0 && report.grad_norm > adamw_.grad_clip)
     report.clip_scale = adamw_.grad_clip / (report.grad_norm + 1e-6);
   lr_ = lr;
   step_ = step;
   clip_scale_ = report.clip_scale;
+  // Gradients with a NaN or an inf would poison the projectors: the step is skipped whole.
+  if (!std::isfinite(report.grad_norm)) return report;
 
   // Every gradient shard arrived summed over the replicas (if any): nothing more crosses them.
   StepCollectives summed = collectives;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "core/stateful.h"
 #include "core/tensor.h"
@@ -29,10 +30,17 @@ struct StepCollectives {
   // projections, with parallel.replica_galore_projection). The identity without replicas.
   int replicas = 1;
   std::function<void(Tensor&)> replica_sum_in_place;
+  // The pass over this rank's gradients that the global norm takes: ops::sum_squares when
+  // empty; on a log step the health monitor's, which counts non-finite and bf16-cast values in
+  // the same pass and returns the same sum bit for bit (train/health_monitor.h).
+  std::function<double(const std::vector<Tensor>&)> gradient_pass;
+  double local_sum_squares(const std::vector<Tensor>& grads) const;
 };
 // The collectives of one rank alone: the identities.
 StepCollectives local_collectives();
 
+// A grad_norm that is not finite (a NaN or an inf in some rank's gradients) changes no state
+// in begin_step beyond the step's scalars: the caller skips the updates of that step.
 struct StepReport {
   double grad_norm = 0;   // before clipping
   double clip_scale = 1;  // factor applied to the gradients

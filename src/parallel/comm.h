@@ -4,6 +4,8 @@
 // or hung turns into a clear error on the others instead of a hang.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -38,10 +40,20 @@ class CommFailure {
     std::lock_guard<std::mutex> lock(mutex_);
     return error_;
   }
+  // The seconds this process spent blocked in completed waits on these communicators, so that
+  // the health monitor can tell a rank's own work from its waiting for the others (a slow
+  // rank waits least). Counted by the MPI waits; NCCL's run on the GPU and are not counted.
+  void add_wait_seconds(double seconds) {
+    waited_ns_.fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
+  }
+  double waited_seconds() const {
+    return 1e-9 * double(waited_ns_.load(std::memory_order_relaxed));
+  }
 
  private:
   mutable std::mutex mutex_;
   std::string error_;
+  std::atomic<int64_t> waited_ns_{0};
 };
 
 // A collective or point-to-point operation in flight. wait() completes it (and throws Error

@@ -80,9 +80,12 @@ class MpiPending : public PendingOp {
              " abandoned after an earlier failure: ", failure_->error());
       }
       MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
-      if (done) return;
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (done) {
+        failure_->add_wait_seconds(waited);
+        return;
+      }
       if (timeout_s_ > 0 && waited > timeout_s_) {
         const std::string error =
             detail::concat("rank ", rank_, ": ", what_, " waited ", int(waited),

@@ -65,6 +65,8 @@ class Zero3Parameters : public ParameterProvider {
                   float init_std, bool with_grads = true, const Zero3Init& init = {},
                   const Zero3Replicas& replicas = {});
   ~Zero3Parameters() override;
+  // Host <-> device bytes moved since the last call (offload on a GPU; zero otherwise).
+  Zero3Placement::LinkBytes take_link_bytes() { return placement_.take_link_bytes(); }
 
   void prefetch(int64_t unit) override;
   std::vector<Tensor> gather(int64_t unit) override;

@@ -73,6 +73,7 @@ Tensor Zero3Placement::gather_source(int64_t unit, size_t i, const Tensor& shard
   if (kept_on_gpu && !stale_[unit][i]) return source;
   const Tensor& host = kept_on_gpu ? staging_[unit][i] : copies_[unit][i];
   if (!kept_on_gpu) source = Tensor::empty(host.shape(), DType::bf16, *arenas_.gathered);
+  count_copy(source, host);
   uploads.emplace_back(source, host);
   stale_[unit][i] = false;
   return source;
@@ -82,6 +83,7 @@ Tensor Zero3Placement::on_gathering_device(const Tensor& part,
                                            std::vector<ops::SideCopy>& uploads) const {
   if (!part.defined() || part.device() == arenas_.gathered->device()) return part;
   Tensor up = Tensor::empty(part.shape(), part.dtype(), *arenas_.gathered);
+  count_copy(up, part);
   uploads.emplace_back(up, part);
   return up;
 }
@@ -111,6 +113,7 @@ void Zero3Placement::download(GradReduction r, std::vector<Tensor>& unit_grad_sh
     Tensor landing =
         fresh_[unit] ? Tensor() : Tensor::empty(shard.shape(), DType::f32, *arenas_.grads);
     d.landing.push_back(landing);
+    count_copy(shard, r.shard_sum[i]);
     d.copies.emplace_back(fresh_[unit] ? shard : d.landing.back(), r.shard_sum[i]);
   }
   fresh_[unit] = false;

@@ -86,7 +86,26 @@ class Zero3Placement {
   // zero_grads cleared (host_state()).
   void finish_backward(std::vector<std::vector<Tensor>>& grad_shards);
 
+  // Bytes the copies above moved between host and device memory (offload on a GPU), counted as
+  // they are posted; the health monitor reads and clears them on its log steps.
+  struct LinkBytes {
+    int64_t to_device = 0;
+    int64_t to_host = 0;
+  };
+  LinkBytes take_link_bytes() {
+    const LinkBytes bytes = link_bytes_;
+    link_bytes_ = LinkBytes();
+    return bytes;
+  }
+
  private:
+  // Counts a copy that crosses between host and device memory.
+  void count_copy(const Tensor& dst, const Tensor& src) const {
+    if (dst.device() == src.device()) return;
+    const int64_t bytes = int64_t(src.numel()) * int64_t(dtype_bytes(src.dtype()));
+    (dst.device() == Device::cpu ? link_bytes_.to_host : link_bytes_.to_device) += bytes;
+  }
+  mutable LinkBytes link_bytes_;
   // Offloaded gradients on their way down: the unit's reduction (its device buffers kept until
   // the copies into host memory are done) and the landing buffers still to be added in.
   struct Download {

@@ -189,8 +189,36 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "scale = fp8 max / amax / 2^margin: headroom against growth between updates"},
       {"fp8.linears", &c.fp8.linears, kLoraTargets, "the block projections that run in FP8"},
 
+      // [monitor]: progress, health (doc/health.md) and the guards against silent failures.
       {"monitor.log_every", &c.monitor.log_every, at_least(1),
-       "print a progress line every N steps (metrics.jsonl gets every step)"},
+       "print a progress line every N steps, and write the health member of metrics.jsonl "
+       "(metrics.jsonl gets every step)"},
+      {"monitor.health", &c.monitor.health, kAny,
+       "gradient health (non-finite values, norms per unit, bf16 underflow and overflow), "
+       "rank times, link traffic and GPU sensors in metrics.jsonl every log_every steps"},
+      {"monitor.on_divergence", &c.monitor.on_divergence, kAny,
+       "what a loss spike does: warn, skip_batch (its update is not applied) or rollback "
+       "(reload the last checkpoint, lower the LR, skip the batch)"},
+      {"monitor.spike_window", &c.monitor.spike_window, at_least(2),
+       "recent losses the spike z-score is computed over"},
+      {"monitor.spike_z", &c.monitor.spike_z, above(0),
+       "a loss more than this many standard deviations above the window's mean is a spike"},
+      {"monitor.max_skipped_steps", &c.monitor.max_skipped_steps, at_least(1),
+       "consecutive steps with non-finite gradients (each skipped) before the run is diverging"},
+      {"monitor.max_rollbacks", &c.monitor.max_rollbacks, at_least(0),
+       "rollbacks a run may make before it stops with an error"},
+      {"monitor.rollback_lr_factor", &c.monitor.rollback_lr_factor, closed(0, 1),
+       "a rollback multiplies the learning rate by this (again on a rollback while lowered)"},
+      {"monitor.rollback_lr_steps", &c.monitor.rollback_lr_steps, at_least(0),
+       "steps past the checkpoint a rollback returns to that run with the lowered learning rate "
+       "(0: the rest of the run)"},
+      {"monitor.slow_rank_factor", &c.monitor.slow_rank_factor, above(1),
+       "a rank busier than this times the others' median per step is named as slow"},
+      {"monitor.check_recompute_every", &c.monitor.check_recompute_every, at_least(0),
+       "compare each block's recomputed forward with the original every N steps "
+       "(activation checkpointing; 0: never)"},
+      {"monitor.check_replicas_every", &c.monitor.check_replicas_every, at_least(0),
+       "compare the checksums of replicated state tensors across ranks every N steps (0: never)"},
   };
 }
 

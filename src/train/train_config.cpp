@@ -47,6 +47,10 @@ void TrainConfig::validate() const {
   if (optim.state_dtype == StateDType::bf16 && parallel.offload != Offload::none)
     fail("config key 'optim.state_dtype': bf16 works without offload (parallel.offload = ",
          parallel.offload, "): offload keeps the fp32 state on the host instead");
+  if (monitor.on_divergence == DivergenceAction::rollback && ckpt.every == 0)
+    fail(
+        "config key 'monitor.on_divergence': rollback reloads the last checkpoint, and "
+        "ckpt.every = 0 saves none before the end (set ckpt.every)");
 }
 
 size_t ParallelConfig::gpu_mem_limit_bytes() const {

@@ -58,6 +58,16 @@ inline std::span<const EnumName<DeviceChoice>> enum_names(DeviceChoice) {
   return names;
 }
 
+// monitor.on_divergence: what a loss spike (or a run of non-finite steps) does.
+enum class DivergenceAction { warn, skip_batch, rollback };
+inline std::span<const EnumName<DivergenceAction>> enum_names(DivergenceAction) {
+  static constexpr EnumName<DivergenceAction> names[] = {
+      {DivergenceAction::warn, "warn"},
+      {DivergenceAction::skip_batch, "skip_batch"},
+      {DivergenceAction::rollback, "rollback"}};
+  return names;
+}
+
 struct DataConfig {
   std::string dir = "data/fortunes";
 };
@@ -141,6 +151,17 @@ struct Fp8Config {
 
 struct MonitorConfig {
   int64_t log_every = 10;
+  bool health = true;  // the health member of metrics.jsonl every log_every steps
+  DivergenceAction on_divergence = DivergenceAction::warn;
+  int64_t spike_window = 50;
+  double spike_z = 6;
+  int64_t max_skipped_steps = 5;
+  int64_t max_rollbacks = 3;
+  double rollback_lr_factor = 0.5;
+  int64_t rollback_lr_steps = 100;
+  double slow_rank_factor = 1.5;
+  int64_t check_recompute_every = 100;
+  int64_t check_replicas_every = 100;
 };
 
 struct TrainConfig {

@@ -1,5 +1,6 @@
-// zero grads -> forward/backward per micro-batch -> global norm, clip -> the optimizer (applied by
-// the parameter provider: at once, or unit by unit beside the next forward).
+// zero grads -> forward/backward per micro-batch -> global norm, clip -> the health monitor's
+// verdict -> the optimizer (applied by the parameter provider: at once, or unit by unit beside
+// the next forward).
 #include "train/train_step.h"
 
 #include <algorithm>
@@ -40,15 +41,16 @@ StepCollectives step_collectives(Comm* comm, Comm* host_comm) {
 
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
-                      CheckpointPolicy policy, Comm* host_comm) {
+                      CheckpointPolicy policy, Comm* host_comm, const StepHooks& hooks) {
   return train_step(model, params, optimizer, micro_batches,
-                    StepComms{comm, comm, nullptr, host_comm, nullptr}, lr, step, policy);
+                    StepComms{comm, comm, nullptr, host_comm, nullptr}, lr, step, policy, hooks);
 }
 
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, const StepComms& comms, double lr,
-                      int64_t step, CheckpointPolicy policy) {
-  const StepCollectives collectives = step_collectives(comms);
+                      int64_t step, CheckpointPolicy policy, const StepHooks& hooks) {
+  StepCollectives collectives = step_collectives(comms);
+  collectives.gradient_pass = hooks.gradient_pass;
   // The token count and the loss: over every rank.
   Comm* world = comms.world;
   const auto global_sum = [world](double local) {
@@ -77,8 +79,11 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& o
   // The previous step's updates are done by now (the forward gathered every unit); waiting
   // makes it certain before the optimizer's step state changes.
   params.wait_for_updates();
+  if (hooks.after_backward) hooks.after_backward();
   result.grad_norm = optimizer.begin_step(lr, step, collectives).grad_norm;
-  params.apply_update(optimizer.slices(), [&optimizer](size_t k) { optimizer.update(k); });
+  result.applied = !hooks.accept || hooks.accept(result);
+  if (result.applied)
+    params.apply_update(optimizer.slices(), [&optimizer](size_t k) { optimizer.update(k); });
   result.optimizer_seconds = now_seconds() - backward_end;
   return result;
 }

@@ -3,6 +3,7 @@
 // of every rank's micro-batches.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "model/llama_model.h"
@@ -22,6 +23,20 @@ struct StepResult {
   // wait for updates not yet done shows in the next forward_backward_seconds.
   double forward_backward_seconds = 0;
   double optimizer_seconds = 0;
+  bool applied = true;  // false when StepHooks::accept refused the step (no update was made)
+};
+
+// What the health monitor (health_monitor.h) and the fault injection add to a step; every
+// member may be empty.
+struct StepHooks {
+  // The pass over this rank's gradients that the norm takes (StepCollectives::gradient_pass).
+  std::function<double(const std::vector<Tensor>&)> gradient_pass;
+  // After the backward, before the norm: a testing aid that damages the gradients.
+  std::function<void()> after_backward;
+  // With the step's loss and norm, before any update: false skips the step's updates (the
+  // optimizer's state and the weights stay as they were). Called on every rank, with the same
+  // loss and norm, so every rank decides alike.
+  std::function<bool(const StepResult&)> accept;
 };
 
 // The ranks a step sums over (nullptr: this rank alone, or none).
@@ -43,11 +58,12 @@ StepCollectives step_collectives(Comm* comm, Comm* host_comm = nullptr);
 
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, const StepComms& comms, double lr,
-                      int64_t step, CheckpointPolicy policy);
+                      int64_t step, CheckpointPolicy policy, const StepHooks& hooks = {});
 // `comm` sums across data-parallel ranks (ZeRO-3 over all of them); nullptr means this rank
 // alone. `host_comm`: as for step_collectives.
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, Comm* comm, double lr, int64_t step,
-                      CheckpointPolicy policy, Comm* host_comm = nullptr);
+                      CheckpointPolicy policy, Comm* host_comm = nullptr,
+                      const StepHooks& hooks = {});
 
 }  // namespace frugal

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include "core/log.h"
 #include "data/tokenizer.h"
@@ -14,6 +15,7 @@
 #include "monitor/metrics.h"
 #include "ops/ops.h"
 #include "parallel/ring_attention.h"
+#include "train/health_monitor.h"
 #include "train/train_step.h"
 #include "train/training_run.h"
 
@@ -171,16 +173,32 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   }
 
   // --- the loop --------------------------------------------------------------------------------
+  HealthMonitor health(run, fault);
   const double loop_start = now_seconds();
   double window_start = loop_start;
   int64_t window_tokens = 0;
+  double lr_factor = 1;  // lowered by a rollback, up to step lowered_until
+  int64_t lowered_until = 0;
+  std::set<int64_t> skipped_steps;     // steps whose batches a rollback skips when they come again
+  int64_t furthest_step = start_step;  // faults fire only the first time a step runs
   for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
-    inject_fault(fault, rank, step);
+    const bool first_pass = step > furthest_step;
+    furthest_step = std::max(furthest_step, step);
     const double step_start = now_seconds();
-    const double lr = run.schedule.at(step);
+    inject_fault(fault, rank, step);  // (a slow rank's sleep counts in its step)
+    double lr = run.schedule.at(step) * (step <= lowered_until ? lr_factor : 1.0);
+    if (first_pass && fault.at(FaultInjection::Kind::spike, rank, step)) {
+      std::fprintf(stderr, "frugal: rank %d: injected fault 'spike' at step %lld\n", rank,
+                   static_cast<long long>(step));
+      lr *= 1000;
+    }
     std::vector<Batch> micro;
-    for (int64_t m = 0; m < c.train.grad_accum_steps; ++m)
+    for (int64_t m = 0; m < c.train.grad_accum_steps; ++m) {
+      // A batch a rollback skips is drawn and dropped, so every later step sees the batch it
+      // would have seen.
+      if (skipped_steps.count(step)) run.sampler->next();
       micro.push_back(to_model_batch(run.sampler->next(), mesh));
+    }
     // The bytes this step's collectives move, by link class (the evaluation's not among them).
     if (mesh.traffic) mesh.traffic->reset();
     StepComms comms;
@@ -190,15 +208,14 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     comms.host_shard = run.host_mesh.shard.get();
     comms.host_replica = run.host_mesh.replica.get();
     StepResult result = train_step(model, params, *run.optimizer, micro, comms, lr, step,
-                                   c.train.activation_checkpointing);
+                                   c.train.activation_checkpointing,
+                                   health.hooks(step, first_pass));
     nlohmann::json link_bytes = nlohmann::json::object();
     for (LinkClass link : {LinkClass::intra_node, LinkClass::inter_node})
       link_bytes[link_class_name(link)] = mesh.traffic ? mesh.traffic->bytes(link) : 0;
-    if (!std::isfinite(result.loss))
-      fail("training loss became ", result.loss, " at step ", step,
-           "; try a lower train.lr or a stronger optim.grad_clip");
     // FP8: the amaxes of the step agree over the data-parallel ranks (they read different
-    // data; cp ranks' halves of a sequence keep their own), then the delayed scales move.
+    // data; cp ranks' halves of a sequence keep their own), then the delayed scales move (a
+    // non-finite amax of a skipped step keeps its scale).
     if (run.fp8)
       run.fp8->end_step([&mesh](Tensor& amax) {
         if (mesh.dp->size() > 1) mesh.dp->all_reduce_max(amax)->wait();
@@ -217,11 +234,56 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
                              {"link_bytes", link_bytes},
                              {"peak_memory_bytes", run.memory->peak_bytes()},
                              {"memory", run.memory->report()}};
+    if (!std::isfinite(result.loss)) record["loss"] = nullptr;
+    if (!std::isfinite(result.grad_norm)) record["grad_norm"] = nullptr;
+    if (!result.applied) record["skipped"] = true;
     if (record["memory"].contains("device_peak_bytes"))  // a GPU run
       record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
     // Host memory as the operating system saw it: every rank's peak resident set, summed (the
     // bound a node holding all the ranks must have; what offload and loading cost in RAM).
     record["host_peak_rss_bytes"] = world.all_reduce_sum(double(peak_resident_bytes()));
+    health.after_step(step, step_seconds, record);
+
+    if (health.verdict() == HealthMonitor::Verdict::rollback) {
+      // Back to the newest checkpoint before the damage, with a lower LR, and without this
+      // step's batch when it comes again.
+      if (health.counts().rollbacks >= c.monitor.max_rollbacks)
+        fail("training diverged at step ", step, " (", health.verdict_reason(), ") after ",
+             health.counts().rollbacks, " rollbacks (monitor.max_rollbacks); try a lower train.lr");
+      run.checkpoints->finish();
+      const int64_t back_to = run.checkpoints->resume(health.rollback_before());
+      if (back_to > 0) {
+        lr_factor = (step <= lowered_until ? lr_factor : 1.0) * c.monitor.rollback_lr_factor;
+        lowered_until =
+            c.monitor.rollback_lr_steps > 0 ? back_to + c.monitor.rollback_lr_steps : c.train.steps;
+        skipped_steps.insert(step);
+        health.rolled_back_to(back_to);
+        saved_step = std::min(saved_step, back_to);
+        if (rank == 0)
+          log_warn("step ", step, ": ", health.verdict_reason(), "; rolled back to step ", back_to,
+                   ", the learning rate x", lr_factor, " up to step ", lowered_until,
+                   ", this step's batch to be skipped");
+        if (metrics) {
+          metrics.reset();
+          const fs::path metrics_path = fs::path(c.train.out_dir) / "metrics.jsonl";
+          truncate_metrics(metrics_path, back_to);
+          metrics.emplace(metrics_path.string(), true);
+          metrics->write({{"step", back_to},
+                          {"rollback",
+                           {{"from_step", step},
+                            {"reason", health.verdict_reason()},
+                            {"lr_factor", lr_factor}}}});
+        }
+        step = back_to;
+        window_start = now_seconds();
+        window_tokens = 0;
+        continue;
+      }
+      if (rank == 0)
+        log_warn("step ", step, ": ", health.verdict_reason(),
+                 "; no checkpoint before it to roll back to: its batch is skipped instead");
+    }
+
     const bool last = step == c.train.steps;
     if (run.fp8 && (step % c.monitor.log_every == 0 || last))
       record["fp8"] = fp8_rates_record(fp8_tallies(run.fp8->take_counts()));
@@ -277,6 +339,15 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   log_info("done: ", summary.steps_done, " steps in ", format_duration(elapsed), ", ",
            fixed(summary.tokens_per_s, 0), " tok/s; val_loss ", fixed(summary.first_val_loss, 4),
            " -> ", fixed(summary.final_val_loss, 4));
+  summary.health = health.counts();
+  log_info(run_summary_table(
+      {{"steps", std::to_string(summary.steps_done) + " (" + std::to_string(start_step + 1) +
+                     " to " + std::to_string(c.train.steps) + ")"},
+       {"time", format_duration(elapsed)},
+       {"tokens_per_s", fixed(summary.tokens_per_s, 0)},
+       {"val_loss", fixed(summary.first_val_loss, 4) + " -> " + fixed(summary.final_val_loss, 4)},
+       {"peak_memory", mib(run.memory->peak_bytes())}},
+      summary.health));
   log_info("memory per rank: parameters ", mib(report["parameters_bytes"]), ", gradients ",
            mib(report["gradients_bytes"]), ", optimizer ", mib(report["optimizer_bytes"]),
            ", gathered peak ", mib(report["gathered_peak_bytes"]), ", activations peak ",

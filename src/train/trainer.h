@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "train/fault_injection.h"
+#include "train/health_monitor.h"
 #include "train/stop_signals.h"
 #include "train/train_config.h"
 
@@ -18,6 +19,7 @@ struct TrainSummary {
   // The signal (SIGUSR1 or SIGTERM) that stopped the run early, its checkpoint committed;
   // 0 when the run reached train.steps (or had nothing to train).
   int stopped_by_signal = 0;
+  HealthCounts health;  // what the guards did
 };
 
 // `fault`: the testing aid of FRUGAL_INJECT_FAULT (none by default). `stop_signal`: the flag of

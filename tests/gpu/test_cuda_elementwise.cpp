@@ -506,6 +506,48 @@ TEST_CASE("cuda sum_squares: fp64 global norm against the CPU", "[gpu]") {
   }
 }
 
+TEST_CASE("cuda grad_health: counts as the CPU's, the sum as sum_squares' bit for bit", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  // Values at every edge of the bf16 cast (the tie below the smallest normal, subnormals, the
+  // largest finite and its tie with inf), NaN and inf, among random ones.
+  const uint32_t edges[] = {0x00000001u, 0x007F7FFFu, 0x007F8000u, 0x007F8001u, 0x7F7F7FFFu,
+                            0x7F7F8000u, 0x7F800000u, 0x7FC00000u, 0x80000001u, 0xFF7F8000u};
+  const size_t scratch_n =
+      size_t(frugal::cuda::kGradHealthValues) * frugal::cuda::kSumSquaresScratch;
+  DeviceBuffer<double> out(frugal::cuda::kGradHealthValues), norm(1), scratch(scratch_n);
+  for (size_t offset : {0, 1}) {
+    for (size_t n : {size_t{1}, size_t{13 * 4097}, size_t{3000017}}) {
+      INFO("n " << n << " offset " << offset);
+      FVec x = random_floats(n, rng);
+      for (float& v : x)
+        if (rng() % 11 == 0) std::memcpy(&v, &edges[rng() % std::size(edges)], sizeof v);
+      DeviceBuffer<float> d_x(n, offset);
+      d_x.upload(x);
+      frugal::cuda::grad_health(out.get(), d_x.get(), static_cast<int64_t>(n), scratch.get(),
+                                nullptr);
+      const std::vector<double> got = out.download<double>();
+      const frugal::cpu::GradHealthCounts want = frugal::cpu::grad_health(x.data(), int64_t(n));
+      CHECK(got[1] == double(want.nonfinite));
+      CHECK(got[2] == double(want.bf16_underflow));
+      CHECK(got[3] == double(want.bf16_overflow));
+      // The sum is sum_squares' (the norm of a step without the pass), bit for bit.
+      frugal::cuda::sum_squares(norm.get(), d_x.get(), static_cast<int64_t>(n), false,
+                                scratch.get(), nullptr);
+      const double plain = norm.download<double>()[0];
+      CHECK((got[0] == plain || (std::isnan(got[0]) && std::isnan(plain))));
+      // Finite values: against the CPU's sum.
+      for (float& v : x)
+        if (!std::isfinite(v)) v = 0.5f;
+      d_x.upload(x);
+      frugal::cuda::grad_health(out.get(), d_x.get(), static_cast<int64_t>(n), scratch.get(),
+                                nullptr);
+      const double cpu = frugal::cpu::sum_squares(x.data(), int64_t(n));
+      CHECK(std::fabs(out.download<double>()[0] - cpu) <= 1e-12 * cpu);
+    }
+  }
+}
+
 TEST_CASE("cuda kernels are bitwise reproducible run to run", "[gpu]") {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(9);

@@ -103,6 +103,17 @@ const std::map<std::string, std::string> kDefaults = {
     {"fp8.margin", "0"},
     {"fp8.linears", "all"},
     {"monitor.log_every", "10"},
+    {"monitor.health", "true"},
+    {"monitor.on_divergence", "warn"},
+    {"monitor.spike_window", "50"},
+    {"monitor.spike_z", "6"},
+    {"monitor.max_skipped_steps", "5"},
+    {"monitor.max_rollbacks", "3"},
+    {"monitor.rollback_lr_factor", "0.5"},
+    {"monitor.rollback_lr_steps", "100"},
+    {"monitor.slow_rank_factor", "1.5"},
+    {"monitor.check_recompute_every", "100"},
+    {"monitor.check_replicas_every", "100"},
 };
 
 template <class E>
@@ -120,6 +131,7 @@ TEST_CASE("each mode's names round-trip, spelled as in the .cfg files", "[config
   check_round_trip<TrainType>();
   check_round_trip<Offload>();
   check_round_trip<StateDType>();
+  check_round_trip<DivergenceAction>();
   check_round_trip<DeviceChoice>();
   check_round_trip<CheckpointPolicy>();
   check_round_trip<OptimizerType>();
