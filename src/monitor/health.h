@@ -68,7 +68,7 @@ class LossSpikeDetector {
 };
 
 // Bytes moved between host and device memory (offload) since the last report.
-struct LinkTraffic {
+struct OffloadTraffic {
   int64_t bytes_to_device = 0;
   int64_t bytes_to_host = 0;
 };
@@ -101,7 +101,7 @@ struct HealthRecord {
   std::map<std::string, CastRates> casts;
   double loss_z = 0;  // NaN (null) until the window has enough losses
   std::optional<RankReport> ranks;
-  std::optional<LinkTraffic> link;
+  std::optional<OffloadTraffic> link;
   double link_seconds = 0;        // the window's wall seconds the traffic is over
   double link_peak_gb_per_s = 0;  // measured host -> device copy peak (0: not measured)
   nlohmann::json to_json() const;

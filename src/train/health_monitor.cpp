@@ -369,7 +369,7 @@ void HealthMonitor::after_step(int64_t step, double step_seconds, nlohmann::json
     record_.ranks = std::move(ranks);
     if (offload_link_) {
       const Zero3Placement::LinkBytes bytes = run_.params->take_link_bytes();
-      record_.link = LinkTraffic{bytes.to_device, bytes.to_host};
+      record_.link = OffloadTraffic{bytes.to_device, bytes.to_host};
       record_.link_seconds = now_seconds() - window_start_time_;
       record_.link_peak_gb_per_s = link_peak_gb_per_s_;
     }
