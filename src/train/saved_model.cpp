@@ -172,8 +172,7 @@ SavedModelRows::SavedModelRows(const std::string& path) {
   const std::string source = opened.dir->rank_file(opened.step, 0);
   config_ = llama_config_from_json(opened.manifest.at("model"), source);
   step_dir_ = opened.dir->step_dir(opened.step);
-  if (fs::exists(opened.run_dir / "tokenizer.model"))
-    tokenizer_path_ = (opened.run_dir / "tokenizer.model").string();
+  tokenizer_path_ = find_tokenizer(opened.run_dir.string());
   const nlohmann::json config = opened.manifest.value("config", nlohmann::json::object());
   if (train_type_of_run(config, source) != TrainType::full) {
     merged_ = load_saved_model(path).params;

@@ -20,7 +20,7 @@ expect_error() {  # expect_error PATTERN CMD...: CMD fails and prints PATTERN
 
 # The corpus: the printable ASCII lines of the fixture text, four to a document (a fortune
 # file: documents between lines holding only '%').
-LC_ALL=C grep -a -v -P '[^\x09\x20-\x7E]' "$fixtures/mixed.txt" | grep -v '^%$' | head -2000 \
+LC_ALL=C grep -a -v -P '[^\x09\x20-\x7E]' "$fixtures/mixed.txt" | grep -v '^%$' | awk 'NR <= 2000' \
   | awk '{ print } NR % 4 == 0 { print "%" }' > "$work/corpus.txt"
 "$frugal" prepare "$work/corpus.txt" --out "$work/data" \
   --tokenizer "$fixtures/llama3/tokenizer.json" > "$work/prepare.log"
