@@ -216,7 +216,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
   Tokenizer tokenizer(model_path);
   // Documents end with eos; bos, where the tokenizer has one, starts them.
   if (tokenizer.eos_id() < 0)
-    fail("prepare: tokenizer '", model_path, "' has no eos piece; token files end every document "
+    fail("prepare: tokenizer '", model_path,
+         "' has no eos piece; token files end every document "
          "with one",
          tokenizer.kind() == TokenizerKind::byte_level_bpe
              ? " (a tokenizer.json takes it from eos_token of the tokenizer_config.json beside it)"

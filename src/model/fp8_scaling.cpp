@@ -80,10 +80,9 @@ Fp8Scaling::Fp8Scaling(const Fp8Settings& settings, int64_t layers, Arena& memor
   scale_inv_ = filled(stored, 1.0f, memory);
   Tensor max_host = Tensor::empty({stored}, DType::f32);
   for (int64_t s = 0; s < stored; ++s)
-    max_host.data<float>()[s] = ops::fp8_max((s / kSlotStride) % kFp8SlotsPerBlock <
-                                                     kInputSlots + kWeightSlots
-                                                 ? ops::Fp8Format::e4m3
-                                                 : ops::Fp8Format::e5m2);
+    max_host.data<float>()[s] = ops::fp8_max(
+        (s / kSlotStride) % kFp8SlotsPerBlock < kInputSlots + kWeightSlots ? ops::Fp8Format::e4m3
+                                                                           : ops::Fp8Format::e5m2);
   max_values_ = Tensor::empty({stored}, DType::f32, memory);
   ops::copy(max_values_, max_host);
   counts_ = ops::zeros({slots_ * 3}, DType::i64, memory);

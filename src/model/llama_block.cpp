@@ -102,9 +102,9 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 }
 
 // The backward of project: returns dx; dW (when not frozen), dA and dB accumulated.
-Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w,
-                        BlockWeights& g, int p, const BlockContext& ctx,
-                        const BlockActivations& a, Fp8InputCasts& casts) {
+Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
+                        int p, const BlockContext& ctx, const BlockActivations& a,
+                        Fp8InputCasts& casts) {
   Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, w.projection(p), g.at(p),
                                                    fp8_linear_of(ctx, p), casts)
                              : ops::linear_backward(dy, x, w.projection(p), g.at(p));
@@ -204,15 +204,13 @@ Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWe
   Tensor d_act = project_backward(dy, a.act, w, g, kDownProj, ctx, a, casts);
   ops::SwigluGrads d_mlp = ops::swiglu_backward(d_act, a.gate, a.up);
   Tensor d_n2 = project_backward(d_mlp.dg, a.n2, w, g, kGateProj, ctx, a, casts);
-  ops::add_inplace(d_n2,
-                   project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a, casts));
+  ops::add_inplace(d_n2, project_backward(d_mlp.du, a.n2, w, g, kUpProj, ctx, a, casts));
   Tensor dh =
       ops::rmsnorm_backward(d_n2, a.h, w.post_attention_norm, a.rstd2, g.post_attention_norm);
   ops::add_inplace(dh, dy);
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
-  Tensor d_attn =
-      project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a, casts);
+  Tensor d_attn = project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a, casts);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
   ops::AttentionGrads d_qkv =
       ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)

@@ -207,9 +207,9 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     comms.replica = mesh.replica.get();
     comms.host_shard = run.host_mesh.shard.get();
     comms.host_replica = run.host_mesh.replica.get();
-    StepResult result = train_step(model, params, *run.optimizer, micro, comms, lr, step,
-                                   c.train.activation_checkpointing,
-                                   health.hooks(step, first_pass));
+    StepResult result =
+        train_step(model, params, *run.optimizer, micro, comms, lr, step,
+                   c.train.activation_checkpointing, health.hooks(step, first_pass));
     nlohmann::json link_bytes = nlohmann::json::object();
     for (LinkClass link : {LinkClass::intra_node, LinkClass::inter_node})
       link_bytes[link_class_name(link)] = mesh.traffic ? mesh.traffic->bytes(link) : 0;
@@ -370,8 +370,8 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     sampling.stop_token = run.tokenizer->eos_id();
     std::vector<int32_t> prompt = run.tokenizer->encode(c.train.sample_prompt);
     // What precedes a document in training: bos, or without one the previous document's eos.
-    const int32_t start = run.tokenizer->bos_id() >= 0 ? run.tokenizer->bos_id()
-                                                       : run.tokenizer->eos_id();
+    const int32_t start =
+        run.tokenizer->bos_id() >= 0 ? run.tokenizer->bos_id() : run.tokenizer->eos_id();
     prompt.insert(prompt.begin(), start);
     std::vector<int32_t> out = generate(model, params, prompt, sampling);
     log_info("sample: ", run.tokenizer->decode(out));
