@@ -58,8 +58,9 @@ class ShardedModel {
   int32_t bos_id_ = -1, eos_id_ = -1;
   bool use_gpu_ = false;
   ParallelConfig parallel_;
-  Mesh host_mesh_, gpu_mesh_;
-  std::unique_ptr<RunMemory> memory_;
+  Mesh host_mesh_;
+  std::unique_ptr<RunMemory> memory_;  // before every part that allocates from it
+  Mesh gpu_mesh_;                      // NCCL's barrier buffer is in memory_'s device arena
   std::unique_ptr<Zero3Parameters> params_;
 };
 
