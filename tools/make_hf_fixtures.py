@@ -19,6 +19,9 @@ rope_parameters:
                        (so the pairs fall in all three bands: kept, blended, interpolated)
 and a Qwen2ForCausalLM (q/k/v projections with biases, randomised like the weights):
   qwen2_gqa/           4 heads over 2 kv heads, untied head, rope_theta 1e6, eps 1e-6
+and a MistralForCausalLM with a sliding window shorter than its sequences (token i attends to
+tokens i - 5 < j <= i), whose greedy continuation runs past the window:
+  mistral_window/      4 heads over 2 kv heads, sliding_window 5, sequences of 16, 11 and 7
 and dtypes.safetensors: small tensors in F64/F32/F16/BF16 written by the safetensors library,
 with their values in dtypes.json, to check frugal's conversions against an independent
 writer.
@@ -40,7 +43,7 @@ noise.
 
 Run (not in CI: CI has no torch):
   python3 -m venv /work/venv && /work/venv/bin/pip install torch transformers safetensors numpy
-  /work/venv/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf]
+  /work/venv/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf] [--only NAME ...]
 """
 
 import argparse
@@ -51,7 +54,8 @@ import shutil
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 GREEDY_NEW_TOKENS = 12
 
@@ -80,8 +84,13 @@ def token_lines(vocab, lengths, seed):
     return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
 
 
+ONLY = None  # --only: the names to make (None: all)
+
+
 def make_model(out_dir, name, config, seed, std, lengths, prompt_len, max_shard_size=None,
                model_class=LlamaForCausalLM):
+    if ONLY is not None and name not in ONLY:
+        return
     torch.manual_seed(seed)
     model = model_class(config).eval()
     randomize(model, seed, std)
@@ -155,7 +164,10 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "hf"))
+    parser.add_argument("--only", nargs="+", help="make only these fixtures (dtypes: the dtype file)")
     args = parser.parse_args()
+    global ONLY
+    ONLY = set(args.only) if args.only else None
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)  # deterministic reductions
 
@@ -201,7 +213,17 @@ def main():
     make_model(args.out, "qwen2_gqa", qwen2, seed=53, std=0.15, lengths=[19, 12, 6],
                prompt_len=5, model_class=Qwen2ForCausalLM)
 
-    make_dtypes(args.out)
+    # transformers' eager Mistral masks with sliding_window_overlay: kv_idx > q_idx - 5.
+    mistral = MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, vocab_size=80,
+                            max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+                            sliding_window=5, tie_word_embeddings=False, bos_token_id=1,
+                            eos_token_id=2, attn_implementation="eager")
+    make_model(args.out, "mistral_window", mistral, seed=61, std=0.15, lengths=[16, 11, 7],
+               prompt_len=6, model_class=MistralForCausalLM)
+
+    if ONLY is None or "dtypes" in ONLY:
+        make_dtypes(args.out)
 
 
 if __name__ == "__main__":

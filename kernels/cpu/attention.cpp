@@ -1,5 +1,6 @@
-// Causal scaled-dot-product attention with grouped-query heads on the CPU: the forward returns
-// the per-row log-sum-exp, the backward recomputes the probabilities from it.
+// Causal (optionally sliding-window) scaled-dot-product attention with grouped-query heads on
+// the CPU: the forward returns the per-row log-sum-exp, the backward recomputes the
+// probabilities from it. Each row only touches the keys it sees, so a window W costs O(S * W).
 //
 // Layout choices, for cache and vectorisation without -ffast-math:
 //  - K (and in the backward V) are first transposed per (batch, kv head) into [head_dim, kv_len],
@@ -34,11 +35,7 @@ void check_shape(const AttentionShape& s) {
                " head_dim ", s.head_dim);
   FRUGAL_CHECK(s.n_kv_heads > 0 && s.n_heads > 0 && s.n_heads % s.n_kv_heads == 0,
                "attention n_heads ", s.n_heads, " is not a multiple of n_kv_heads ", s.n_kv_heads);
-}
-
-// Number of keys query row i sees: j <= i + causal_offset, clipped to [0, kv_len].
-int64_t visible_keys(int64_t i, const AttentionShape& s) {
-  return std::clamp<int64_t>(i + s.causal_offset + 1, 0, s.kv_len);
+  FRUGAL_CHECK(s.window >= 0, "attention window ", s.window, " is negative");
 }
 
 // x: [batch, kv_len, n_kv_heads, head_dim] -> xt: [batch, n_kv_heads, head_dim, kv_len]
@@ -103,14 +100,16 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           const int64_t g = h / group;
           float* out_row = out + ((b * Tq + i) * H + h) * D;
           float* lse_row = lse + (b * H + h) * Tq + i;
-          const int64_t n = visible_keys(i, s);
-          if (n == 0) {
+          const VisibleKeys keys = visible_keys(i, s);
+          const int64_t n = keys.end - keys.first;
+          if (n <= 0) {
             std::fill(out_row, out_row + D, 0.0f);
             *lse_row = -std::numeric_limits<float>::infinity();
             continue;
           }
           const float* q_row = q + ((b * Tq + i) * H + h) * D;
-          row_dots(p.data(), q_row, kt.data() + (b * G + g) * D * Tk, Tk, 0, n, D, s.scale);
+          row_dots(p.data(), q_row, kt.data() + (b * G + g) * D * Tk, Tk, keys.first, keys.end, D,
+                   s.scale);
           const float max = *std::max_element(p.data(), p.data() + n);
           float sum = 0.0f;
           for (int64_t j = 0; j < n; ++j) {
@@ -120,7 +119,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t j = 0; j < n; ++j) {
             const float pj = p[j];
-            const float* v_row = v + ((b * Tk + j) * G + g) * D;
+            const float* v_row = v + ((b * Tk + keys.first + j) * G + g) * D;
             for (int64_t d = 0; d < D; ++d) acc[d] += pj * v_row[d];
           }
           const float inv_sum = 1.0f / sum;
@@ -173,25 +172,31 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const float* vt_g = vt.data() + (b * G + g) * D * Tk;
           std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
           std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
-          // Row i sees key j0 iff j0 <= i + causal_offset.
+          // The rows that see a key of [j0, j1): from the first that sees j0 (j0 <= i +
+          // causal_offset) to the last that sees j1 - 1 (with a window, i + causal_offset -
+          // (j1 - 1) < window). Rows past the window are never visited: O(S * window) work.
           const int64_t i_first = std::max<int64_t>(0, j0 - s.causal_offset);
+          const int64_t i_end =
+              s.window > 0 ? std::min<int64_t>(Tq, j1 - 1 - s.causal_offset + s.window) : Tq;
           for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-            for (int64_t i = i_first; i < Tq; ++i) {
-              const int64_t j_end = std::min(j1, visible_keys(i, s));
-              if (j_end <= j0) continue;
-              const int64_t n = j_end - j0;
+            for (int64_t i = i_first; i < i_end; ++i) {
+              const VisibleKeys keys = visible_keys(i, s);
+              const int64_t j_begin = std::max(j0, keys.first);
+              const int64_t j_end = std::min(j1, keys.end);
+              if (j_end <= j_begin) continue;
+              const int64_t n = j_end - j_begin;
               const int64_t off = ((b * Tq + i) * H + h) * D;
               const float* q_row = q + off;
               const float* do_row = dout + off;
               const float row_lse = lse[(b * H + h) * Tq + i];
               const float row_d = row_dot[(b * H + h) * Tq + i];
-              row_dots(p.data(), q_row, kt_g, Tk, j0, j_end, D, s.scale);
-              row_dots(dp.data(), do_row, vt_g, Tk, j0, j_end, D, 1.0f);
+              row_dots(p.data(), q_row, kt_g, Tk, j_begin, j_end, D, s.scale);
+              row_dots(dp.data(), do_row, vt_g, Tk, j_begin, j_end, D, 1.0f);
               for (int64_t j = 0; j < n; ++j) {
                 const float pj = std::exp(p[j] - row_lse);
                 const float dsj = s.scale * pj * (dp[j] - row_d);  // scale * dS_ij
-                float* dv_row = dv_acc.data() + j * D;
-                float* dk_row = dk_acc.data() + j * D;
+                float* dv_row = dv_acc.data() + (j_begin - j0 + j) * D;
+                float* dk_row = dk_acc.data() + (j_begin - j0 + j) * D;
                 for (int64_t d = 0; d < D; ++d) dv_row[d] += pj * do_row[d];
                 for (int64_t d = 0; d < D; ++d) dk_row[d] += dsj * q_row[d];
               }
@@ -218,18 +223,21 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t i = 0; i < Tq; ++i) {
-          const int64_t n = visible_keys(i, s);
-          if (n == 0) continue;  // a row that sees nothing has no gradient
+          const VisibleKeys keys = visible_keys(i, s);
+          const int64_t n = keys.end - keys.first;
+          if (n <= 0) continue;  // a row that sees nothing has no gradient
           const int64_t g = h / group;
           const int64_t off = ((b * Tq + i) * H + h) * D;
           const float row_lse = lse[(b * H + h) * Tq + i];
           const float row_d = row_dot[(b * H + h) * Tq + i];
-          row_dots(p.data(), q + off, kt.data() + (b * G + g) * D * Tk, Tk, 0, n, D, s.scale);
-          row_dots(dp.data(), dout + off, vt.data() + (b * G + g) * D * Tk, Tk, 0, n, D, 1.0f);
+          row_dots(p.data(), q + off, kt.data() + (b * G + g) * D * Tk, Tk, keys.first, keys.end, D,
+                   s.scale);
+          row_dots(dp.data(), dout + off, vt.data() + (b * G + g) * D * Tk, Tk, keys.first,
+                   keys.end, D, 1.0f);
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t j = 0; j < n; ++j) {
             const float dsj = std::exp(p[j] - row_lse) * (dp[j] - row_d);
-            const float* k_row = k + ((b * Tk + j) * G + g) * D;
+            const float* k_row = k + ((b * Tk + keys.first + j) * G + g) * D;
             for (int64_t d = 0; d < D; ++d) acc[d] += dsj * k_row[d];
           }
           for (int64_t d = 0; d < D; ++d) dq[off + d] += s.scale * acc[d];

@@ -1,6 +1,6 @@
-// Causal scaled-dot-product attention with grouped-query heads, returning the per-row
-// log-sum-exp so that partial results can be merged (ring attention) and the backward can
-// recompute the probabilities without storing them.
+// Causal (optionally sliding-window) scaled-dot-product attention with grouped-query heads,
+// returning the per-row log-sum-exp so that partial results can be merged (ring attention) and
+// the backward can recompute the probabilities without storing them.
 #pragma once
 #include <cstdint>
 
@@ -19,7 +19,21 @@ struct AttentionShape {
   // ordinary causal attention; ring attention passes the distance between the blocks'
   // first positions. A row that sees no key gets out = 0 and lse = -inf.
   int64_t causal_offset = 0;
+  // Sliding window (Mistral): > 0 also hides key j from row i unless
+  // (i + causal_offset) - j < window, i.e. a query sees itself and the window - 1 keys before
+  // it, as transformers' sliding_window_overlay (kv_idx > q_idx - sliding_window). 0: none.
+  int64_t window = 0;
 };
+
+// The keys query row i sees: [first, end), empty when first >= end.
+struct VisibleKeys {
+  int64_t first = 0, end = 0;
+};
+inline VisibleKeys visible_keys(int64_t i, const AttentionShape& s) {
+  const int64_t last = i + s.causal_offset;  // the query's position among the keys
+  auto clamp = [&](int64_t x) { return x < 0 ? 0 : (x > s.kv_len ? s.kv_len : x); };
+  return {s.window > 0 ? clamp(last - s.window + 1) : 0, clamp(last + 1)};
+}
 
 // q: [batch, q_len, n_heads, head_dim]; k, v: [batch, kv_len, n_kv_heads, head_dim]
 // out: [batch, q_len, n_heads, head_dim] (overwritten); lse: [batch, n_heads, q_len]

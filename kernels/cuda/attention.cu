@@ -1,6 +1,7 @@
-// Causal attention with grouped-query heads on the GPU: the launchers, which send head dims 64
-// and 128 to the tensor-core kernels (on compute capability 9.0 the Hopper ones of
-// flash_attention_sm90.cu unless the caller says no, else flash_attention.cu's), and the
+// Causal (optionally sliding-window) attention with grouped-query heads on the GPU: the
+// launchers, which send head dims 64 and 128 to the tensor-core kernels (on compute capability
+// 9.0 the Hopper ones of flash_attention_sm90.cu unless the caller says no, else
+// flash_attention.cu's), and the
 // simple kernels that take the other head dims (16 and 32, tiny test models) and unaligned
 // pointers: a fused forward (online softmax, K/V tiles in shared memory) and a two-kernel backward
 // (dK/dV per key tile, dQ per query tile).
@@ -12,10 +13,12 @@
 //    with xor shuffles, so every lane ends with the same value and no shared scratch is needed.
 //    Lanes of a warp read the same shared-memory row at consecutive columns: conflict-free.
 //  - Forward and dQ: one block per (query tile, head, batch); K and V tiles stream through
-//    shared memory; tiles past the last key the tile's last row sees are never loaded.
+//    shared memory; tiles past the last key the tile's last row sees, or before the first key
+//    its first row sees (sliding window), are never loaded.
 //  - dK/dV: one block per (key tile, kv head, batch); it loops over the query rows of every
 //    query head sharing the kv head, with Q and dO tiles in shared memory, and starts at the
-//    first row that sees the tile's first key. So each dK/dV element has one writer and the
+//    first row that sees the tile's first key (and, under a sliding window, stops after the
+//    last row that sees its last key). So each dK/dV element has one writer and the
 //    GQA sum over heads happens in registers: no atomics, the result is deterministic.
 //  - D_i = rowsum(dO_i * O_i) is recomputed where it is needed instead of a scratch buffer.
 #include <algorithm>
@@ -66,6 +69,15 @@ __device__ __forceinline__ int visible_keys(int64_t i, int64_t causal_offset, in
   return n < 0 ? 0 : (n > kv_len ? kv_len : static_cast<int>(n));
 }
 
+// The first key query row i sees: with a sliding window (> 0) j > i + causal_offset - window,
+// as transformers' sliding_window_overlay; 0 without one.
+__device__ __forceinline__ int first_visible_key(int64_t i, int64_t causal_offset, int64_t window,
+                                                 int kv_len) {
+  if (window <= 0) return 0;
+  const int64_t first = i + causal_offset - window + 1;
+  return first < 0 ? 0 : (first > kv_len ? kv_len : static_cast<int>(first));
+}
+
 // Copies rows [row0, row0 + rows) of one head of a [batch, len, heads, D] bf16 tensor into a
 // [rows][D] fp32 shared tile; rows past `len` are zero.
 template <int D>
@@ -84,7 +96,8 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                              const __nv_bfloat16* k, const __nv_bfloat16* v, int q_len, int kv_len,
-                             int n_heads, int n_kv_heads, float scale, int64_t causal_offset) {
+                             int n_heads, int n_kv_heads, float scale, int64_t causal_offset,
+                             int64_t window) {
   using L = QueryRowLayout<D>;
   __shared__ float k_tile[kKeyTile][D];
   __shared__ float v_tile[kKeyTile][D];
@@ -103,11 +116,14 @@ __global__ void __launch_bounds__(kThreads)
     acc[c] = 0.0f;
   }
   const int n_visible = visible_keys(i, causal_offset, kv_len);
-  // Keys seen by the tile's last row; later key tiles are fully masked and skipped.
+  const int first_visible = first_visible_key(i, causal_offset, window, kv_len);
+  // Keys seen by the tile's last row; later key tiles are fully masked and skipped. Under a
+  // sliding window, so are the keys before the first one the tile's first row sees.
   const int n_keys = visible_keys(min(q0 + L::kRows, q_len) - 1, causal_offset, kv_len);
+  const int k_begin = first_visible_key(q0, causal_offset, window, kv_len);
   float row_max = -INFINITY, row_sum_exp = 0.0f;
 
-  for (int k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+  for (int k0 = k_begin; k0 < n_keys; k0 += kKeyTile) {
     const int tile_keys = min(kKeyTile, n_keys - k0);
     __syncthreads();  // the previous tile is no longer read
     load_tile<D>(k_tile, tile_keys, k, b, k0, kv_len, n_kv_heads, g);
@@ -123,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int c = 0; c < L::kCols; ++c) dot += q_reg[c] * k_tile[j][sub + L::kLanes * c];
         dot = row_sum<L::kLanes>(dot) * scale;
-        s[j] = k0 + j < n_visible ? dot : -INFINITY;
+        s[j] = k0 + j < n_visible && k0 + j >= first_visible ? dot : -INFINITY;
       } else {
         s[j] = -INFINITY;
       }
@@ -164,7 +180,8 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_kernel(float* dq, const __nv_bfloat16* dout, const __nv_bfloat16* q,
                                  const __nv_bfloat16* k, const __nv_bfloat16* v,
                                  const __nv_bfloat16* out, const float* lse, int q_len, int kv_len,
-                                 int n_heads, int n_kv_heads, float scale, int64_t causal_offset) {
+                                 int n_heads, int n_kv_heads, float scale, int64_t causal_offset,
+                                 int64_t window) {
   using L = QueryRowLayout<D>;
   __shared__ float k_tile[kKeyTile][D];
   __shared__ float v_tile[kKeyTile][D];
@@ -190,9 +207,11 @@ __global__ void __launch_bounds__(kThreads)
   const float row_lse = valid ? lse[(b * n_heads + h) * q_len + i] : -INFINITY;
   // A row whose lse is -inf saw no key at all: it has no gradient.
   const int n_visible = row_lse == -INFINITY ? 0 : visible_keys(i, causal_offset, kv_len);
+  const int first_visible = first_visible_key(i, causal_offset, window, kv_len);
   const int n_keys = visible_keys(min(q0 + L::kRows, q_len) - 1, causal_offset, kv_len);
+  const int k_begin = first_visible_key(q0, causal_offset, window, kv_len);
 
-  for (int k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+  for (int k0 = k_begin; k0 < n_keys; k0 += kKeyTile) {
     const int tile_keys = min(kKeyTile, n_keys - k0);
     __syncthreads();
     load_tile<D>(k_tile, tile_keys, k, b, k0, kv_len, n_kv_heads, g);
@@ -207,14 +226,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       score = row_sum<L::kLanes>(score);
       dp = row_sum<L::kLanes>(dp);
-      if (k0 + j < n_visible) {
+      if (k0 + j < n_visible && k0 + j >= first_visible) {
         const float ds = expf(score * scale - row_lse) * (dp - row_d);
 #pragma unroll
         for (int c = 0; c < L::kCols; ++c) acc[c] += ds * k_tile[j][sub + L::kLanes * c];
       }
     }
   }
-  if (!valid || n_visible == 0) return;
+  if (!valid || n_visible <= first_visible) return;
 #pragma unroll
   for (int c = 0; c < L::kCols; ++c) dq[row_offset + sub + L::kLanes * c] += scale * acc[c];
 }
@@ -227,7 +246,8 @@ __global__ void __launch_bounds__(kThreads)
                                    const __nv_bfloat16* q, const __nv_bfloat16* k,
                                    const __nv_bfloat16* v, const __nv_bfloat16* out,
                                    const float* lse, int q_len, int kv_len, int n_heads,
-                                   int n_kv_heads, float scale, int64_t causal_offset) {
+                                   int n_kv_heads, float scale, int64_t causal_offset,
+                                   int64_t window) {
   using L = KeyRowLayout<D>;
   __shared__ float q_tile[kQueryTile][D];
   __shared__ float do_tile[kQueryTile][D];
@@ -253,10 +273,16 @@ __global__ void __launch_bounds__(kThreads)
   // Row i sees key j0 iff j0 <= i + causal_offset: earlier rows see none of this tile.
   const int64_t first_row = std::max<int64_t>(0, j0 - causal_offset);
   const int i_first = static_cast<int>(std::min<int64_t>(first_row, q_len));
+  // Under a sliding window, rows from i_end on are window or more past the tile's last key.
+  const int64_t last_key = std::min<int64_t>(j0 + L::kRows, kv_len) - 1;
+  const int i_end = window > 0
+                        ? static_cast<int>(std::min<int64_t>(
+                              std::max<int64_t>(last_key - causal_offset + window, 0), q_len))
+                        : q_len;
 
   for (int h = g * group; h < (g + 1) * group; ++h) {
-    for (int i0 = i_first; i0 < q_len; i0 += kQueryTile) {
-      const int tile_rows = min(kQueryTile, q_len - i0);
+    for (int i0 = i_first; i0 < i_end; i0 += kQueryTile) {
+      const int tile_rows = min(kQueryTile, i_end - i0);
       __syncthreads();
       load_tile<D>(q_tile, tile_rows, q, b, i0, q_len, n_heads, h);
       load_tile<D>(do_tile, tile_rows, dout, b, i0, q_len, n_heads, h);
@@ -283,7 +309,8 @@ __global__ void __launch_bounds__(kThreads)
         score = row_sum<L::kLanes>(score);
         dp = row_sum<L::kLanes>(dp);
         const float row_lse = lse_tile[r];
-        if (valid && j <= i0 + r + causal_offset && row_lse != -INFINITY) {
+        const int64_t behind = i0 + r + causal_offset - j;  // 0: the row's own position
+        if (valid && behind >= 0 && (window <= 0 || behind < window) && row_lse != -INFINITY) {
           const float p = expf(score * scale - row_lse);
           const float ds = p * (dp - d_tile[r]);
 #pragma unroll
@@ -305,9 +332,9 @@ __global__ void __launch_bounds__(kThreads)
 
 void check_shape(const AttentionShape& s) {
   if (s.batch < 0 || s.q_len < 0 || s.kv_len < 0 || s.n_heads <= 0 || s.n_kv_heads <= 0 ||
-      s.n_heads % s.n_kv_heads != 0)
+      s.n_heads % s.n_kv_heads != 0 || s.window < 0)
     fail("cuda attention: bad shape batch ", s.batch, " q_len ", s.q_len, " kv_len ", s.kv_len,
-         " n_heads ", s.n_heads, " n_kv_heads ", s.n_kv_heads);
+         " n_heads ", s.n_heads, " n_kv_heads ", s.n_kv_heads, " window ", s.window);
   if (!attention_supports_head_dim(s.head_dim))
     fail("cuda attention: head_dim ", s.head_dim, " is not supported (16, 32, 64 or 128)");
   // Row indices are int inside the kernels; grid.y and grid.z are limited to 65535.
@@ -324,7 +351,8 @@ void forward_for(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const _
                   static_cast<unsigned>(s.n_heads), static_cast<unsigned>(s.batch));
   attention_forward_kernel<D><<<grid, kThreads, 0, stream>>>(
       out, lse, q, k, v, static_cast<int>(s.q_len), static_cast<int>(s.kv_len),
-      static_cast<int>(s.n_heads), static_cast<int>(s.n_kv_heads), s.scale, s.causal_offset);
+      static_cast<int>(s.n_heads), static_cast<int>(s.n_kv_heads), s.scale, s.causal_offset,
+      s.window);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -340,12 +368,13 @@ void backward_for(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                        static_cast<unsigned>(s.n_kv_heads), static_cast<unsigned>(s.batch));
   attention_backward_dkdv_kernel<D>
       <<<dkdv_grid, kThreads, 0, stream>>>(dk, dv, dout, q, k, v, out, lse, q_len, kv_len, n_heads,
-                                           n_kv_heads, s.scale, s.causal_offset);
+                                           n_kv_heads, s.scale, s.causal_offset, s.window);
   CUDA_CHECK_LAUNCH();
   const dim3 dq_grid(static_cast<unsigned>((s.q_len + q_rows - 1) / q_rows),
                      static_cast<unsigned>(s.n_heads), static_cast<unsigned>(s.batch));
-  attention_backward_dq_kernel<D><<<dq_grid, kThreads, 0, stream>>>(
-      dq, dout, q, k, v, out, lse, q_len, kv_len, n_heads, n_kv_heads, s.scale, s.causal_offset);
+  attention_backward_dq_kernel<D>
+      <<<dq_grid, kThreads, 0, stream>>>(dq, dout, q, k, v, out, lse, q_len, kv_len, n_heads,
+                                         n_kv_heads, s.scale, s.causal_offset, s.window);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,7 @@
-// Causal attention with grouped-query heads on the GPU (bf16 in and out, fp32 math): a fused
-// forward returning the per-row log-sum-exp and a deterministic backward recomputing P. Head
-// dims 64 and 128 run on the tensor cores (flash_attention.h); others (16, 32) on simple kernels.
+// Causal (optionally sliding-window: AttentionShape::window) attention with grouped-query heads
+// on the GPU (bf16 in and out, fp32 math): a fused forward returning the per-row log-sum-exp
+// and a deterministic backward recomputing P. Head dims 64 and 128 run on the tensor cores
+// (flash_attention.h); others (16, 32) on simple kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,7 +14,8 @@
 namespace frugal::cuda {
 
 // Same fields and meaning as the CPU kernel's (batch, q_len, kv_len, n_heads, n_kv_heads,
-// head_dim, scale, causal_offset): query row i sees key j iff j <= i + causal_offset.
+// head_dim, scale, causal_offset, window): query row i sees key j iff j <= i + causal_offset
+// and, with window > 0, i + causal_offset - j < window.
 using AttentionShape = ::frugal::cpu::AttentionShape;
 
 // Whether the kernels are compiled for this head dim (16, 32, 64 and 128); the launchers

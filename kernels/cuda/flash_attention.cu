@@ -1,6 +1,7 @@
-// Causal GQA attention on the tensor cores, FlashAttention-2 style (head dims 64 and 128):
-// a fused forward and a three-kernel deterministic backward, all on mma.sync m16n8k16 (bf16 in,
-// fp32 accumulate) with ldmatrix and cp.async: the portable sm_80+ path (sm_86/89 included).
+// Causal (optionally sliding-window) GQA attention on the tensor cores, FlashAttention-2 style
+// (head dims 64 and 128): a fused forward and a three-kernel deterministic backward, all on
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate) with ldmatrix and cp.async: the portable sm_80+
+// path (sm_86/89 included).
 //
 // Fragments: a warp owns 16 rows of every product it computes. m16n8k16 keeps a 16x8 fp32
 // accumulator tile as 4 values per lane (rows lane/4 and lane/4 + 8, columns 2 (lane%4) + 0, 1),
@@ -13,7 +14,8 @@
 // first. Q fragments stay in registers; K and V tiles of 64 keys are double-buffered through
 // cp.async (the next tile loads while this one is used); S = Q K^T, the online softmax in fp32
 // (exp2 with the scale folded in), O += P V. Key tiles past the last key the block's last row
-// sees are never loaded; only tiles that cross the diagonal (or kv_len) are masked.
+// sees, or (sliding window) before the first key its first row sees, are never loaded; only
+// tiles that cross the diagonal, the window's edge or kv_len are masked.
 //
 // Backward, with no float atomics (every gradient element has one writer, summed in a fixed
 // order), recomputing P = exp(S - lse) instead of storing it:
@@ -22,8 +24,9 @@
 //  2. dK/dV: one block per (128 keys, kv head, batch); each warp owns 16 keys and computes the
 //     transposed products S^T = K Q^T and dP^T = V dO^T, so that P^T and dS^T are already A
 //     operands for dV += P^T dO and dK += dS^T Q. The block loops over the query tiles of every
-//     query head of its group (from the first row that sees its first key): the GQA sum
-//     happens in registers, K/V are never copied.
+//     query head of its group (from the first row that sees its first key to the last row that
+//     sees its last key, under a sliding window): the GQA sum happens in registers, K/V are
+//     never copied.
 //  3. dQ: one block per (query tile, head, batch), like the forward: S, dP, dS again, then
 //     dQ += dS K. (Recomputing S and dP costs 2 of the 7 products; the alternative, atomics on
 //     dQ from the dK/dV blocks, would make the sum order nondeterministic.)
@@ -126,8 +129,8 @@ __device__ __forceinline__ uint32_t b_trans(uint32_t tile, int kk, int dn, int l
 // their transposes).
 template <int D, int kN>
 __device__ __forceinline__ void paired_products(float (&c1)[kN / 8][4], float (&c2)[kN / 8][4],
-                                                uint32_t a1, uint32_t a2, uint32_t b1,
-                                                uint32_t b2, int warp, int lane) {
+                                                uint32_t a1, uint32_t a2, uint32_t b1, uint32_t b2,
+                                                int warp, int lane) {
 #pragma unroll
   for (int n = 0; n < kN / 8; ++n) {
     c1[n][0] = c1[n][1] = c1[n][2] = c1[n][3] = 0.0f;
@@ -194,8 +197,12 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
   const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
   float* lse_head = lse + (static_cast<int64_t>(b) * p.n_heads + h) * p.q_len;
 
-  const int kv_end = keys_seen(min(q0 + kBlockM, p.q_len) - 1, p);
-  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  // Keys [kv_begin, kv_end) are seen by some row of the block: tiles outside are never loaded,
+  // so a sliding window of W keys costs O(W) per block, whatever the sequence length.
+  const int last_row = min(q0 + kBlockM, p.q_len) - 1;
+  const int kv_end = keys_seen(last_row, p);
+  const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+  const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
   if (n_tiles == 0) {  // no row of the block sees a key
     write_unseen_rows<D, kBlockM, kFwdThreads>(out_head, lse_head, q0, p);
     return;
@@ -205,9 +212,9 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
   auto load_kv = [&](int tile) {  // into buffer tile % kStages
     const int buf = tile % kStages;
     load_tile_async<D, kBlockN, kFwdThreads>(sk + buf * kTileBytes, k + kv_head, p.kv_stride,
-                                             tile * kBlockN, p.kv_len);
+                                             kv_begin + tile * kBlockN, p.kv_len);
     load_tile_async<D, kBlockN, kFwdThreads>(sv + buf * kTileBytes, v + kv_head, p.kv_stride,
-                                             tile * kBlockN, p.kv_len);
+                                             kv_begin + tile * kBlockN, p.kv_len);
   };
   load_tile_async<D, kBlockM, kFwdThreads>(sq, q_head, p.q_stride, q0, p.q_len);
   load_kv(0);
@@ -219,8 +226,10 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
   }
 
   const int row_a = q0 + warp * 16 + lane / 4, row_b = row_a + 8;  // this lane's two rows
-  // Keys every row of the block sees (and that exist): tiles below need no mask.
+  // Keys [unmasked_begin, unmasked_end) every row of the block sees (and that exist): tiles
+  // inside need no mask.
   const int unmasked_end = min(q0 + p.causal_offset + 1, p.kv_len);
+  const int unmasked_begin = first_key_seen(last_row, p);
   uint32_t qf[D / 16][4];
   float o[D / 8][4];
 #pragma unroll
@@ -253,15 +262,15 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
         mma(s[2 * nn + 1], qf[kk], bk[2], bk[3]);
       }
     }
-    const int k0 = t * kBlockN;
-    if (k0 + kBlockN > unmasked_end) {
+    const int k0 = kv_begin + t * kBlockN;
+    if (k0 + kBlockN > unmasked_end || k0 < unmasked_begin) {
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
           const int row = e < 2 ? row_a : row_b;
-          if (key > row + p.causal_offset || key >= p.kv_len) s[n][e] = -INFINITY;
+          if (hidden_key(row, key, p)) s[n][e] = -INFINITY;
         }
       }
     }
@@ -368,9 +377,14 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
   const int b = blockIdx.x / p.n_kv_heads, g = blockIdx.x % p.n_kv_heads;
   const int j0 = blockIdx.y * kBlockN;  // the first key tiles see the most rows: launched first
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Row i sees key j0 iff j0 <= i + offset: earlier rows see none of this tile.
+  // Row i sees key j0 iff j0 <= i + offset: earlier rows see none of this tile. With a sliding
+  // window, rows from i_end on see none either (the tile's last key is window or more behind):
+  // they are never loaded, so the tile costs O(window) rows.
   const int i_start = min(max(j0 - p.causal_offset, 0), p.q_len);
-  const int n_q_tiles = (p.q_len - i_start + kBlockM - 1) / kBlockM;
+  const int last_key = min(j0 + kBlockN, p.kv_len) - 1;
+  const int i_end =
+      p.window > 0 ? min(max(last_key - p.causal_offset + p.window, 0), p.q_len) : p.q_len;
+  const int n_q_tiles = i_end > i_start ? (i_end - i_start + kBlockM - 1) / kBlockM : 0;
   const int n_steps = p.group * n_q_tiles;
   if (n_steps == 0) return;  // adds nothing
 
@@ -432,7 +446,9 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
     float st[kBlockM / 8][4], dpt[kBlockM / 8][4];
     paired_products<D, kBlockM>(st, dpt, sk, sv, qt, dot, warp, lane);
     // P^T = exp2(S^T scale log2(e) - lse_log2) (0 where masked), dS^T = P^T (dP^T - delta).
-    const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset;
+    // The farthest pair (last row, first key) is window or more apart: the window masks too.
+    const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset ||
+                           (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window);
 #pragma unroll
     for (int n = 0; n < kBlockM / 8; ++n) {
       const int col = n * 8 + (lane % 4) * 2;
@@ -442,7 +458,10 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
       for (int e = 0; e < 4; ++e) {
         const float row_lse = (e & 1) ? l2.y : l2.x, row_delta = (e & 1) ? dl.y : dl.x;
         float pe = exp2_approx(fmaf(st[n][e], p.scale_log2, -row_lse));
-        if (need_mask && (e < 2 ? key_a : key_b) > i0 + col + (e & 1) + p.causal_offset) pe = 0.0f;
+        // Keys past kv_len are zero rows whose gradients are never stored: causal and window
+        // tests suffice.
+        const int behind = i0 + col + (e & 1) + p.causal_offset - (e < 2 ? key_a : key_b);
+        if (need_mask && (behind < 0 || (p.window > 0 && behind >= p.window))) pe = 0.0f;
         st[n][e] = pe;
         dpt[n][e] = pe * (dpt[n][e] - row_delta);
       }
@@ -512,8 +531,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
   const int64_t row_head = (static_cast<int64_t>(b) * p.n_heads + h) * p.q_len;
 
-  const int kv_end = keys_seen(min(q0 + kBlockM, p.q_len) - 1, p);
-  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  // As in the forward: only the key tiles some row of the block sees.
+  const int last_row = min(q0 + kBlockM, p.q_len) - 1;
+  const int kv_end = keys_seen(last_row, p);
+  const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+  const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
   if (n_tiles == 0) return;  // adds nothing
 
   const uint32_t sq = smem_address(smem), sdo = sq + kBlockM * D * 2, sk = sdo + kBlockM * D * 2,
@@ -521,9 +543,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   auto load_kv = [&](int tile) {  // into buffer tile % kStages
     const int buf = tile % kStages;
     load_tile_async<D, kBlockN, kThreads>(sk + buf * kTileBytes, k + kv_head, p.kv_stride,
-                                          tile * kBlockN, p.kv_len);
+                                          kv_begin + tile * kBlockN, p.kv_len);
     load_tile_async<D, kBlockN, kThreads>(sv + buf * kTileBytes, v + kv_head, p.kv_stride,
-                                          tile * kBlockN, p.kv_len);
+                                          kv_begin + tile * kBlockN, p.kv_len);
   };
   load_tile_async<D, kBlockM, kThreads>(sq, q + q_head, p.q_stride, q0, p.q_len);
   load_tile_async<D, kBlockM, kThreads>(sdo, dout + q_head, p.q_stride, q0, p.q_len);
@@ -541,6 +563,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const float delta_a = row_a < p.q_len ? delta[row_head + row_a] : 0.0f;
   const float delta_b = row_b < p.q_len ? delta[row_head + row_b] : 0.0f;
   const int unmasked_end = min(q0 + p.causal_offset + 1, p.kv_len);
+  const int unmasked_begin = first_key_seen(last_row, p);
   float dq_acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
@@ -555,8 +578,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
     float s[kBlockN / 8][4], dp[kBlockN / 8][4];
     paired_products<D, kBlockN>(s, dp, sq, sdo, kt, vt, warp, lane);
-    const int k0 = t * kBlockN;
-    const bool need_mask = k0 + kBlockN > unmasked_end;
+    const int k0 = kv_begin + t * kBlockN;
+    const bool need_mask = k0 + kBlockN > unmasked_end || k0 < unmasked_begin;
 #pragma unroll
     for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
@@ -564,7 +587,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
         const int key = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
         const int row = e < 2 ? row_a : row_b;
         float pe = exp2_approx(fmaf(s[n][e], p.scale_log2, -(e < 2 ? lse_a : lse_b)));
-        if (need_mask && (key > row + p.causal_offset || key >= p.kv_len)) pe = 0.0f;
+        if (need_mask && hidden_key(row, key, p)) pe = 0.0f;
         dp[n][e] = pe * (dp[n][e] - (e < 2 ? delta_a : delta_b));
       }
     }
@@ -705,11 +728,11 @@ void flash_attention_backward_prepare(float* scratch, const bf16* dout, const bf
   const unsigned blocks = static_cast<unsigned>((rows + 7) / 8);
   const int q_len = static_cast<int>(s.q_len), n_heads = static_cast<int>(s.n_heads);
   if (s.head_dim == 64)
-    flash_backward_prepare_kernel<64><<<blocks, 256, 0, stream>>>(scratch, scratch + rows, dout,
-                                                                  out, lse, rows, q_len, n_heads);
+    flash_backward_prepare_kernel<64>
+        <<<blocks, 256, 0, stream>>>(scratch, scratch + rows, dout, out, lse, rows, q_len, n_heads);
   else if (s.head_dim == 128)
-    flash_backward_prepare_kernel<128><<<blocks, 256, 0, stream>>>(scratch, scratch + rows, dout,
-                                                                   out, lse, rows, q_len, n_heads);
+    flash_backward_prepare_kernel<128>
+        <<<blocks, 256, 0, stream>>>(scratch, scratch + rows, dout, out, lse, rows, q_len, n_heads);
   else
     fail("cuda flash attention: head_dim ", s.head_dim, " is not supported (64 or 128)");
   CUDA_CHECK_LAUNCH();

@@ -1,6 +1,7 @@
 // What the tensor-core attention kernels share, whatever instructions they multiply with
 // (mma.sync in flash_attention.cu, wgmma in flash_attention_sm90.cu): the per-launch
-// parameters and the causal mask they encode, a few PTX wrappers, the empty-block epilogue
+// parameters and the causal (and sliding-window) mask they encode, a few PTX wrappers, the
+// empty-block epilogue
 // and the host-side launch helpers.
 #pragma once
 
@@ -20,6 +21,7 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 struct Params {
   int q_len, kv_len, n_heads, n_kv_heads, group;
   int causal_offset;  // clamped to [-q_len - 1, kv_len]: the same mask, and it fits an int
+  int window;         // sliding window, 0: none; rewritten with the clamp so the mask stays
   float scale, scale_log2;
   int64_t q_stride, kv_stride;  // elements between consecutive rows of one head
 };
@@ -31,7 +33,19 @@ inline Params make_params(const ::frugal::cpu::AttentionShape& s) {
   p.n_heads = static_cast<int>(s.n_heads);
   p.n_kv_heads = static_cast<int>(s.n_kv_heads);
   p.group = p.n_heads / p.n_kv_heads;
-  p.causal_offset = static_cast<int>(std::clamp<int64_t>(s.causal_offset, -s.q_len - 1, s.kv_len));
+  // Row i sees key j iff 0 <= i + offset - j (< window when there is one). An offset past
+  // kv_len shows every key to every row as far as causality goes; only the window's lower
+  // bound j > i + offset - window moves, so the clamp moves the window with it.
+  int64_t offset = s.causal_offset, window = s.window > 0 ? s.window : 0;
+  if (offset > s.kv_len) {
+    if (window > 0) window -= offset - s.kv_len;
+    offset = s.kv_len;
+    if (s.window > 0 && window <= 0) offset = -s.q_len - 1;  // every key behind every window
+  }
+  if (offset <= -s.q_len - 1) offset = -s.q_len - 1, window = 0;  // no row sees a key
+  if (window > s.q_len + s.kv_len) window = 0;  // wider than any distance: hides nothing
+  p.causal_offset = static_cast<int>(offset);
+  p.window = static_cast<int>(window);
   p.scale = s.scale;
   p.scale_log2 = s.scale * kLog2e;
   p.q_stride = s.n_heads * s.head_dim;
@@ -42,6 +56,20 @@ inline Params make_params(const ::frugal::cpu::AttentionShape& s) {
 // Keys that query row `row` sees: j <= row + offset, clipped to [0, kv_len].
 __device__ __forceinline__ int keys_seen(int row, const Params& p) {
   return min(max(row + p.causal_offset + 1, 0), p.kv_len);
+}
+
+// The first key query row `row` sees: with a sliding window j > row + offset - window (as
+// transformers' sliding_window_overlay: kv_idx > q_idx - window), clipped to [0, kv_len];
+// 0 without one.
+__device__ __forceinline__ int first_key_seen(int row, const Params& p) {
+  return p.window > 0 ? min(max(row + p.causal_offset - p.window + 1, 0), p.kv_len) : 0;
+}
+
+// Whether the mask hides key `key` from row `row`: after it (causal), past the keys, or
+// window or more positions behind it.
+__device__ __forceinline__ bool hidden_key(int row, int key, const Params& p) {
+  const int behind = row + p.causal_offset - key;
+  return behind < 0 || key >= p.kv_len || (p.window > 0 && behind >= p.window);
 }
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
@@ -63,8 +91,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // A forward block of kBlockM query rows of which none sees a key (all masked): out = 0 and
 // lse = -inf for its rows, written by the block's kThreads threads.
 template <int D, int kBlockM, int kThreads>
-__device__ __forceinline__ void write_unseen_rows(__nv_bfloat16* out_head, float* lse_head,
-                                                  int q0, const Params& p) {
+__device__ __forceinline__ void write_unseen_rows(__nv_bfloat16* out_head, float* lse_head, int q0,
+                                                  const Params& p) {
   for (int e = threadIdx.x; e < kBlockM * D / 8; e += kThreads) {
     const int r = e / (D / 8), c = e % (D / 8);
     if (q0 + r < p.q_len)

@@ -1,5 +1,7 @@
-// Causal GQA attention on Hopper (sm_90a), FlashAttention-3 style, head dims 64 and 128: the
-// same contract and results as flash_attention.cu, on wgmma and the TMA copy engine.
+// Causal (optionally sliding-window) GQA attention on Hopper (sm_90a), FlashAttention-3 style,
+// head dims 64 and 128: the same contract and results as flash_attention.cu, on wgmma and the
+// TMA copy engine. Under a sliding window, key tiles (forward, dQ) and query tiles (dK/dV)
+// wholly outside it are never loaded, as in flash_attention.cu: O(S * window) work.
 //
 // Block shape: 3 warpgroups of 128 threads. Warpgroup 0 is the producer: one thread issues
 // every tile load (cp.async.bulk.tensor, completing on an mbarrier) into a ring of kStages
@@ -178,19 +180,20 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const CUtensorMap* m
                   row, batch);
 }
 
-// The producer thread's loop of the forward and dQ kernels: key tile t of kv head g goes into
-// stage t % kStages once the consumers have freed it, K at k_tile(stage), V at v_tile(stage).
+// The producer thread's loop of the forward and dQ kernels: key tile t (keys from
+// key0 + t * kBlockN) of kv head g goes into stage t % kStages once the consumers have freed
+// it, K at k_tile(stage), V at v_tile(stage).
 template <int D, int kBlockN, int kStages, class KTile, class VTile>
 __device__ __forceinline__ void load_kv_tiles(const StageBarriers<kStages>& bars, KTile k_tile,
                                               VTile v_tile, uint32_t stage_bytes,
                                               const CUtensorMap* k_map, const CUtensorMap* v_map,
-                                              int g, int b, int n_tiles) {
+                                              int g, int b, int key0, int n_tiles) {
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % kStages;
     mbarrier_wait(bars.empty(stage), ((t / kStages) & 1) ^ 1);
     mbarrier_arrive_expect_bytes(bars.full(stage), stage_bytes);
-    tma_load_rows<D, kBlockN>(k_tile(stage), k_map, bars.full(stage), g, t * kBlockN, b);
-    tma_load_rows<D, kBlockN>(v_tile(stage), v_map, bars.full(stage), g, t * kBlockN, b);
+    tma_load_rows<D, kBlockN>(k_tile(stage), k_map, bars.full(stage), g, key0 + t * kBlockN, b);
+    tma_load_rows<D, kBlockN>(v_tile(stage), v_map, bars.full(stage), g, key0 + t * kBlockN, b);
   }
 }
 
@@ -424,8 +427,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* out_head = out + static_cast<int64_t>(b) * p.q_len * p.q_stride + h * D;
   float* lse_head = lse + (static_cast<int64_t>(b) * p.n_heads + h) * p.q_len;
 
-  const int kv_end = keys_seen(min(q0 + kBlockM, p.q_len) - 1, p);
-  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  // Keys [kv_begin, kv_end) are seen by some row of the block (kv_begin > 0 only under a
+  // sliding window): only those tiles are loaded.
+  const int last_row = min(q0 + kBlockM, p.q_len) - 1;
+  const int kv_end = keys_seen(last_row, p);
+  const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+  const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
   if (n_tiles == 0) {  // no row of the block sees a key
     write_unseen_rows<D, kBlockM, kThreads>(out_head, lse_head, q0, p);
     return;
@@ -443,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_arrive_expect_bytes(q_full, tile_bytes(kBlockM, D));
       tma_load_rows<D, kBlockM>(sq, &q_map, q_full, h, q0, b);
       load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map, g, b,
-                                n_tiles);
+                                kv_begin, n_tiles);
     }
     return;
   }
@@ -453,8 +460,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int consumer = threadIdx.x / kWarpgroupThreads - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int row_a = q0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4, row_b = row_a + 8;
-  // Keys every row of the block sees (and that exist): tiles below need no mask.
+  // Keys [unmasked_begin, unmasked_end) every row of the block sees (and that exist): tiles
+  // inside need no mask.
   const int unmasked_end = min(q0 + p.causal_offset + 1, p.kv_len);
+  const int unmasked_begin = first_key_seen(last_row, p);
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
@@ -471,13 +480,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // quad): masks s, updates the row max and sum, turns s into P (relative to the new max) and
   // returns the factor that takes O from the old max to the new one.
   auto softmax = [&](float(&s)[kBlockN / 2], int t, float(&correction)[2]) {
-    const int k0 = t * kBlockN;
-    if (k0 + kBlockN > unmasked_end) {
+    const int k0 = kv_begin + t * kBlockN;
+    if (k0 + kBlockN > unmasked_end || k0 < unmasked_begin) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
         const int key = k0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
         const int row = (i % 4) < 2 ? row_a : row_b;
-        if (key > row + p.causal_offset || key >= p.kv_len) s[i] = -INFINITY;
+        if (hidden_key(row, key, p)) s[i] = -INFINITY;
       }
     }
 #pragma unroll
@@ -594,9 +603,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = smem_raw + (base - smem_address(smem_raw));
   const int b = blockIdx.x / p.n_kv_heads, g = blockIdx.x % p.n_kv_heads;
   const int j0 = blockIdx.y * kBlockN;  // the first key tiles see the most rows: launched first
-  // Row i sees key j0 iff j0 <= i + offset: earlier rows see none of this block's keys.
+  // Row i sees key j0 iff j0 <= i + offset: earlier rows see none of this block's keys. Under
+  // a sliding window, rows from i_end on are window or more past the block's last key.
   const int i_start = min(max(j0 - p.causal_offset, 0), p.q_len);
-  const int n_q_tiles = (p.q_len - i_start + kBlockM - 1) / kBlockM;
+  const int last_key = min(j0 + kBlockN, p.kv_len) - 1;
+  const int i_end =
+      p.window > 0 ? min(max(last_key - p.causal_offset + p.window, 0), p.q_len) : p.q_len;
+  const int n_q_tiles = i_end > i_start ? (i_end - i_start + kBlockM - 1) / kBlockM : 0;
   const int n_steps = p.group * n_q_tiles;
   if (n_steps == 0) return;  // adds nothing
 
@@ -671,13 +684,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P^T = exp2(S^T scale log2(e) - lse_log2), 0 where masked; dV += P^T dO.
     const float* lse_t = row_lse(stage);
     const float* delta_t = row_delta(stage);
-    const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset;
+    // Masks where a key is after a row, or (window) the farthest pair is window or more apart.
+    const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset ||
+                           (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window);
 #pragma unroll
     for (int i = 0; i < kBlockM / 2; ++i) {
       const int col = (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
       const int key = (i % 4) < 2 ? key_a : key_b;
       float pe = exp2_approx(fmaf(st[i], p.scale_log2, -lse_t[col]));
-      if (need_mask && key > i0 + col + p.causal_offset) pe = 0.0f;
+      const int behind = i0 + col + p.causal_offset - key;
+      if (need_mask && (behind < 0 || (p.window > 0 && behind >= p.window))) pe = 0.0f;
       st[i] = pe;
     }
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
@@ -764,8 +780,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = swizzle_aligned(smem_raw);
   const int b = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, g = h / p.group;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
-  const int kv_end = keys_seen(min(q0 + kBlockM, p.q_len) - 1, p);
-  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  const int last_row = min(q0 + kBlockM, p.q_len) - 1;
+  const int kv_end = keys_seen(last_row, p);
+  const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+  const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
   if (n_tiles == 0) return;  // adds nothing
 
   const uint32_t sq = base + Smem::kQ, sdo = base + Smem::kDout, qdo_full = base + Smem::kBarriers;
@@ -781,7 +799,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_rows<D, kBlockM>(sq, &q_map, qdo_full, h, q0, b);
       tma_load_rows<D, kBlockM>(sdo, &dout_map, qdo_full, h, q0, b);
       load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map, g, b,
-                                n_tiles);
+                                kv_begin, n_tiles);
     }
     return;
   }
@@ -797,6 +815,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float delta_a = row_a < p.q_len ? delta[row_head + row_a] : 0.0f;
   const float delta_b = row_b < p.q_len ? delta[row_head + row_b] : 0.0f;
   const int unmasked_end = min(q0 + p.causal_offset + 1, p.kv_len);
+  const int unmasked_begin = first_key_seen(last_row, p);
   float dq_acc[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq_acc[i] = 0.0f;
@@ -815,15 +834,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();  // S has completed
     pin_registers(s);
 
-    const int k0 = t * kBlockN;
-    const bool need_mask = k0 + kBlockN > unmasked_end;
+    const int k0 = kv_begin + t * kBlockN;
+    const bool need_mask = k0 + kBlockN > unmasked_end || k0 < unmasked_begin;
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) {
       const int key = k0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
       const bool upper = (i % 4) < 2;
       const int row = upper ? row_a : row_b;
       float pe = exp2_approx(fmaf(s[i], p.scale_log2, -(upper ? lse_a : lse_b)));
-      if (need_mask && (key > row + p.causal_offset || key >= p.kv_len)) pe = 0.0f;
+      if (need_mask && hidden_key(row, key, p)) pe = 0.0f;
       s[i] = pe;
     }
     wgmma_wait<0>();  // dP has completed

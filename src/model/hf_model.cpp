@@ -46,7 +46,7 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
   const char* supported =
       "LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM (model_type llama, mistral, "
       "qwen2)";
-  bool qwen2 = false;
+  bool qwen2 = false, mistral = false;
   if (present(j, "architectures")) {
     const nlohmann::json& arch = j.at("architectures");
     if (!arch.is_array() || arch.empty())
@@ -56,6 +56,7 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
       if (name != "LlamaForCausalLM" && name != "MistralForCausalLM" && name != "Qwen2ForCausalLM")
         fail(source, ": architecture '", name, "' is not supported; frugal runs ", supported);
       qwen2 = qwen2 || name == "Qwen2ForCausalLM";
+      mistral = mistral || name == "MistralForCausalLM";
     }
   }
   if (present(j, "model_type")) {
@@ -63,6 +64,7 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
     if (type != "llama" && type != "mistral" && type != "qwen2")
       fail(source, ": model_type '", type, "' is not supported; frugal runs ", supported);
     qwen2 = qwen2 || type == "qwen2";
+    mistral = mistral || type == "mistral";
   }
   if (!present(j, "architectures") && !present(j, "model_type"))
     fail(source, ": has neither 'architectures' nor 'model_type'; frugal runs ", supported);
@@ -110,19 +112,14 @@ LlamaConfig llama_config_from_hf_json(const nlohmann::json& j, const std::string
   LlamaConfig config = llama_config_from_json(shape, source);
   if (qwen2) config.architecture = Architecture::qwen2;
 
-  if (!qwen2 && present(j, "sliding_window")) {
-    int64_t window = 0;
+  // Mistral's sliding window (null: none). Llama's and Qwen2's configs may carry the key too,
+  // unused by their transformers classes (Qwen2's use_sliding_window = true is refused above).
+  if (mistral && !qwen2 && present(j, "sliding_window")) {
     try {
-      window = json_integer(j.at("sliding_window"), "sliding_window");
+      config.sliding_window = json_integer(j.at("sliding_window"), "sliding_window", 1, INT64_MAX);
     } catch (const Error&) {
       fail(source, ": key 'sliding_window' has value ", j.at("sliding_window").dump(),
-           ", expected an integer or null");
-    }
-    if (window > 0 && window < config.max_position_embeddings) {
-      log_warn(source, ": sliding-window attention is not implemented; the context is capped at ",
-               "the window, ", window, " tokens (max_position_embeddings was ",
-               config.max_position_embeddings, ")");
-      config.max_position_embeddings = window;
+           ", expected a positive integer or null");
     }
   }
   return config;
@@ -179,6 +176,12 @@ nlohmann::json hf_config_json(const LlamaConfig& c, DType dtype, int32_t bos_tok
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_hidden_layers;
+  } else if (c.sliding_window > 0) {
+    // A Llama with a sliding window is a Mistral: the keys MistralConfig writes.
+    j["architectures"] = {"MistralForCausalLM"};
+    j["model_type"] = "mistral";
+    for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(key);
+    j["sliding_window"] = c.sliding_window;
   }
   return j;
 }

@@ -2,14 +2,13 @@
 // (model.safetensors or shards with model.safetensors.index.json) tensor by tensor or row
 // range by row range, and exporting a frugal model as a directory transformers and vLLM load.
 //
-// Accepted: LlamaForCausalLM (model_type "llama"), MistralForCausalLM ("mistral") and
-// Qwen2ForCausalLM ("qwen2": q/k/v biases; its sliding window off), with
+// Accepted: LlamaForCausalLM (model_type "llama"), MistralForCausalLM ("mistral", with its
+// sliding_window) and Qwen2ForCausalLM ("qwen2": q/k/v biases; its sliding window off), with
 // GQA, rope_theta and rope scaling of types default, linear, dynamic, yarn and llama3
 // (rope_scaling, or transformers 5's "rope_parameters"), rms_norm_eps, tie_word_embeddings and
 // head_dim. Refused with a message naming the key: other architectures, other rope types
-// (longrope, ...), attention or MLP biases, an activation other than silu. Mistral's sliding window
-// is not implemented: a window shorter than max_position_embeddings caps the context at the window,
-// so results stay exact.
+// (longrope, ...), attention or MLP biases, an activation other than silu, Qwen2's
+// use_sliding_window. A model with a sliding window is exported as a MistralForCausalLM.
 #pragma once
 
 #include <cstdint>

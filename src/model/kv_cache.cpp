@@ -38,7 +38,8 @@ Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaC
   Tensor k_rot = ops::rope(k, positions, rotary);
   const int64_t past = cache.length();
   auto [keys, values] = cache.append(layer, k_rot, v);
-  ops::Attention attn = ops::attention_block(q_rot, keys, values, 1, past);
+  // The whole cache stays; the sliding window hides what lies behind it.
+  ops::Attention attn = ops::attention_block(q_rot, keys, values, 1, past, c.sliding_window);
   Tensor h = ops::add(x, ops::linear(attn.out.view({n, c.num_attention_heads * d}), w.o_proj));
   Tensor n2 = ops::rmsnorm(h, w.post_attention_norm, eps, nullptr);
   Tensor act = ops::swiglu(ops::linear(n2, w.gate_proj), ops::linear(n2, w.up_proj));

@@ -136,8 +136,9 @@ Tensor forward_all(BlockActivations& a, const BlockWeights& w, const BlockContex
   a.v = split_heads(project(a.n1, w, kVProj, ctx, a, casts), c.num_key_value_heads, d);
   a.q_rot = ops::rope(a.q, ctx.positions, rotary_of(ctx));
   a.k_rot = ops::rope(a.k, ctx.positions, rotary_of(ctx));
-  a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch)
-                         : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch);
+  const int64_t window = c.sliding_window;
+  a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch, window)
+                         : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch, window);
   a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, ctx, a, casts));
 
   a.n2 = ops::rmsnorm(a.h, w.post_attention_norm, eps_of(ctx), &a.rstd2);
@@ -212,9 +213,11 @@ Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWe
   // Attention: h = x + o(attention(rope(q), rope(k), v))
   Tensor d_attn = project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a, casts);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
+  const int64_t window = ctx.config->sliding_window;
   ops::AttentionGrads d_qkv =
-      ctx.attention ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch)
-                    : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch);
+      ctx.attention
+          ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch, window)
+          : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch, window);
   Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, rotary_of(ctx));
   Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, rotary_of(ctx));
   Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a, casts);

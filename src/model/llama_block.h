@@ -43,12 +43,14 @@ struct BlockWeights {
 
 // The sequence-mixing step, when it is not ordinary attention over the local rows: ring
 // attention across context-parallel ranks supplies both directions. The model does not know
-// what is behind it; the trainer sets it.
+// what is behind it; the trainer sets it. `window` is the config's sliding_window (0: none).
 struct AttentionOperator {
-  std::function<ops::Attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch)>
+  std::function<ops::Attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+                               int64_t window)>
       forward;
   std::function<ops::AttentionGrads(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                    const Tensor& v, const ops::Attention& fwd, int64_t batch)>
+                                    const Tensor& v, const ops::Attention& fwd, int64_t batch,
+                                    int64_t window)>
       backward;
 };
 

@@ -32,6 +32,12 @@ void LlamaConfig::validate() const {
   if (attention_head_dim() % 2 != 0)
     fail("model head dimension ", attention_head_dim(), " must be even for rotary embeddings");
   if (!(rope_theta > 0)) fail("config key 'model.rope_theta': value ", rope_theta, " must be > 0");
+  if (sliding_window < 0)
+    fail("config key 'model.sliding_window': value ", sliding_window, " must be >= 0");
+  if (sliding_window > 0 && architecture == Architecture::qwen2)
+    fail(
+        "config key 'model.sliding_window': Qwen2's sliding window is not supported (frugal runs "
+        "Qwen2 with full attention)");
   if (!(rms_norm_eps > 0))
     fail("config key 'model.rms_norm_eps': value ", rms_norm_eps, " must be > 0");
   validate_rope_scaling(rope_scaling, "config keys 'model.rope_*'");
@@ -105,6 +111,7 @@ nlohmann::json llama_config_to_json(const LlamaConfig& m) {
                       {"tie_word_embeddings", m.tie_word_embeddings}};
   // Only when not the default: manifests written before these existed read the same.
   if (m.architecture != Architecture::llama) j["model_type"] = enum_name(m.architecture);
+  if (m.sliding_window > 0) j["sliding_window"] = m.sliding_window;
   if (m.rope_scaling.type != RopeScalingType::none)
     j["rope_scaling"] = rope_scaling_to_hf_json(m.rope_scaling, m.max_position_embeddings);
   return j;
@@ -147,6 +154,8 @@ LlamaConfig llama_config_from_json(const nlohmann::json& j, const std::string& s
   read("rms_norm_eps", c.rms_norm_eps, false);
   read("tie_word_embeddings", c.tie_word_embeddings, false);
   if (j.contains("head_dim") && !j.at("head_dim").is_null()) read("head_dim", c.head_dim, false);
+  if (j.contains("sliding_window") && !j.at("sliding_window").is_null())
+    read("sliding_window", c.sliding_window, false);
   if (c.head_dim == c.hidden_size / std::max<int64_t>(1, c.num_attention_heads)) c.head_dim = 0;
   if (j.contains("model_type")) {
     std::string type;

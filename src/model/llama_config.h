@@ -14,7 +14,7 @@
 namespace frugal {
 
 // The family of a model, for what changes the math or the names: Qwen2's q/k/v projections
-// have biases. (Mistral without a sliding window is a Llama.)
+// have biases. (Mistral is a Llama with a sliding window, LlamaConfig::sliding_window.)
 enum class Architecture { llama, qwen2 };
 inline std::span<const EnumName<Architecture>> enum_names(Architecture) {
   static constexpr EnumName<Architecture> names[] = {{Architecture::llama, "llama"},
@@ -36,6 +36,10 @@ struct LlamaConfig {
   RopeScaling rope_scaling;  // none: the plain rotary embedding
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
+  // Mistral's sliding-window attention: > 0 lets token i attend to tokens j with
+  // i - sliding_window < j <= i (itself and the sliding_window - 1 before it, as transformers'
+  // MistralForCausalLM); 0: full causal attention.
+  int64_t sliding_window = 0;
 
   bool qkv_bias() const { return architecture == Architecture::qwen2; }
   int64_t attention_head_dim() const {

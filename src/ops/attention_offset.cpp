@@ -13,7 +13,7 @@
 namespace frugal::ops {
 
 Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
-                          int64_t causal_offset) {
+                          int64_t causal_offset, int64_t window) {
   const Device device = q.defined() ? q.device() : Device::cpu;
   for (const Tensor* t : {&q, &k, &v}) {
     FRUGAL_CHECK(t->defined() && t->device() == device && t->dtype() == compute_dtype(device),
@@ -23,7 +23,8 @@ Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int
   }
   FRUGAL_CHECK(v.shape() == k.shape(), "attention_block value ", shape_string(v.shape()),
                " against key ", shape_string(k.shape()));
-  const cpu::AttentionShape s = attention_shape(q, k, batch, causal_offset, "attention_block");
+  const cpu::AttentionShape s =
+      attention_shape(q, k, batch, causal_offset, window, "attention_block");
 #ifdef FRUGAL_HAVE_CUDA
   if (device == Device::cuda) return gpu::attention(q, k, v, s);
 #endif

@@ -10,10 +10,11 @@ namespace frugal::ops {
 // q [B*Sq, n_heads, D]; k, v [B*Skv, n_kv_heads, D]. Query row i of a sequence sees key row
 // j of that sequence iff j <= i + causal_offset; with Sq == Skv and causal_offset 0 this is
 // ops::attention. For a cache step, causal_offset = the number of cached tokens before the
-// first query (then the last query sees every key). Returns out [B*Sq, n_heads, D] and the
-// log-sum-exp [B, n_heads, Sq].
+// first query (then the last query sees every key). window > 0 hides key j from row i unless
+// i + causal_offset - j < window (Mistral's sliding window); 0: none. Returns out
+// [B*Sq, n_heads, D] and the log-sum-exp [B, n_heads, Sq].
 Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
-                          int64_t causal_offset);
+                          int64_t causal_offset, int64_t window = 0);
 
 // Folds one block's result `part` into the running result (out fp32 [B*T, H, D], lse [B, H, T])
 // of the same query rows, by their log-sum-exps: lse' = log(exp(lse) + exp(part.lse)),

@@ -289,12 +289,12 @@ Tensor rope_backward(const Tensor& dy, const Tensor& positions, const RotaryFreq
 }
 
 cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t batch,
-                                    int64_t causal_offset, const char* what) {
+                                    int64_t causal_offset, int64_t window, const char* what) {
   FRUGAL_CHECK(q.ndim() == 3 && k.ndim() == 3 && batch > 0 && q.size(0) % batch == 0 &&
                    k.size(0) % batch == 0 && q.size(2) == k.size(2) && q.size(1) % k.size(1) == 0 &&
-                   causal_offset >= 0,
+                   causal_offset >= 0 && window >= 0,
                what, " q ", shape_string(q.shape()), " k ", shape_string(k.shape()), " batch ",
-               batch, " causal_offset ", causal_offset);
+               batch, " causal_offset ", causal_offset, " window ", window);
   cpu::AttentionShape s;
   s.batch = batch;
   s.q_len = q.size(0) / batch;
@@ -304,21 +304,23 @@ cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t ba
   s.head_dim = q.size(2);
   s.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   s.causal_offset = causal_offset;
+  s.window = window;
   return s;
 }
 
 namespace {
 // Ordinary causal attention: every sequence's queries against its own keys.
-cpu::AttentionShape causal_shape(const Tensor& q, const Tensor& k, int64_t batch) {
+cpu::AttentionShape causal_shape(const Tensor& q, const Tensor& k, int64_t batch, int64_t window) {
   FRUGAL_CHECK(q.ndim() == 3 && k.ndim() == 3 && q.size(0) == k.size(0), "attention q ",
                shape_string(q.shape()), " k ", shape_string(k.shape()));
-  return attention_shape(q, k, batch, 0, "attention");
+  return attention_shape(q, k, batch, 0, window, "attention");
 }
 }  // namespace
 
-Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch) {
+Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+                    int64_t window) {
   expect_shape(v, k.shape(), "attention value");
-  cpu::AttentionShape s = causal_shape(q, k, batch);
+  cpu::AttentionShape s = causal_shape(q, k, batch, window);
   FRUGAL_ON_GPU(q, attention(q, k, v, s));
   expect_cpu_f32(q, "attention query");
   Attention a{empty_like(q),
@@ -329,9 +331,10 @@ Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b
 }
 
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const Attention& fwd, int64_t batch) {
+                                  const Tensor& v, const Attention& fwd, int64_t batch,
+                                  int64_t window) {
   expect_shape(dout, q.shape(), "attention output gradient");
-  cpu::AttentionShape s = causal_shape(q, k, batch);
+  cpu::AttentionShape s = causal_shape(q, k, batch, window);
   FRUGAL_ON_GPU(q, attention_backward(dout, q, k, v, fwd, s));
   AttentionGrads g{Tensor::zeros(q.shape(), DType::f32, compute_arena(q)),
                    Tensor::zeros(k.shape(), DType::f32, compute_arena(k)),

@@ -109,17 +109,21 @@ struct Attention {
   Tensor lse;  // [B, n_heads, S]
 };
 // The kernels' description of attention of q [B*Sq, n_heads, D] against k [B*Skv, n_kv_heads,
-// D] with a causal offset (query i sees key j iff j <= i + causal_offset), scale 1/sqrt(D);
-// throws naming `what` and the shapes when they do not fit together.
+// D] with a causal offset (query i sees key j iff j <= i + causal_offset) and a sliding window
+// (> 0: also i + causal_offset - j < window; 0: none), scale 1/sqrt(D); throws naming `what`
+// and the shapes when they do not fit together.
 cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t batch,
-                                    int64_t causal_offset, const char* what);
-// q [B*S, n_heads, D], k, v [B*S, n_kv_heads, D]; causal within each of the B sequences.
-Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch);
+                                    int64_t causal_offset, int64_t window, const char* what);
+// q [B*S, n_heads, D], k, v [B*S, n_kv_heads, D]; causal within each of the B sequences, and
+// with window > 0 (Mistral's sliding window) query i sees only keys i - window < j <= i.
+Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+                    int64_t window = 0);
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const Attention& fwd, int64_t batch);
+                                  const Tensor& v, const Attention& fwd, int64_t batch,
+                                  int64_t window = 0);
 
 // Inverted dropout with probability p of dropping, its mask a pure function of (seed, element
 // index) (kernels/dropout_mask.h): the backward is dropout(dy, p, seed) with the same seed.

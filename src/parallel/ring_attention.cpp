@@ -15,6 +15,10 @@
 // so every rank does 2c^2 of score work at every step (the diagonal step counting the masked
 // halves of its two diagonal blocks), and no rank waits for a slower neighbour. A contiguous
 // split (rank k holds tokens [kS/P, (k+1)S/P)) would give rank P-1 P times the work of rank 0.
+// A sliding window of W tokens adds skips: a block pair whose nearest query and key are W or
+// more apart is not computed (the K/V still pass through, to keep the ring's schedule), so
+// with W <= c each rank computes about its two chunks' diagonal blocks and their left
+// neighbours, O(c * W) each, whatever the sequence length.
 #include "parallel/ring_attention.h"
 
 #include <algorithm>
@@ -142,21 +146,26 @@ RingShape ring_shape(const Tensor& q, const Tensor& k, const Tensor& v, int64_t 
 }
 
 // For query chunk qc against key chunk kc (chunk indices in the padded sequence): the
-// causal_offset of attention_block, or -1 when every key is after every query (skip).
-// Query i of qc is at qc*c + i, key j of kc at kc*c + j; it sees j <= i + (qc - kc) * c.
-int64_t block_offset(int64_t qc, int64_t kc, int64_t chunk) {
-  return kc > qc ? -1 : (qc - kc) * chunk;
+// causal_offset of attention_block, or -1 when no query sees any key (skip).
+// Query i of qc is at qc*c + i, key j of kc at kc*c + j; it sees j <= i + (qc - kc) * c, and
+// with a sliding window also i + offset - j < window. The nearest pair (i = 0, j = c - 1) is
+// offset - (c - 1) apart: when even that is >= window, the whole block is outside it.
+int64_t block_offset(int64_t qc, int64_t kc, int64_t chunk, int64_t window) {
+  if (kc > qc) return -1;
+  const int64_t offset = (qc - kc) * chunk;
+  if (window > 0 && offset - (chunk - 1) >= window) return -1;
+  return offset;
 }
 
 // Calls f(query half, key half, causal offset) for each block pair of step s that is not
 // fully masked: this rank's two query chunks against the two key chunks it holds then.
 template <class F>
-void for_each_visible_pair(const RingShape& r, int s, F&& f) {
+void for_each_visible_pair(const RingShape& r, int s, int64_t window, F&& f) {
   const int src = r.source(s);
   for (int qh = 0; qh < 2; ++qh)
     for (int kh = 0; kh < 2; ++kh) {
       const int64_t offset =
-          block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk);
+          block_offset(chunk_of(r.rank, qh, r.P), chunk_of(src, kh, r.P), r.chunk, window);
       if (offset >= 0) f(qh, kh, offset);
     }
 }
@@ -283,8 +292,9 @@ Tensor zigzag_gather(const Tensor& local, const ZigzagLayout& layout, int64_t ba
 // not masked, folds them into the running (out, lse), and waits for both transfers. The last
 // step posts nothing. P-1 transfers of K/V in all.
 ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      int64_t batch, Comm& cp) {
+                                      int64_t batch, Comm& cp, int64_t window) {
   const RingShape r = ring_shape(q, k, v, batch, cp);
+  FRUGAL_CHECK(window >= 0, "ring attention window ", window);
   const int64_t rows = r.batch * r.chunk;
   const Shape q_half_shape{rows, r.heads, r.head_dim}, lse_half_shape{batch, r.heads, r.chunk};
   Tensor q_half[2], out_half[2], lse_half[2];
@@ -301,9 +311,10 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
     const Tensor& cur = kv[s % 2];
     RingTransfer next_kv;
     if (s + 1 < r.P) next_kv = pass_along(cp, r, cur, kv[(s + 1) % 2], kTagKv);
-    for_each_visible_pair(r, s, [&](int qh, int kh, int64_t offset) {
-      const ops::Attention part = ops::attention_block(
-          q_half[qh], kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh), batch, offset);
+    for_each_visible_pair(r, s, window, [&](int qh, int kh, int64_t offset) {
+      const ops::Attention part =
+          ops::attention_block(q_half[qh], kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh),
+                               batch, offset, window);
       ops::merge_attention(out_half[qh], lse_half[qh], part, batch);
     });
     if (next_kv.send) next_kv.send->wait();
@@ -329,8 +340,9 @@ ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Te
 // dK/dV arrives home with the P-th transfer. P-1 transfers of K/V, P of dK/dV.
 ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const ops::Attention& fwd,
-                                            int64_t batch, Comm& cp) {
+                                            int64_t batch, Comm& cp, int64_t window) {
   const RingShape r = ring_shape(q, k, v, batch, cp);
+  FRUGAL_CHECK(window >= 0, "ring attention window ", window);
   FRUGAL_CHECK(dout.shape() == q.shape() && fwd.out.shape() == q.shape() &&
                    fwd.lse.shape() == Shape({batch, r.heads, 2 * r.chunk}),
                "ring attention backward dout ", shape_string(dout.shape()), " out ",
@@ -364,12 +376,12 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
     Tensor& acc = dkv_out[s % 2];
     if (dkv_send[s % 2]) dkv_send[s % 2]->wait();
     ops::zero(acc);
-    for_each_visible_pair(r, s, [&](int qh, int kh, int64_t offset) {
+    for_each_visible_pair(r, s, window, [&](int qh, int kh, int64_t offset) {
       Tensor dk_part = kv_quarter(acc, rows, kh);
       Tensor dv_part = kv_quarter(acc, rows, 2 + kh);
       ops::attention_block_backward(dq_half[qh], dk_part, dv_part, dout_half[qh], q_half[qh],
                                     kv_quarter(cur, rows, kh), kv_quarter(cur, rows, 2 + kh),
-                                    out_half[qh], lse_half[qh], batch, offset);
+                                    out_half[qh], lse_half[qh], batch, offset, window);
     });
     if (r.P > 1) {
       if (s > 0) {
@@ -402,12 +414,11 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
 
 AttentionOperator ring_attention_operator(Comm& cp) {
   AttentionOperator op;
-  op.forward = [&cp](const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch) {
-    return ring_attention_forward(q, k, v, batch, cp);
-  };
+  op.forward = [&cp](const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
+                     int64_t window) { return ring_attention_forward(q, k, v, batch, cp, window); };
   op.backward = [&cp](const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const ops::Attention& fwd, int64_t batch) {
-    return ring_attention_backward(dout, q, k, v, fwd, batch, cp);
+                      const ops::Attention& fwd, int64_t batch, int64_t window) {
+    return ring_attention_backward(dout, q, k, v, fwd, batch, cp, window);
   };
   return op;
 }

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "parallel/comm.h"
 #include "model/llama_block.h"
 #include "model/llama_model.h"
 #include "ops/ops.h"
+#include "parallel/comm.h"
 
 namespace frugal {
 
@@ -60,16 +60,19 @@ Tensor zigzag_gather(const Tensor& local, const ZigzagLayout& layout, int64_t ba
 // q [batch * 2c, n_heads, D], k, v [batch * 2c, n_kv_heads, D] in the zigzag layout of the
 // cp group (rank cp.rank() of cp.size()); GQA as in ops::attention (no K/V copy per head).
 // Returns out [batch * 2c, n_heads, D] and lse [batch, n_heads, 2c], both of the whole
-// sequence's softmax, in the local layout. A collective over cp: every rank calls it.
+// sequence's softmax, in the local layout. window > 0: Mistral's sliding window (position p
+// sees keys p - window < j <= p); block pairs wholly outside it are skipped, not masked. The
+// K/V still travel the whole ring (every rank takes part in every transfer). A collective
+// over cp: every rank calls it.
 ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      int64_t batch, Comm& cp);
+                                      int64_t batch, Comm& cp, int64_t window = 0);
 
 // Gradients of ring_attention_forward: dout like q, fwd = what the forward returned for these
 // q, k, v. Returns dq, dk, dv of this rank's rows (the dk, dv of a rank's keys include the
 // contributions of every rank's queries). A collective over cp.
 ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const ops::Attention& fwd,
-                                            int64_t batch, Comm& cp);
+                                            int64_t batch, Comm& cp, int64_t window = 0);
 
 // The model's view of ring attention: both directions bound to the cp group.
 AttentionOperator ring_attention_operator(Comm& cp);

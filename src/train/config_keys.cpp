@@ -67,6 +67,9 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"model.rms_norm_eps", &m.rms_norm_eps, above(0), "RMSNorm epsilon"},
       {"model.tie_word_embeddings", &m.tie_word_embeddings, kAny,
        "share the embedding matrix with the output head"},
+      {"model.sliding_window", &m.sliding_window, at_least(0),
+       "Mistral's sliding-window attention: token i attends to tokens i - W < j <= i (0: full "
+       "causal attention)"},
       {"model.hf_path", &c.model_hf_path, kPath,
        "start from this Hugging Face model directory: its config.json replaces the [model] "
        "shape and its weights the initialisation (prepare the data with its tokenizer)"},

@@ -73,10 +73,15 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
 
   // --- FLOPs per token: 2 per weight forward, 2 more for the input's gradient and 2 for the
   // weight's (none for a frozen base); attention 6 L A S (PaLM's count, causal-halved), 2 of them
-  // forward. Full checkpointing runs every block's forward again.
+  // forward. Full checkpointing runs every block's forward again. A sliding window W < S
+  // leaves (W (W + 1) / 2 + (S - W) W) / S keys per query instead of S / 2 (the kernels skip
+  // the tiles outside it).
   const double attention_width = double(m.num_attention_heads * m.attention_head_dim());
-  const double attention_fwd =
-      2.0 * double(m.num_hidden_layers) * attention_width * double(c.train.seq_len);
+  const double seq = double(c.train.seq_len), window = double(m.sliding_window);
+  const double keys_per_query = m.sliding_window > 0 && window < seq
+                                    ? (window * (window + 1) / 2 + (seq - window) * window) / seq
+                                    : seq / 2;
+  const double attention_fwd = 4.0 * double(m.num_hidden_layers) * attention_width * keys_per_query;
   const double weights = blocks.matmul + head.matmul;
   const double adapters = blocks.adapters;
   double forward = 2 * weights + 2 * adapters + attention_fwd;

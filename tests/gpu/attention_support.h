@@ -65,9 +65,11 @@ inline std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
   return f;
 }
 
-// A case of the attention tests, and its shape (scale 1 / sqrt(head_dim)).
+// A case of the attention tests, and its shape (scale 1 / sqrt(head_dim)); window: Mistral's
+// sliding window (0: none).
 struct AttentionCase {
   int64_t batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset;
+  int64_t window = 0;
 };
 inline frugal::cpu::AttentionShape shape_of(const AttentionCase& c) {
   frugal::cpu::AttentionShape s;
@@ -79,6 +81,7 @@ inline frugal::cpu::AttentionShape shape_of(const AttentionCase& c) {
   s.head_dim = c.head_dim;
   s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   s.causal_offset = c.causal_offset;
+  s.window = c.window;
   return s;
 }
 
@@ -175,26 +178,29 @@ inline Magnitudes magnitudes(const frugal::cpu::AttentionShape& s, const std::ve
         const int64_t g = h / group;
         const int64_t qi = ((b * s.q_len + i) * s.n_heads + h) * D;
         const int64_t seen = std::clamp<int64_t>(i + s.causal_offset + 1, 0, s.kv_len);
-        if (seen == 0) continue;
+        // The sliding window hides keys window or more positions behind the row.
+        const int64_t first =
+            s.window > 0 ? std::clamp<int64_t>(i + s.causal_offset - s.window + 1, 0, s.kv_len) : 0;
+        if (seen <= first) continue;
         auto kv_at = [&](int64_t j) { return ((b * s.kv_len + j) * s.n_kv_heads + g) * D; };
         double mx = -INFINITY;
-        for (int64_t j = 0; j < seen; ++j) {
+        for (int64_t j = first; j < seen; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(q[qi + d]) * k[kv_at(j) + d];
           p[j] = dot * s.scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < seen; ++j) sum += std::exp(p[j] - mx);
+        for (int64_t j = first; j < seen; ++j) sum += std::exp(p[j] - mx);
         double delta = 0;
         for (int64_t d = 0; d < D; ++d) delta += double(dout[qi + d]) * out[qi + d];
-        for (int64_t j = 0; j < seen; ++j) {
+        for (int64_t j = first; j < seen; ++j) {
           p[j] = std::exp(p[j] - mx) / sum;
           double dp = 0;
           for (int64_t d = 0; d < D; ++d) dp += double(dout[qi + d]) * v[kv_at(j) + d];
           ds[j] = std::abs(p[j] * (dp - delta));
         }
-        for (int64_t j = 0; j < seen; ++j) {
+        for (int64_t j = first; j < seen; ++j) {
           const int64_t kj = kv_at(j);
           for (int64_t d = 0; d < D; ++d) {
             m.out[qi + d] += p[j] * std::abs(v[kj + d]);

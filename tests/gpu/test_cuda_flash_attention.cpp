@@ -1,6 +1,7 @@
 // The tensor-core attention kernels (head dims 64 and 128) against the CPU kernel on awkward
 // shapes: sequences that are not tile multiples, GQA 4:1 and 8:1, q_len != kv_len with positive
-// and negative causal offsets, batch > 1; both backward tilings; bitwise reproducibility.
+// and negative causal offsets, batch > 1, sliding windows (tiles wholly outside skipped); both
+// backward tilings; bitwise reproducibility.
 // The tolerance is computed from the data (attention_support.h).
 #include <cuda_runtime.h>
 
@@ -33,10 +34,12 @@ using frugal::test::AttentionCase;
 
 void check_case(const AttentionCase& c) {
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
-      frugal::test::shape_of(c), static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim +
-                                                       c.n_kv_heads * 7 + c.causal_offset));
+      frugal::test::shape_of(c),
+      static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim + c.n_kv_heads * 7 +
+                            c.causal_offset + c.window * 3));
   const frugal::cpu::AttentionShape& s = t.s;
-  CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset);
+  CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
+          c.window);
   const size_t q_size = t.q_size, kv_size = t.kv_size, lse_size = t.lse_size;
   const Magnitudes mag = magnitudes(s, t.q.f, t.k.f, t.v.f, t.dout.f, t.out_in.f);
 
@@ -45,14 +48,15 @@ void check_case(const AttentionCase& c) {
   DeviceBuffer<float> lse_d(lse_size), dq_d(q_size), dk_d(kv_size), dv_d(kv_size),
       scratch_d(static_cast<size_t>(frugal::cuda::attention_backward_scratch_floats(s)));
   const cudaStream_t stream = nullptr;
-  REQUIRE(
-      frugal::cuda::flash_attention_supports(s, {in.q.get(), in.k.get(), in.v.get()}, {dq_d.get()}));
+  REQUIRE(frugal::cuda::flash_attention_supports(s, {in.q.get(), in.k.get(), in.v.get()},
+                                                 {dq_d.get()}));
 
-  // Forward into poisoned buffers (bf16 and fp32 NaN): every element must be written.
+  // Forward into poisoned buffers (bf16 and fp32 NaN): every element must be written. These
+  // kernels directly (the launchers would take the sm90 ones on a Hopper GPU).
   CUDA_CHECK(cudaMemset(out_d.get(), 0xff, q_size * sizeof(Bf16)));
   CUDA_CHECK(cudaMemset(lse_d.get(), 0xff, lse_size * sizeof(float)));
-  frugal::cuda::attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s,
-                                  /*allow_sm90=*/true, stream);
+  frugal::cuda::flash_attention_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(),
+                                        in.v.get(), s, stream);
   const auto out_bits = out_d.download_bits();
   const auto lse = lse_d.download<float>();
   CHECK(count_bad("out", from_bf16(out_bits), t.out_ref, mag.out) == 0);
@@ -69,9 +73,12 @@ void check_case(const AttentionCase& c) {
     frugal::cuda::flash_attention_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(),
                                            in.q.get(), in.k.get(), in.v.get(), in.out_in.get(),
                                            lse_d.get(), s, scratch_d.get(), stream, tiles);
-    CHECK(count_bad("dq", minus(dq_d.download<float>(), t.dq0), minus(t.dq_ref, t.dq0), mag.dq) == 0);
-    CHECK(count_bad("dk", minus(dk_d.download<float>(), t.dk0), minus(t.dk_ref, t.dk0), mag.dk) == 0);
-    CHECK(count_bad("dv", minus(dv_d.download<float>(), t.dv0), minus(t.dv_ref, t.dv0), mag.dv) == 0);
+    CHECK(count_bad("dq", minus(dq_d.download<float>(), t.dq0), minus(t.dq_ref, t.dq0), mag.dq) ==
+          0);
+    CHECK(count_bad("dk", minus(dk_d.download<float>(), t.dk0), minus(t.dk_ref, t.dk0), mag.dk) ==
+          0);
+    CHECK(count_bad("dv", minus(dv_d.download<float>(), t.dv0), minus(t.dv_ref, t.dv0), mag.dv) ==
+          0);
   }
 
   // Reproducibility: the public launchers twice give bitwise the same results.
@@ -116,6 +123,26 @@ TEST_CASE("cuda flash attention matches the CPU on awkward shapes", "[gpu][atten
       {1, 70, 90, 2, 1, 128, -100},    // no row sees a key
       {1, 1, 200, 2, 1, 64, 199},      // one decoding row over many keys
       {1, 300, 77, 4, 1, 64, -150},    // keys ending before most rows start seeing them
+  };
+  for (const AttentionCase& c : cases) check_case(c);
+}
+
+TEST_CASE("cuda flash attention with a sliding window matches the CPU", "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  // batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset, window. Windows that
+  // end inside a tile, shorter than a tile (whole tiles skipped on both sides of the band),
+  // longer than the sequence, and the ring's blocks (offset > 0, blocks partly or wholly
+  // outside the window).
+  const AttentionCase cases[] = {
+      {2, 600, 600, 8, 2, 64, 0, 100},      // band of 100 keys over 5 query blocks
+      {1, 700, 700, 8, 1, 128, 0, 37},      // narrower than a key tile, GQA 8:1
+      {3, 129, 129, 2, 2, 64, 0, 2},        // each row sees itself and the key before
+      {1, 333, 333, 4, 2, 128, 0, 5000},    // window past the sequence: plain causal
+      {2, 150, 260, 4, 1, 128, 110, 200},   // a query block after its keys (ring)
+      {1, 200, 200, 4, 2, 64, 200, 150},    // the ring's block one chunk back: a corner is seen
+      {1, 100, 300, 4, 4, 128, 1000, 900},  // offset past the keys: only the window limits
+      {1, 100, 100, 2, 1, 64, 400, 250},    // every key behind every row's window: nothing seen
+      {1, 1, 500, 2, 1, 64, 499, 64},       // one decoding row over a cache, window 64
   };
   for (const AttentionCase& c : cases) check_case(c);
 }

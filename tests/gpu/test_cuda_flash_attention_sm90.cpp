@@ -54,10 +54,12 @@ using frugal::test::shape_of;
 
 void check_case(const AttentionCase& c) {
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
-      shape_of(c), static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim +
-                                         c.n_kv_heads * 7 + c.causal_offset + c.batch * 13));
+      shape_of(c),
+      static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim + c.n_kv_heads * 7 +
+                            c.causal_offset + c.batch * 13 + c.window * 3));
   const frugal::cpu::AttentionShape& s = t.s;
-  CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset);
+  CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
+          c.window);
   const size_t q_size = t.q_size, kv_size = t.kv_size, lse_size = t.lse_size;
   const Magnitudes mag = magnitudes(s, t.q.f, t.k.f, t.v.f, t.dout.f, t.out_in.f);
 
@@ -140,6 +142,26 @@ TEST_CASE("cuda sm90 flash attention matches the CPU on awkward shapes", "[gpu][
       {1, 700, 700, 8, 1, 128, 0},     // 6 key tiles: the stage ring wraps (GQA 8:1)
       {2, 530, 530, 8, 2, 64, 0},      // 5 key tiles at head dim 64 (4 stages), batch 2
       {1, 300, 1100, 4, 1, 128, 800},  // a late query block over 9 key tiles (ring)
+  };
+  for (const AttentionCase& c : cases) check_case(c);
+}
+
+TEST_CASE("cuda sm90 flash attention with a sliding window matches the CPU", "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  if (!have_sm90()) return;
+  // batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset, window: as
+  // test_cuda_flash_attention's, at the sm90 tiles (128 keys forward, 64 rows per consumer).
+  const AttentionCase cases[] = {
+      {2, 600, 600, 8, 2, 64, 0, 100},      // band of 100 keys over 5 query blocks
+      {1, 1100, 1100, 8, 1, 128, 0, 300},   // the stage ring wraps inside the band
+      {1, 700, 700, 8, 1, 128, 0, 37},      // narrower than a key tile, GQA 8:1
+      {3, 129, 129, 2, 2, 64, 0, 2},        // each row sees itself and the key before
+      {1, 333, 333, 4, 2, 128, 0, 5000},    // window past the sequence: plain causal
+      {2, 150, 260, 4, 1, 128, 110, 200},   // a query block after its keys (ring)
+      {1, 200, 200, 4, 2, 64, 200, 150},    // the ring's block one chunk back: a corner is seen
+      {1, 100, 300, 4, 4, 128, 1000, 900},  // offset past the keys: only the window limits
+      {1, 100, 100, 2, 1, 64, 400, 250},    // every key behind every row's window: nothing seen
+      {1, 1, 500, 2, 1, 64, 499, 64},       // one decoding row over a cache, window 64
   };
   for (const AttentionCase& c : cases) check_case(c);
 }

@@ -14,8 +14,8 @@
 
 #include "attention_support.h"
 #include "catch_compat.h"
-#include "gpu_support.h"
 #include "core/error.h"
+#include "gpu_support.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/linear.h"
@@ -47,7 +47,6 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
   }
   return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
-
 
 }  // namespace
 
@@ -119,9 +118,10 @@ namespace {
 void check_attention(const AttentionCase& c) {
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
       frugal::test::shape_of(c),
-      static_cast<unsigned>(c.q_len * 131 + c.head_dim * 7 + c.n_kv_heads));
+      static_cast<unsigned>(c.q_len * 131 + c.head_dim * 7 + c.n_kv_heads + c.window));
   const frugal::cpu::AttentionShape& s = t.s;
-  CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset);
+  CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
+          c.window);
   const size_t q_size = t.q_size, kv_size = t.kv_size, lse_size = t.lse_size;
 
   frugal::test::DeviceAttentionInputs in(t);
@@ -190,6 +190,22 @@ TEST_CASE("cuda attention matches the CPU: GQA, head dims, causal offsets", "[gp
       {1, 45, 70, 2, 1, 16, -60},   // every row sees nothing
       {1, 50, 64, 4, 2, 64, 200},   // offset past the keys: every row sees every key
       {1, 1, 200, 2, 1, 128, 199},  // a single decoding row over many keys
+  };
+  for (const AttentionCase& c : cases) check_attention(c);
+}
+
+TEST_CASE("cuda attention (simple kernels) with a sliding window matches the CPU",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  // Head dims 16 and 32 take the simple kernels. batch, q_len, kv_len, n_heads, n_kv_heads,
+  // head_dim, causal_offset, window.
+  const AttentionCase cases[] = {
+      {2, 177, 177, 4, 2, 16, 0, 40},   // band over several key and query tiles
+      {1, 150, 150, 3, 1, 32, 0, 2},    // each row sees itself and the key before
+      {1, 40, 77, 4, 1, 32, 37, 20},    // a query block at the end of its keys (ring)
+      {1, 50, 64, 2, 2, 16, 200, 180},  // offset past the keys: only the window limits
+      {1, 30, 40, 2, 1, 16, 100, 50},   // every key behind every row's window
+      {1, 1, 200, 2, 1, 32, 199, 33},   // a decoding row over a cache
   };
   for (const AttentionCase& c : cases) check_attention(c);
 }

@@ -10,7 +10,7 @@ fixtures=$2/tests/fixtures/hf
 export OMP_NUM_THREADS=1
 expected() { grep "\"$2\":" "$fixtures/$1/expected.json" | sed -e 's/^[^:]*: *//' -e 's/,$//' | tr -d '[],'; }
 
-for model in gqa_untied mha_tied_sharded rope_yarn rope_dynamic qwen2_gqa; do
+for model in gqa_untied mha_tied_sharded rope_yarn rope_dynamic qwen2_gqa mistral_window; do
   dir=$fixtures/$model
   one=$("${mpi[@]}" -np 1 "$frugal" eval --hf-model "$dir" --tokens "$dir/tokens.txt" 2>/dev/null)
   for n in 2 3; do

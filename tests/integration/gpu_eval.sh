@@ -15,7 +15,7 @@ close() {  # close A B TOLERANCE: |A - B| / B < TOLERANCE
   awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / b < t) }'
 }
 
-for model in gqa_untied mha_tied_sharded rope_linear rope_dynamic rope_yarn rope_llama3 qwen2_gqa; do
+for model in gqa_untied mha_tied_sharded rope_linear rope_dynamic rope_yarn rope_llama3 qwen2_gqa mistral_window; do
   dir=$fixtures/$model
   gpu=$("$frugal_binary" eval --hf-model "$dir" --tokens "$dir/tokens.txt" --device cuda)
   want=$(expected "$model" loss)

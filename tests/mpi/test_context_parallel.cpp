@@ -23,7 +23,7 @@ namespace {
 
 constexpr int64_t kSequences = 4, kSeq = 37;
 
-LlamaConfig gqa_config(RopeScaling scaling = {}) {
+LlamaConfig gqa_config(RopeScaling scaling = {}, int64_t sliding_window = 0) {
   LlamaConfig c;
   c.hidden_size = 48;
   c.intermediate_size = 64;
@@ -34,6 +34,7 @@ LlamaConfig gqa_config(RopeScaling scaling = {}) {
   c.max_position_embeddings = 64;
   c.rope_theta = 500;
   c.rope_scaling = scaling;
+  c.sliding_window = sliding_window;
   // Dynamic scaling grows the base past max_position_embeddings: the sequences pass it.
   if (scaling.type == RopeScalingType::dynamic) c.max_position_embeddings = 16;
   return c;
@@ -44,9 +45,9 @@ Batch sequences(int64_t first, int64_t count, int64_t step) {
   return test::slice_of_random_batch(uint32_t(77 + step), kSequences, kSeq, 41, first, count, 9);
 }
 
-void check_against_one_rank(int cp, RopeScaling scaling = {}) {
+void check_against_one_rank(int cp, RopeScaling scaling = {}, int64_t sliding_window = 0) {
   Mesh mesh = make_mesh(cp, 60);
-  const LlamaConfig config = gqa_config(scaling);
+  const LlamaConfig config = gqa_config(scaling, sliding_window);
   const AdamWConfig adamw{0.9, 0.95, 1e-6, 0.1, 1.0};
 
   LlamaModel reference_model(config);
@@ -95,6 +96,9 @@ TEST_CASE("ring attention training equals one rank", "[cp][mpi]") {
     dynamic.type = RopeScalingType::dynamic;
     dynamic.factor = 3;
     check_against_one_rank(world, dynamic);
+  }
+  SECTION("Mistral's sliding window, shorter than a rank's rows") {
+    check_against_one_rank(world, {}, 6);
   }
   SECTION("YaRN") {
     RopeScaling yarn;

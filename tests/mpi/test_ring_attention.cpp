@@ -10,9 +10,9 @@
 #include <random>
 
 #include "catch_compat.h"
+#include "ops/ops.h"
 #include "parallel/comm.h"
 #include "parallel/ring_attention.h"
-#include "ops/ops.h"
 #include "ring_support.h"
 
 using namespace frugal;
@@ -21,29 +21,32 @@ using test::relative_error;
 
 namespace {
 
-void check_ring(Comm& cp, int64_t seq, int64_t heads, int64_t kv_heads, uint32_t seed) {
+// window > 0: Mistral's sliding window, in the reference (the CPU kernel, itself checked against
+// float64 in test_kernels) and in the ring, which skips the block pairs outside it.
+void check_ring(Comm& cp, int64_t seq, int64_t heads, int64_t kv_heads, uint32_t seed,
+                int64_t window = 0) {
   const int64_t batch = 2, head_dim = 16;
   const double tolerance = 1e-5;
   INFO("cp " << cp.size() << " rank " << cp.rank() << " seq " << seq << " heads " << heads
-             << " kv heads " << kv_heads);
+             << " kv heads " << kv_heads << " window " << window);
 
   // The reference: the whole batch on one rank (computed on every rank alike).
   const Tensor q = random_tensor({batch * seq, heads, head_dim}, seed, 2.0f);
   const Tensor k = random_tensor({batch * seq, kv_heads, head_dim}, seed + 1, 2.0f);
   const Tensor v = random_tensor({batch * seq, kv_heads, head_dim}, seed + 2, 1.0f);
   const Tensor dout = random_tensor({batch * seq, heads, head_dim}, seed + 3, 1.0f);
-  const ops::Attention ref = ops::attention(q, k, v, batch);
-  const ops::AttentionGrads ref_grads = ops::attention_backward(dout, q, k, v, ref, batch);
+  const ops::Attention ref = ops::attention(q, k, v, batch, window);
+  const ops::AttentionGrads ref_grads = ops::attention_backward(dout, q, k, v, ref, batch, window);
 
   // The ring on this rank's zigzag slice (padding rows zero, so dout is zero there: padding is
   // outside the loss).
   const ZigzagLayout layout = zigzag_layout(seq, cp.size(), cp.rank());
   const ops::Attention fwd =
       ring_attention_forward(zigzag_scatter(q, layout, batch), zigzag_scatter(k, layout, batch),
-                             zigzag_scatter(v, layout, batch), batch, cp);
+                             zigzag_scatter(v, layout, batch), batch, cp, window);
   const ops::AttentionGrads grads = ring_attention_backward(
       zigzag_scatter(dout, layout, batch), zigzag_scatter(q, layout, batch),
-      zigzag_scatter(k, layout, batch), zigzag_scatter(v, layout, batch), fwd, batch, cp);
+      zigzag_scatter(k, layout, batch), zigzag_scatter(v, layout, batch), fwd, batch, cp, window);
 
   CHECK(relative_error(fwd.out, zigzag_scatter(ref.out, layout, batch), layout, batch) < tolerance);
   CHECK(relative_error(grads.dq, zigzag_scatter(ref_grads.dq, layout, batch), layout, batch) <
@@ -106,6 +109,15 @@ TEST_CASE("ring attention equals single-rank attention", "[ring][mpi]") {
   SECTION("4 heads over 2 kv heads, 37 tokens") { check_ring(*world, 37, 4, 2, 11); }
   SECTION("3 heads over 1 kv head, 37 tokens") { check_ring(*world, 37, 3, 1, 23); }
   SECTION("one token per chunk") { check_ring(*world, 8, 4, 2, 31); }
+  // Sliding windows: one rank's rows (2 chunks), one chunk, and one that ends inside a chunk.
+  // With several ranks most block pairs lie wholly outside and are skipped.
+  const ZigzagLayout at37 = zigzag_layout(37, world->size(), world->rank());
+  SECTION("window of one rank's rows") { check_ring(*world, 37, 4, 2, 37, at37.local_len()); }
+  SECTION("window of one chunk") { check_ring(*world, 37, 3, 1, 41, at37.chunk_len); }
+  SECTION("window 7, one token per chunk") {
+    check_ring(*world, 37, 4, 2, 43, 7);
+    check_ring(*world, 8, 4, 2, 47, 3);
+  }
 
   // Gathered back over the group, the local slices rebuild the input.
   const ZigzagLayout layout = zigzag_layout(37, world->size(), world->rank());

@@ -180,7 +180,11 @@ AttentionRef attention_ref(const Vec& q, const Vec& k, const Vec& v, const Atten
       for (int64_t i = 0; i < Tq; ++i) {
         const int64_t g = h / (H / G);
         Vec score;
-        for (int64_t j = 0; j < Tk && j <= i + s.causal_offset; ++j) {
+        // A sliding window hides the keys at distance >= window: j > (i + offset) - window.
+        const int64_t j_first =
+            s.window > 0 ? std::max<int64_t>(0, i + s.causal_offset - s.window + 1) : 0;
+        int64_t j = j_first;
+        for (; j < Tk && j <= i + s.causal_offset; ++j) {
           double acc = 0;
           for (int64_t d = 0; d < D; ++d)
             acc += q[((b * Tq + i) * H + h) * D + d] * k[((b * Tk + j) * G + g) * D + d];
@@ -192,11 +196,11 @@ AttentionRef attention_ref(const Vec& q, const Vec& k, const Vec& v, const Atten
         }
         double max = *std::max_element(score.begin(), score.end()), sum = 0;
         for (double sc : score) sum += std::exp(sc - max);
-        for (size_t j = 0; j < score.size(); ++j) {
-          const double p = std::exp(score[j] - max) / sum;
+        for (size_t n = 0; n < score.size(); ++n) {
+          const double p = std::exp(score[n] - max) / sum;
           for (int64_t d = 0; d < D; ++d)
             r.out[((b * Tq + i) * H + h) * D + d] +=
-                p * v[((b * Tk + static_cast<int64_t>(j)) * G + g) * D + d];
+                p * v[((b * Tk + j_first + static_cast<int64_t>(n)) * G + g) * D + d];
         }
         r.lse[(b * H + h) * Tq + i] = max + std::log(sum);
       }
@@ -251,7 +255,7 @@ void check_attention(const AttentionShape& s, uint32_t seed) {
   // Rows that see no key: out 0 and no gradient, exactly.
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t i = 0; i < s.q_len; ++i) {
-      if (i + s.causal_offset >= 0) continue;
+      if (!std::isinf(ref.lse[(b * s.n_heads) * s.q_len + i])) continue;
       for (int64_t h = 0; h < s.n_heads; ++h)
         for (int64_t d = 0; d < s.head_dim; ++d) {
           const size_t at = ((b * s.q_len + i) * s.n_heads + h) * s.head_dim + d;
@@ -262,7 +266,8 @@ void check_attention(const AttentionShape& s, uint32_t seed) {
 }
 
 AttentionShape make_shape(int64_t batch, int64_t q_len, int64_t kv_len, int64_t heads,
-                          int64_t kv_heads, int64_t head_dim, int64_t causal_offset) {
+                          int64_t kv_heads, int64_t head_dim, int64_t causal_offset,
+                          int64_t window = 0) {
   AttentionShape s;
   s.batch = batch;
   s.q_len = q_len;
@@ -272,6 +277,7 @@ AttentionShape make_shape(int64_t batch, int64_t q_len, int64_t kv_len, int64_t 
   s.head_dim = head_dim;
   s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   s.causal_offset = causal_offset;
+  s.window = window;
   return s;
 }
 
@@ -669,6 +675,49 @@ TEST_CASE("attention: causal GQA forward and backward against float64", "[kernel
   }
   SECTION("more than one key block of the backward (kv_len 150)") {
     check_attention(make_shape(1, 3, 150, 2, 1, 8, 140), 17);
+  }
+}
+
+TEST_CASE("attention: sliding window forward and backward against float64", "[kernels]") {
+  // Row i sees keys j with i - W < j <= i (transformers' sliding_window_overlay).
+  SECTION("window 5 of 13, GQA") { check_attention(make_shape(2, 13, 13, 4, 2, 16, 0, 5), 41); }
+  SECTION("window 2: each row sees itself and the key before") {
+    check_attention(make_shape(1, 7, 7, 3, 1, 16, 0, 2), 42);
+  }
+  SECTION("window 1: each row sees itself only, out = v, no gradient reaches q and k") {
+    const AttentionShape s = make_shape(1, 6, 6, 2, 1, 8, 0, 1);
+    std::mt19937 rng(48);
+    const FVec q = random_floats(6 * 2 * 8, rng), k = random_floats(6 * 8, rng);
+    const FVec v = random_floats(6 * 8, rng), dout = random_floats(6 * 2 * 8, rng);
+    FVec out(q.size()), lse(2 * 6), dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                       out.data(), lse.data(), s);
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t d = 0; d < 8; ++d) {
+        CHECK(out[(i * 2 + 0) * 8 + d] == v[i * 8 + d]);
+        CHECK(out[(i * 2 + 1) * 8 + d] == v[i * 8 + d]);
+        // dv of key i is the sum of dout over the two heads of its row.
+        CHECK(std::abs(dv[i * 8 + d] - (dout[(i * 2) * 8 + d] + dout[(i * 2 + 1) * 8 + d])) <
+              1e-6f);
+        CHECK(std::abs(dq[(i * 2) * 8 + d]) < 1e-6f);
+        CHECK(std::abs(dk[i * 8 + d]) < 1e-6f);
+      }
+  }
+  SECTION("window longer than the sequence: plain causal") {
+    check_attention(make_shape(2, 9, 9, 2, 2, 8, 0, 50), 43);
+  }
+  SECTION("cache step: q_len 4 after 9 cached keys, window 6") {
+    check_attention(make_shape(2, 4, 13, 4, 2, 16, 9, 6), 44);
+  }
+  SECTION("a block far behind: offset 12, window 10, only the last keys are seen") {
+    check_attention(make_shape(1, 5, 9, 2, 1, 16, 12, 10), 45);
+  }
+  SECTION("a block wholly outside the window: every row sees nothing") {
+    check_attention(make_shape(1, 4, 6, 2, 1, 8, 20, 10), 46);
+  }
+  SECTION("two key blocks of the backward (kv_len 100), window 70") {
+    check_attention(make_shape(1, 100, 100, 2, 1, 4, 0, 70), 47);
   }
 }
 

@@ -418,15 +418,37 @@ TEST_CASE("config.json of the Llama family: accepted layouts and refused ones") 
   CHECK(c.rope_theta == 50000.0);
   CHECK(c.attention_head_dim() == 32);
 
-  // Mistral: sliding window shorter than the context caps the context.
+  // Mistral: the sliding window is read, the context stays; null is no window. A Llama's
+  // config may carry the key, which transformers' Llama ignores: so does frugal.
   nlohmann::json mistral = v4;
   mistral["architectures"] = {"MistralForCausalLM"};
   mistral["model_type"] = "mistral";
   mistral["sliding_window"] = 32;
   c = llama_config_from_hf_json(mistral, "mistral.json");
-  CHECK(c.max_position_embeddings == 32);
+  CHECK(c.sliding_window == 32);
+  CHECK(c.max_position_embeddings == 64);
+  CHECK(llama_config_from_json(llama_config_to_json(c), "manifest").sliding_window == 32);
+  const nlohmann::json exported = hf_config_json(c, DType::bf16, 1, 2);
+  CHECK(exported.at("architectures") == nlohmann::json::array({"MistralForCausalLM"}));
+  CHECK(exported.at("model_type") == "mistral");
+  CHECK(exported.at("sliding_window") == 32);
+  CHECK_FALSE(exported.contains("attention_bias"));
+  CHECK(llama_config_from_hf_json(exported, "exported.json").sliding_window == 32);
+  for (const nlohmann::json& bad : {nlohmann::json(0), nlohmann::json(-4), nlohmann::json(2.5)})
+    CHECK(contains(error_of([&] {
+                     nlohmann::json j = mistral;
+                     j["sliding_window"] = bad;
+                     llama_config_from_hf_json(j, "mistral.json");
+                   }),
+                   "key 'sliding_window' has value"));
   mistral["sliding_window"] = nullptr;
-  CHECK(llama_config_from_hf_json(mistral, "mistral.json").max_position_embeddings == 64);
+  CHECK(llama_config_from_hf_json(mistral, "mistral.json").sliding_window == 0);
+  nlohmann::json llama_with_key = v4;
+  llama_with_key["sliding_window"] = 16;
+  CHECK(llama_config_from_hf_json(llama_with_key, "llama.json").sliding_window == 0);
+  CHECK_FALSE(
+      hf_config_json(llama_config_from_hf_json(llama_with_key, "llama.json"), DType::bf16, 1, 2)
+          .contains("sliding_window"));
 
   auto refused = [&](const char* key, const nlohmann::json& value, const std::string& message) {
     nlohmann::json j = v4;

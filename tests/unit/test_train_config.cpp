@@ -50,6 +50,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"model.rope_attention_factor", "0"},
     {"model.rms_norm_eps", "1e-05"},
     {"model.tie_word_embeddings", "false"},
+    {"model.sliding_window", "0"},
     {"model.hf_path", ""},
     {"data.dir", "data/fortunes"},
     {"train.steps", "300"},

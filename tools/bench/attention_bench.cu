@@ -4,13 +4,16 @@
 //
 // usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D
 //                        [--iters N] [--dump FILE] [--backward-tiles large|small]
-//                        [--kernel auto|fa2|sm90]
+//                        [--kernel auto|fa2|sm90] [--window W]
 // (--backward-tiles forces the FlashAttention-2 backward's tiling, e.g. the one for 99 KiB of
 // shared memory. --kernel: auto is attention.h's choice (the Hopper kernels on compute
 // capability 9.0), fa2 the FlashAttention-2 kernels
 // (flash_attention.h), sm90 the Hopper ones (flash_attention_sm90.h, compute capability 9.0 only).)
 // Layouts are frugal's: q, out [B, S, H, D]; k, v [B, S, KVH, D]; lse [B, H, S] (bf16, fp32).
 // FLOPs counted as FlashAttention does: forward 4 B H S^2 D / 2 (causal), backward 2.5x that.
+// --window W (Mistral's sliding window; not with --dump) counts the pairs inside the window
+// instead of S^2 / 2: W (W + 1) / 2 + (S - W) W, so time / FLOPs shows whether the kernels skip
+// the tiles outside it (constant TFLOP/s as S grows at fixed W means O(S W) time).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -69,17 +72,17 @@ void write_device(FILE* f, const T* d, int64_t n) {
 }
 
 int usage() {
-  std::fprintf(
-      stderr,
-      "usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D "
-      "[--iters N] [--dump FILE] [--backward-tiles large|small] [--kernel auto|fa2|sm90]\n");
+  std::fprintf(stderr,
+               "usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D "
+               "[--iters N] [--dump FILE] [--backward-tiles large|small] [--kernel auto|fa2|sm90] "
+               "[--window W]\n");
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0;
+  int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0, window = 0;
   int iters = 10;
   std::string dump, tiles_name = "auto", kernel = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -102,13 +105,15 @@ int main(int argc, char** argv) {
       tiles_name = value;
     else if (key == "--kernel")
       kernel = value;
+    else if (key == "--window")
+      window = std::atoll(value.c_str());
     else
       return usage();
   }
   if (argc % 2 == 0 || batch <= 0 || heads <= 0 || kv_heads <= 0 || seq <= 0 || head_dim <= 0 ||
       iters <= 0 || (tiles_name != "auto" && tiles_name != "large" && tiles_name != "small") ||
       (kernel != "auto" && kernel != "fa2" && kernel != "sm90") ||
-      (kernel == "sm90" && tiles_name != "auto"))
+      (kernel == "sm90" && tiles_name != "auto") || window < 0 || (window > 0 && !dump.empty()))
     return usage();
   const auto tiles = tiles_name == "large"   ? frugal::cuda::FlashBackwardTiles::kLargeSmem
                      : tiles_name == "small" ? frugal::cuda::FlashBackwardTiles::kSmallSmem
@@ -123,6 +128,7 @@ int main(int argc, char** argv) {
     s.head_dim = head_dim;
     s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     s.causal_offset = 0;
+    s.window = window;
     const int64_t q_n = batch * seq * heads * head_dim, kv_n = batch * seq * kv_heads * head_dim;
     const int64_t lse_n = batch * heads * seq;
     bf16 *q = device_alloc<bf16>(q_n), *k = device_alloc<bf16>(kv_n), *v = device_alloc<bf16>(kv_n);
@@ -187,18 +193,22 @@ int main(int argc, char** argv) {
     };
     const double fwd_ms = time_ms(forward);
     const double fwdbwd_ms = time_ms(forward_backward);
-    const double fwd_flop = 4.0 * batch * heads * double(seq) * seq * head_dim / 2;
+    const double w = double(window > 0 && window < seq ? window : seq);
+    const double pairs = window > 0 && window < seq ? w * (w + 1) / 2 + (double(seq) - w) * w
+                                                    : double(seq) * seq / 2;
+    const double fwd_flop = 4.0 * batch * heads * pairs * head_dim;
     const double fwdbwd_flop = fwd_flop * 3.5;
     std::printf(
         "{\"impl\": \"frugal\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"seq\": "
-        "%lld, \"head_dim\": %lld, \"kernel\": \"%s\", \"backward_tiles\": \"%s\", \"fwd_ms\": "
-        "%.4f, \"fwd_tflops\": "
+        "%lld, \"head_dim\": %lld, \"window\": %lld, \"kernel\": \"%s\", \"backward_tiles\": "
+        "\"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": "
         "%.1f, \"fwdbwd_ms\": %.4f, "
         "\"fwdbwd_tflops\": %.1f}\n",
         static_cast<long long>(batch), static_cast<long long>(heads),
         static_cast<long long>(kv_heads), static_cast<long long>(seq),
-        static_cast<long long>(head_dim), kernel.c_str(), tiles_name.c_str(), fwd_ms,
-        fwd_flop / fwd_ms * 1e-9, fwdbwd_ms, fwdbwd_flop / fwdbwd_ms * 1e-9);
+        static_cast<long long>(head_dim), static_cast<long long>(window), kernel.c_str(),
+        tiles_name.c_str(), fwd_ms, fwd_flop / fwd_ms * 1e-9, fwdbwd_ms,
+        fwdbwd_flop / fwdbwd_ms * 1e-9);
 
     if (!dump.empty()) {
       // One more forward + backward on the same inputs (the result is deterministic), then
