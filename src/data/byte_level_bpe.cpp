@@ -59,7 +59,10 @@ BytePairModel::BytePairModel(std::unordered_map<std::string, int32_t> vocab,
     : vocab_(std::move(vocab)), settings_(settings) {
   merges_.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
+    // Named references, not a structured binding: clang before 16 (the fuzz build) cannot
+    // capture a binding in a lambda.
+    const std::string& left = merges[rank].first;
+    const std::string& right = merges[rank].second;
     auto id_of = [&](const std::string& token) {
       auto it = vocab_.find(token);
       if (it == vocab_.end())
