@@ -32,8 +32,10 @@ fs::path checkpoint_root(const std::string& path) {
 // Reads every tensor of every rank file of `step` back (Fletcher32, CRC32C), and checks that
 // the rank files agree with rank 0's manifest; each file in a child process, so a file that
 // makes HDF5 crash is reported as damaged and the other files and steps are still verified.
-nlohmann::ordered_json verify_step(const CheckpointDir& dir, int64_t step) {
-  const StepCheck check = check_step(dir, step);
+// `checker`'s one child reads the files of every step (another only after a crash or a hang).
+nlohmann::ordered_json verify_step(RankFileChecker& checker, const CheckpointDir& dir,
+                                   int64_t step) {
+  const StepCheck check = check_step(checker, dir, step);
   nlohmann::ordered_json report = {{"step", step}, {"ok", check.ok()}};
   if (check.world_size > 0) report["world_size"] = check.world_size;
   if (!check.ok()) report["error"] = check.error;
@@ -167,13 +169,14 @@ int cmd_ckpt(const std::vector<std::string>& args) {
     for (const nlohmann::ordered_json& line : uncommitted_steps(dir, known))
       std::cout << line.dump() << std::endl;
   }
+  RankFileChecker checker;
   for (int64_t step : steps) {
     nlohmann::ordered_json line;
     if (action == "verify" && incomplete.count(step)) {
       line = {{"step", step}, {"ok", false}, {"error", incomplete[step]}};
       all_ok = false;
     } else if (action == "verify") {
-      line = verify_step(dir, step);
+      line = verify_step(checker, dir, step);
       all_ok = all_ok && line["ok"].get<bool>();
     } else {
       int64_t disk = 0;

@@ -232,7 +232,7 @@ void CheckpointManager::load(int64_t step) {
   for (Part& p : parts_) p.state->after_load();
 }
 
-int64_t CheckpointManager::resume(int64_t before_step) {
+int64_t CheckpointManager::resume(int64_t before_step, RankFileChecker* checker) {
   if (leader_) dir_.remove_pruned_leftovers();
   std::vector<int64_t> steps;
   for (int64_t step : dir_.committed_steps())
@@ -245,11 +245,13 @@ int64_t CheckpointManager::resume(int64_t before_step) {
   const std::string pointer = dir_.latest_problem();
   if (!pointer.empty() && leader_)
     log_warn("train.resume: ", pointer, "; resuming from the newest committed step directory");
+  std::optional<RankFileChecker> own_checker;
+  if (checker == nullptr) checker = &own_checker.emplace();
   std::string errors;
   for (int64_t step : steps) {
-    // Every rank file read through in child processes first (each rank a share), agreed by
+    // Every rank file read through in a child process first (each rank a share), agreed by
     // all, then loaded: a damaged file costs a child, not the run.
-    std::string error = check_step(dir_, step, rank_, world_size_).error;
+    std::string error = check_step(*checker, dir_, step, rank_, world_size_).error;
     if (agree_(error.empty())) {
       try {
         load(step);

@@ -20,6 +20,8 @@
 
 namespace frugal {
 
+class RankFileChecker;  // ckpt/step_check.h
+
 // The ranks' agreement: true when `ok` holds on every rank. A collective (an all-reduce over
 // the communicator; `[](bool ok) { return ok; }` on one process): every rank calls it the same
 // number of times, so it also orders the ranks like a barrier.
@@ -89,8 +91,10 @@ class CheckpointManager {
   // that a file that makes HDF5 crash only makes the step unusable. Warns when LATEST is
   // missing or damaged (the committed steps come from their directories). An Error when
   // committed steps exist but none can be read; the files are kept. `before_step`: only steps
-  // below it (a rollback past a step whose weights may already be damaged).
-  int64_t resume(int64_t before_step = INT64_MAX);
+  // below it (a rollback past a step whose weights may already be damaged). `checker`: the
+  // child process that reads the files (null: one of its own, forked once for this resume and
+  // ended with it; a caller that resumes again and again, like the fuzz target, passes one).
+  int64_t resume(int64_t before_step = INT64_MAX, RankFileChecker* checker = nullptr);
   // For a run that does not resume: when the directory holds committed or partial steps of an
   // earlier run, rank 0 moves them aside (CheckpointDir::set_aside) and says where, so that
   // this run's steps neither overwrite nor mix with them. Collective.

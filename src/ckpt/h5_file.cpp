@@ -448,6 +448,11 @@ void H5Writer::close() {
     fail_file(path_, "cannot fsync the directory ", dir, ": ", std::strerror(errno));
 }
 
+int64_t hdf5_open_objects() {
+  silence_hdf5();
+  return int64_t(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL));
+}
+
 // --- H5Reader ---------------------------------------------------------------------------------
 
 H5Reader::H5Reader(const std::string& path) : path_(path) {

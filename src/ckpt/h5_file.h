@@ -97,4 +97,9 @@ class H5Reader {
   int64_t file_id_ = -1;  // hid_t
 };
 
+// HDF5 files, groups, datasets, datatypes and attributes this process holds open: 0 between
+// readers and writers, unless a failure inside HDF5 left something open (then a file opened
+// again under the same path could be served from what HDF5 still holds of the old one).
+int64_t hdf5_open_objects();
+
 }  // namespace frugal

@@ -1,10 +1,9 @@
-// A step's rank files read through in child processes.
+// A step's rank files read through in a child process (a fork server).
 #include "ckpt/step_check.h"
 
 #include <cstdio>
-#include <functional>
 
-#include "ckpt/isolated.h"
+#include "ckpt/h5_file.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -21,20 +20,42 @@ std::string describe_failure(const std::string& path, const IsolatedOutcome& out
   return outcome.text;
 }
 
-// Reads `path` through with `work` in a child process. When no child can be made (fork fails
-// with ENOMEM for a large process under strict overcommit, say), in this process, with a
-// warning: a resume must not stop for want of the isolation, which only guards against files
-// that would otherwise crash it.
-IsolatedOutcome read_through(const std::string& path, const std::function<std::string()>& work,
-                             double time_limit_s) {
+// What the checker's child does with a request: reads the file it names through.
+std::string read_rank_file(const std::string& request_text) {
+  const nlohmann::json request = nlohmann::json::parse(request_text);
+  const CheckpointDir dir(request.at("root").get<std::string>());
+  const int64_t step = request.at("step").get<int64_t>();
+  const int rank = request.at("rank").get<int>();
+  if (rank == 0) {
+    const nlohmann::json manifest = dir.manifest(step, 0);
+    CheckpointDir::RankSummary s;
+    if (request.at("verify").get<bool>()) s = dir.verify_rank(step, 0, manifest);
+    return nlohmann::json{{"manifest", manifest}, {"tensors", s.tensors}, {"bytes", s.bytes}}
+        .dump();
+  }
+  const CheckpointDir::RankSummary s = dir.verify_rank(step, rank, request.at("manifest"));
+  return std::to_string(s.tensors) + " " + std::to_string(s.bytes);
+}
+
+}  // namespace
+
+RankFileChecker::RankFileChecker()
+    : worker_(read_rank_file, [] { return hdf5_open_objects() == 0; }) {}
+
+// When no child can be made (fork fails with ENOMEM for a large process under strict
+// overcommit, say), the file is read in this process, with a warning: a resume must not stop for
+// want of the isolation, which only guards against files that would otherwise crash it.
+IsolatedOutcome RankFileChecker::read_through(const std::string& path,
+                                              const nlohmann::json& request, double time_limit_s) {
+  const std::string text = request.dump();
   try {
-    return run_isolated(work, time_limit_s);
+    return worker_.run(text, time_limit_s);
   } catch (const Error& e) {
     log_warn("cannot read '", path, "' in a child process (", e.what(), "); reading it here");
   }
   IsolatedOutcome outcome;
   try {
-    outcome.text = work();
+    outcome.text = worker_.run_here(text);
     outcome.ok = true;
   } catch (const std::exception& e) {
     outcome.text = e.what();
@@ -42,26 +63,35 @@ IsolatedOutcome read_through(const std::string& path, const std::function<std::s
   return outcome;
 }
 
-}  // namespace
+IsolatedOutcome RankFileChecker::read_rank0(const CheckpointDir& dir, int64_t step, bool verify) {
+  const std::string path = dir.rank_file(step, 0);
+  return read_through(path, {{"root", dir.root()}, {"step", step}, {"rank", 0}, {"verify", verify}},
+                      dir.check_time_limit(path));
+}
+
+IsolatedOutcome RankFileChecker::read_rank(const CheckpointDir& dir, int64_t step, int rank,
+                                           const nlohmann::json& rank0_manifest) {
+  const std::string path = dir.rank_file(step, rank);
+  return read_through(
+      path, {{"root", dir.root()}, {"step", step}, {"rank", rank}, {"manifest", rank0_manifest}},
+      dir.check_time_limit(path));
+}
 
 StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stride) {
+  RankFileChecker checker;
+  return check_step(checker, dir, step, first, stride);
+}
+
+StepCheck check_step(RankFileChecker& checker, const CheckpointDir& dir, int64_t step, int first,
+                     int stride) {
   FRUGAL_CHECK(stride >= 1 && first >= 0, "check_step of ranks ", first, " + k * ", stride);
   StepCheck check;
   check.step = step;
   // Rank 0's file first: its manifest is what the others must agree with. When it is among the
-  // files to check, one child reads it through and answers its manifest too.
+  // files to check, one request reads it through and answers its manifest too.
   const std::string first_file = dir.rank_file(step, 0);
   const bool check_first = first == 0;
-  const IsolatedOutcome opened = read_through(
-      first_file,
-      [&] {
-        const nlohmann::json manifest = dir.manifest(step, 0);
-        CheckpointDir::RankSummary s;
-        if (check_first) s = dir.verify_rank(step, 0, manifest);
-        return nlohmann::json{{"manifest", manifest}, {"tensors", s.tensors}, {"bytes", s.bytes}}
-            .dump();
-      },
-      dir.check_time_limit(first_file));
+  const IsolatedOutcome opened = checker.read_rank0(dir, step, check_first);
   if (!opened.ok) {
     check.error = describe_failure(first_file, opened);
     if (check_first) check.files.push_back({0, first_file, check.error, 0, 0});
@@ -89,13 +119,7 @@ StepCheck check_step(const CheckpointDir& dir, int64_t step, int first, int stri
     RankFileCheck file;
     file.rank = rank;
     file.path = dir.rank_file(step, rank);
-    const IsolatedOutcome read = read_through(
-        file.path,
-        [&] {
-          const CheckpointDir::RankSummary s = dir.verify_rank(step, rank, check.manifest);
-          return std::to_string(s.tensors) + " " + std::to_string(s.bytes);
-        },
-        dir.check_time_limit(file.path));
+    const IsolatedOutcome read = checker.read_rank(dir, step, rank, check.manifest);
     if (read.ok) {
       long long tensors = 0, bytes = 0;
       std::sscanf(read.text.c_str(), "%lld %lld", &tensors, &bytes);

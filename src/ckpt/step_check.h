@@ -2,7 +2,8 @@
 // (its manifest against rank 0's, every tensor's checksums) in a child process, so that a
 // damaged file that makes HDF5 crash or hang is reported by name ("damaged: HDF5 crashed
 // reading it") instead of taking the reader down. `frugal ckpt verify` and resume both use it,
-// so they accept and refuse the same steps.
+// so they accept and refuse the same steps. One child reads file after file (RankFileChecker, a
+// fork server): a fork costs more than reading a small file.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/isolated.h"
 
 namespace frugal {
 
@@ -30,10 +32,40 @@ struct StepCheck {
   bool ok() const { return error.empty(); }
 };
 
+// The child process that reads rank files through: forked at the first file, it reads file
+// after file until one crashes it or hangs past its time limit (then the next file gets a fresh
+// child, and a file that failed in a child that had read others is read again in a fresh one
+// before it is blamed: IsolatedWorker). A child in which HDF5 still holds something open after a
+// file (a failure inside HDF5 that leaked) ends after that file. Nothing of the directory is
+// remembered in the child: each request names its file and carries rank 0's manifest.
+class RankFileChecker {
+ public:
+  RankFileChecker();
+
+  // Rank 0's file of `step`: its manifest, and when `verify`, every tensor read back. The
+  // outcome's text, when ok, is the JSON {"manifest", "tensors", "bytes"}.
+  IsolatedOutcome read_rank0(const CheckpointDir& dir, int64_t step, bool verify);
+  // Rank `rank`'s file of `step` read through against rank 0's manifest; when ok, the text is
+  // "<tensors> <bytes>".
+  IsolatedOutcome read_rank(const CheckpointDir& dir, int64_t step, int rank,
+                            const nlohmann::json& rank0_manifest);
+
+  // Child processes forked so far.
+  int forks() const { return worker_.forks(); }
+
+ private:
+  IsolatedOutcome read_through(const std::string& path, const nlohmann::json& request,
+                               double time_limit_s);
+  IsolatedWorker worker_;
+};
+
 // Checks rank 0's manifest, then the rank files of `step` whose rank r has r % stride == first
 // (every file with the defaults; the ranks of a resume each take a share, so that every file
-// is read once). Each file is read in its own child process, given dir.check_time_limit()
+// is read once). Each file is read by `checker`'s child process, given dir.check_time_limit()
 // before it counts as hung.
+StepCheck check_step(RankFileChecker& checker, const CheckpointDir& dir, int64_t step,
+                     int first = 0, int stride = 1);
+// The same with a checker of its own (one child for the step's files).
 StepCheck check_step(const CheckpointDir& dir, int64_t step, int first = 0, int stride = 1);
 
 }  // namespace frugal

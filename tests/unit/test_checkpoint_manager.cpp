@@ -468,6 +468,7 @@ TEST_CASE("checkpoint manager: every rank file's manifest is checked, as verify 
 // overcommit cannot fork.
 namespace {
 bool g_fail_forks = false;
+int g_forks = 0;  // forks made
 }  // namespace
 
 extern "C" pid_t fork() {
@@ -477,7 +478,49 @@ extern "C" pid_t fork() {
   }
   using Fork = pid_t (*)();
   static const Fork real = reinterpret_cast<Fork>(dlsym(RTLD_NEXT, "fork"));
+  ++g_forks;
   return real();
+}
+
+TEST_CASE("checkpoint manager: one child process reads every file of a resume, and of verify",
+          "[ckpt]") {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt");
+  for (int step : {3, 4, 5})
+    for (int rank = 2; rank >= 0; --rank) {
+      ShardedPart part(rank, 3);
+      part.fill();
+      part.shard.data<float>()[0] += float(step);
+      CheckpointManager(CheckpointDir(root), rank, 3, one_rank, {{"p", &part}}, 3).save(step);
+    }
+  const CheckpointDir dir(root);
+  // Rank 1's file of step 5 from step 4: refused, by its manifest's step.
+  fs::copy_file(dir.rank_file(4, 1), dir.rank_file(5, 1), fs::copy_options::overwrite_existing);
+
+  // `ckpt verify` of the three steps: nine files, one fork.
+  int forks_before = g_forks;
+  RankFileChecker checker;
+  std::vector<bool> ok;
+  for (int64_t step : {3, 4, 5}) {
+    const StepCheck check = check_step(checker, dir, step);
+    ok.push_back(check.ok());
+    CHECK(check.files.size() == 3);
+  }
+  CHECK(ok == std::vector<bool>{true, true, false});
+  CHECK(checker.forks() == 1);
+  CHECK(g_forks - forks_before == 1);
+
+  // A resume: step 5's files, then step 4's, read by one child.
+  forks_before = g_forks;
+  ShardedPart part(0, 1);
+  CheckpointManager manager(CheckpointDir(root), 0, 1, one_rank, {{"p", &part}}, 3);
+  CHECK(manager.resume() == 4);
+  CHECK(g_forks - forks_before == 1);
+  // With a checker given, none of its own: the given one's child, already forked, reads them.
+  forks_before = g_forks;
+  CHECK(manager.resume(INT64_MAX, &checker) == 4);
+  CHECK(g_forks == forks_before);
+  CHECK(checker.forks() == 1);
 }
 
 TEST_CASE("checkpoint manager: resume reads the files here when no child process can be made",

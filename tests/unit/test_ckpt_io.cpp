@@ -538,3 +538,108 @@ TEST_CASE("run_isolated: a child's answer, its Error, its crash and its hang, by
   CHECK(out.crashed);
   CHECK(!out.timed_out);
 }
+
+namespace {
+// Set by a request in the worker's child only: the damage an earlier file may leave behind.
+bool g_child_poisoned = false;
+bool g_child_retires = false;
+
+// The requests of the fork server's test: "echo <text>" (the text reversed, and the child's
+// pid), "error", "crash", "hang", "poison" (damages the child), "fragile" (crashes a damaged
+// child only), "retire" (the child asks to end after answering).
+std::string test_request(const std::string& request) {
+  if (request.rfind("echo ", 0) == 0) {
+    const std::string text = request.substr(5);
+    return std::string(text.rbegin(), text.rend()) + " " + std::to_string(::getpid());
+  }
+  if (request == "error") fail("checkpoint file 'b.h5': broken");
+  if (request == "crash") ::raise(SIGSEGV);
+  if (request == "hang")
+    for (;;) ::pause();
+  if (request == "poison") g_child_poisoned = true;
+  if (request == "fragile" && g_child_poisoned) ::raise(SIGSEGV);
+  if (request == "retire") g_child_retires = true;
+  return "sound";
+}
+}  // namespace
+
+TEST_CASE("IsolatedWorker: one child answers request after request; a crash or a hang costs it") {
+  IsolatedWorker worker(test_request, [] { return !g_child_retires; });
+  CHECK(worker.forks() == 0);  // forked on the first request
+  std::string child_pid;
+  for (int i = 0; i < 200; ++i) {
+    const std::string text = "file_" + std::to_string(i * 7919);
+    const IsolatedOutcome out = worker.run("echo " + text, 30);
+    REQUIRE(out.ok);
+    const std::string reversed(text.rbegin(), text.rend());
+    CHECK(out.text.rfind(reversed + " ", 0) == 0);
+    const std::string pid = out.text.substr(reversed.size() + 1);
+    CHECK(pid != std::to_string(::getpid()));
+    if (i == 0) child_pid = pid;
+    CHECK(pid == child_pid);  // the same child every time
+  }
+  CHECK(worker.forks() == 1);
+
+  // An Error is an answer: the child goes on.
+  IsolatedOutcome out = worker.run("error", 30);
+  CHECK(!out.ok);
+  CHECK(!out.crashed);
+  CHECK(out.text == "checkpoint file 'b.h5': broken");
+  CHECK(worker.run("echo ab", 30).text == "ba " + child_pid);
+  CHECK(worker.forks() == 1);
+
+  // A crash in a child that had answered others is judged again in a fresh child (a second
+  // fork), where it crashes too: reported by its signal. The next request gets a third child.
+  out = worker.run("crash", 30);
+  CHECK(!out.ok);
+  CHECK(out.crashed);
+  CHECK(out.text == "crashed (signal 11, Segmentation fault)");
+  CHECK(worker.forks() == 3);
+  out = worker.run("echo cd", 30);
+  CHECK(out.ok);
+  CHECK(out.text.rfind("dc ", 0) == 0);
+  CHECK(out.text != "dc " + child_pid);
+  CHECK(worker.forks() == 4);
+
+  // A request that crashes only a child an earlier request damaged is not blamed for it.
+  CHECK(worker.run("poison", 30).ok);
+  out = worker.run("fragile", 30);
+  CHECK(out.ok);
+  CHECK(out.text == "sound");
+  CHECK(worker.forks() == 5);
+
+  // A hang: killed after the time limit (in the used child, then in a fresh one).
+  const auto start = std::chrono::steady_clock::now();
+  out = worker.run("hang", 0.5);
+  CHECK(!out.ok);
+  CHECK(out.timed_out);
+  CHECK(!out.crashed);
+  CHECK(out.text == "did not finish within 0.5 s");
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  CHECK(worker.forks() == 6);
+  CHECK(worker.run("echo x", 30).ok);
+  CHECK(worker.forks() == 7);
+
+  // A child that is not reusable after a request ends after answering it.
+  CHECK(worker.run("retire", 30).text == "sound");
+  CHECK(worker.forks() == 7);
+  CHECK(worker.run("echo y", 30).ok);
+  CHECK(worker.forks() == 8);
+}
+
+TEST_CASE("IsolatedWorker: a crash or a hang in a fresh child is reported without a second try") {
+  IsolatedWorker worker(test_request);
+  IsolatedOutcome out = worker.run("crash", 30);
+  CHECK(out.crashed);
+  CHECK(worker.forks() == 1);
+  out = worker.run("hang", 0.3);
+  CHECK(out.timed_out);
+  CHECK(out.text == "did not finish within 0.3 s");
+  CHECK(worker.forks() == 2);
+  // An answer larger than a socket's buffer comes whole.
+  const std::string large(300000, 'z');
+  out = worker.run("echo " + large, 30);
+  CHECK(out.ok);
+  CHECK(out.text.substr(0, large.size()) == large);
+  CHECK(worker.forks() == 3);
+}

@@ -136,11 +136,13 @@ void flip_bit(const std::string& path, const Flip& f) {
 }
 
 // One flip: what verify and a resume make of it, as "verify:<v> resume:<r>".
-std::string try_flip(const CheckpointDir& dir, const std::string& path, const Flip& flip,
-                     const std::map<int64_t, CleanStep>& clean, bool resume_this) {
+// `checker`: the worker's child that reads the files, flip after flip.
+std::string try_flip(RankFileChecker& checker, const CheckpointDir& dir, const std::string& path,
+                     const Flip& flip, const std::map<int64_t, CleanStep>& clean,
+                     bool resume_this) {
   const int64_t newest = clean.rbegin()->first;
   flip_bit(path, flip);
-  const StepCheck check = check_step(dir, newest);
+  const StepCheck check = check_step(checker, dir, newest);
   std::string verify = "ok";
   if (!check.ok()) {
     verify = contains_text(check.error, "crashed")          ? "refused(HDF5 crashed)"
@@ -349,6 +351,7 @@ int main(int argc, char** argv) {
                 CheckpointDir copy_dir(copies[size_t(j)].string());
                 copy_dir.set_check_time_limit(time_limit_s);
                 const std::string copy_path = copy_dir.rank_file(steps.front(), 0);
+                RankFileChecker checker;
                 std::string lines;
                 for (size_t i = size_t(j); i < flips.size(); i += size_t(jobs)) {
                   if (j == 0 && i > 0 && i % 20000 < size_t(jobs)) {
@@ -365,7 +368,8 @@ int main(int argc, char** argv) {
                   // sample when K is 8 would otherwise say nothing of the other bits.
                   const bool resume_this = i % resume_every == (i / resume_every) % resume_every;
                   lines += std::to_string(i) + " " +
-                           try_flip(copy_dir, copy_path, flips[i], clean, resume_this) + "\n";
+                           try_flip(checker, copy_dir, copy_path, flips[i], clean, resume_this) +
+                           "\n";
                 }
                 return lines;
               },
