@@ -109,7 +109,10 @@ std::string escape_literal(const std::string& text) {
 
 HfTokenizer::~HfTokenizer() = default;
 
-HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
+// The reader checks the type of every value it branches on; a value of another type that it
+// reads without looking (a number where a string belongs) is still refused by name here, not
+// passed on as nlohmann's exception.
+HfTokenizer::HfTokenizer(const std::string& path) try : path_(path) {
   const Reader r{"tokenizer '" + path + "'"};
   const json j = read_json(path);
   if (!j.is_object() || !j.contains("model"))
@@ -278,6 +281,12 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
     r.refuse("decoder type '" + decoder + "' is not supported (only ByteLevel)");
 
   model_ = std::make_unique<BytePairModel>(std::move(vocab), merges, settings, r.source);
+  // Ids index the model's embedding and run from 0 without gaps in a real tokenizer.json; one far
+  // past the number of tokens would make a table of mostly nothing (an id of 2^31: 64 GiB).
+  const size_t tokens = model_->vocab().size() + added.size();
+  if (max_id >= 0 && size_t(max_id) >= 2 * tokens + 1024)
+    fail(r.source, ": id ", max_id, " is far past its ", tokens,
+         " tokens (a tokenizer's ids run from 0 without gaps)");
   id_to_token_.assign(size_t(max_id + 1), std::nullopt);
   for (const auto& [token, id] : model_->vocab()) id_to_token_[size_t(id)] = token;
   for (const auto& [content, id] : added) id_to_token_[size_t(id)] = content;
@@ -319,6 +328,8 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
     token_key("pad_token", pad_id_);
     token_key("unk_token", unk_id_);
   }
+} catch (const nlohmann::json::exception& e) {
+  fail("tokenizer '", path, "': a value of the wrong type or out of range (", e.what(), ")");
 }
 
 int32_t HfTokenizer::id_of(const std::string& token) const {

@@ -204,8 +204,15 @@ HfModelDir::HfModelDir(const std::string& dir) : dir_(dir) {
   config_ = llama_config_from_hf_json(j, config_path);
   bos_token_id_ = token_id(j, "bos_token_id");
   eos_token_id_ = token_id(j, "eos_token_id");
-  specs_ = llama_units(config_);
   weights_ = std::make_unique<SafetensorsSet>(dir);
+  // The layer count against the weights before the table of every layer's tensors is built: a
+  // damaged count (millions of layers) must be refused, not allocated for.
+  const std::string last_layer =
+      "model.layers." + std::to_string(config_.num_hidden_layers - 1) + ".input_layernorm.weight";
+  if (!weights_->has(last_layer))
+    fail("'", weights_->description(), "' has no tensor '", last_layer,
+         "', which config.json implies (num_hidden_layers = ", config_.num_hidden_layers, ")");
+  specs_ = llama_units(config_);
   validate_tensors();
 }
 
