@@ -224,8 +224,8 @@ Tensor Zero3Parameters::fp8_rows(int64_t unit, size_t i, const Tensor& source, G
   const ShardLayout& l = layouts_[unit][i];
   // The CPU casts f32 (a bf16 master shard is widened; exact); a GPU casts the bf16 copy.
   const DType compute = ops::compute_dtype(source.device());
-  const Tensor rows = source.dtype() == compute ? source
-                                                : ops::convert(source, compute, *arenas_.gathered);
+  const Tensor rows =
+      source.dtype() == compute ? source : ops::convert(source, compute, *arenas_.gathered);
   // Marks the weight as gathered in FP8 (fp8_whole fills it in); the padding rows are zeros,
   // code 0.
   g.fp8[i] = ops::Fp8Matrix{};
