@@ -75,6 +75,12 @@ void fp8_dequantize(float* out, const uint8_t* in, int64_t n, Fp8Format format, 
   for (int64_t i = 0; i < n; ++i) out[i] = fp8_decode(in[i], format) * scale_inv;
 }
 
+void fp8_transpose_codes(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) out[c * rows + r] = in[r * cols + c];
+}
+
 float fp8_scale_from_amax(float amax, float previous_scale, float fp8_max_value, int margin) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return previous_scale;
   const float scale = std::ldexp(fp8_max_value / amax, -margin);

@@ -38,6 +38,9 @@ float fp8_cast_transpose(const float* x, int64_t rows, int64_t cols, float scale
 float fp8_amax(const float* x, int64_t n);
 // out[i] = decode(in[i]) * scale_inv.
 void fp8_dequantize(float* out, const uint8_t* in, int64_t n, Fp8Format format, float scale_inv);
+// out [cols, rows] = the transpose of codes in [rows, cols]: the dgrad operand W^T of a weight
+// gathered as FP8 (its codes are already cast, so the transpose moves bytes only).
+void fp8_transpose_codes(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols);
 
 // The scale a tensor with this amax gets: fp8_max / amax * 2^-margin (ldexp: exact, so the GPU's
 // twin gets the same float); when amax is zero or not

@@ -189,7 +189,34 @@ __global__ void dequantize_kernel(__nv_bfloat16* __restrict__ out,
   }
 }
 
+// One 32 x 32 tile per block of 32 x 8 threads, through shared memory so that both the reads
+// and the writes are along rows (coalesced); the extra column keeps the column reads free of
+// bank conflicts.
+__global__ void transpose_codes_kernel(uint8_t* __restrict__ out, const uint8_t* __restrict__ in,
+                                       int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[32][33];
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 }  // namespace
+
+void fp8_transpose_codes(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols,
+                         cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32));
+  FRUGAL_CHECK(grid.y <= 65535, "fp8 transpose of ", rows, " rows: too many for one grid");
+  transpose_codes_kernel<<<grid, dim3(32, 8), 0, stream>>>(out, in, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
 
 void fp8_dequantize(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Fp8Format format,
                     const float* scale_inv, cudaStream_t stream) {

@@ -35,6 +35,10 @@ void fp8_amax(float* amax, const __nv_bfloat16* x, int64_t n, cudaStream_t strea
 // out[i] = bf16(decode(codes[i]) * *scale_inv): an FP8-gathered weight in the compute dtype.
 void fp8_dequantize(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Fp8Format format,
                     const float* scale_inv, cudaStream_t stream);
+// out [cols, rows] = the transpose of the codes in [rows, cols] (cpu::fp8_transpose_codes): the
+// dgrad operand of a weight gathered as FP8. Any sizes.
+void fp8_transpose_codes(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols,
+                         cudaStream_t stream);
 // cpu::fp8_delayed_update on device arrays.
 void fp8_delayed_update(float* history, float* scale, float* scale_inv, const float* max_values,
                         int64_t history_len, int64_t slots, int margin, cudaStream_t stream);

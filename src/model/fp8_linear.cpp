@@ -21,19 +21,21 @@ const ops::Fp8Matrix& input_cast(const Tensor& x, const Fp8Linear& l, Fp8InputCa
 
 }  // namespace
 
-Tensor fp8_linear(const Tensor& x, const Tensor& w, const Fp8Linear& l, Fp8InputCasts& inputs) {
+Tensor fp8_linear(const Tensor& x, const Fp8Weight& w, const Fp8Linear& l, Fp8InputCasts& inputs) {
   const ops::Fp8Matrix& xq = input_cast(x, l, inputs, /*transposed=*/false);
-  const ops::Fp8Matrix wq = ops::fp8_cast(w, l.scaling->weight(l.layer, l.p), true, false).plain;
+  const ops::Fp8Matrix wq =
+      w.codes ? *w.codes : ops::fp8_cast(w.w, l.scaling->weight(l.layer, l.p), true, false).plain;
   return ops::fp8_gemm(xq, wq, /*fast_accumulation=*/true);
 }
 
-Tensor fp8_linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+Tensor fp8_linear_backward(const Tensor& dy, const Tensor& x, const Fp8Weight& w, Tensor& dw,
                            const Fp8Linear& l, Fp8InputCasts& inputs) {
   const bool weight_gradient = dw.defined();
   const ops::Fp8Cast dyq =
       ops::fp8_cast(as_matrix(dy), l.scaling->gradient(l.layer, l.p), true, weight_gradient);
   const ops::Fp8Matrix wq_t =
-      ops::fp8_cast(w, l.scaling->weight(l.layer, l.p), false, true).transposed;
+      w.codes ? ops::fp8_transposed(*w.codes)
+              : ops::fp8_cast(w.w, l.scaling->weight(l.layer, l.p), false, true).transposed;
   // dx [T, K] = dy [T, N] . (W^T [K, N])^T
   Tensor dx = ops::fp8_gemm(dyq.plain, wq_t, /*fast_accumulation=*/false);
   if (weight_gradient) {

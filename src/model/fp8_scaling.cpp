@@ -117,10 +117,17 @@ ops::Fp8Slot Fp8Scaling::gradient(int64_t layer, int p) const {
               ops::Fp8Format::e5m2);
 }
 
-void Fp8Scaling::end_step(const std::function<void(Tensor&)>& all_reduce_max) {
+void Fp8Scaling::end_step(const std::function<void(Tensor&)>& all_reduce_max,
+                          const std::function<void(Tensor&)>& weights_all_reduce_max) {
   if (settings_.recipe != Fp8Recipe::delayed) return;
   Tensor current = history_.view({history_.numel()}).rows(0, slots_ * kSlotStride);
   if (all_reduce_max) all_reduce_max(current);
+  if (weights_all_reduce_max)
+    for (int64_t layer = 0; layer < slots_ / kFp8SlotsPerBlock; ++layer) {
+      const int64_t first = (layer * kFp8SlotsPerBlock + kInputSlots) * kSlotStride;
+      Tensor weights = current.rows(first, first + kWeightSlots * kSlotStride);
+      weights_all_reduce_max(weights);
+    }
   ops::fp8_delayed_update(history_, scale_, scale_inv_, max_values_,
                           static_cast<int>(settings_.margin));
 }

@@ -69,7 +69,12 @@ class Fp8Scaling : public Stateful {
   // The step's end. Delayed: this step's amaxes (one row of [slots]) reduced by
   // `all_reduce_max` (in place: the max over the ranks that share the tensors, the data-parallel
   // group) and the scales updated. Current: nothing to do.
-  void end_step(const std::function<void(Tensor&)>& all_reduce_max);
+  // `weights_all_reduce_max` (optional) then takes each layer's weight amaxes (one contiguous
+  // range a layer), for the ranks that hold rows of the same weights (ZeRO-3's shard group,
+  // which FP8 weight gathers cast a shard each on): their scales must be equal for the gathered
+  // codes to be one tensor's.
+  void end_step(const std::function<void(Tensor&)>& all_reduce_max,
+                const std::function<void(Tensor&)>& weights_all_reduce_max = {});
 
   // Counts since the last call, per layer and role, and zeroed on the device (waits for it).
   struct Counts {

@@ -59,6 +59,11 @@ Tensor BlockWeights::projection(int p) const {
   return provider->materialize(unit, static_cast<size_t>(p));
 }
 
+std::optional<ops::Fp8Matrix> BlockWeights::fp8_projection(int p) const {
+  if (at(p).defined() || !provider) return std::nullopt;
+  return provider->fp8_weight(unit, static_cast<size_t>(p));
+}
+
 namespace {
 
 // [T, heads * head_dim] <-> [T, heads, head_dim]
@@ -88,10 +93,15 @@ Tensor adapter_input(const Tensor& x, const BlockContext& ctx, int p) {
 // [T, out] update, which saves a pass over the projection's output.
 bool in_fp8(const BlockContext& ctx, int p) { return ctx.fp8 && ctx.fp8->covers(p); }
 Fp8Linear fp8_linear_of(const BlockContext& ctx, int p) { return {ctx.fp8, ctx.layer, p}; }
+// The weight an FP8 linear reads: the codes the provider gathered, else the weight to cast.
+Fp8Weight fp8_weight_of(const BlockWeights& w, int p) {
+  std::optional<ops::Fp8Matrix> codes = w.fp8_projection(p);
+  return codes ? Fp8Weight(std::move(*codes)) : Fp8Weight(w.projection(p));
+}
 
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
                BlockActivations& a, Fp8InputCasts& casts) {
-  Tensor y = in_fp8(ctx, p) ? fp8_linear(x, w.projection(p), fp8_linear_of(ctx, p), casts)
+  Tensor y = in_fp8(ctx, p) ? fp8_linear(x, fp8_weight_of(w, p), fp8_linear_of(ctx, p), casts)
                             : ops::linear(x, w.projection(p));
   if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
   if (!w.lora_a[p].defined()) return y;
@@ -105,7 +115,7 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
                         int p, const BlockContext& ctx, const BlockActivations& a,
                         Fp8InputCasts& casts) {
-  Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, w.projection(p), g.at(p),
+  Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, fp8_weight_of(w, p), g.at(p),
                                                    fp8_linear_of(ctx, p), casts)
                              : ops::linear_backward(dy, x, w.projection(p), g.at(p));
   if (g.bias[p].defined()) ops::bias_backward(dy, g.bias[p]);  // not frozen

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -36,6 +37,9 @@ struct BlockWeights {
   // Projection p's weight, made from its 4-bit bytes if that is how it came: the caller holds
   // it only while it multiplies (one bf16 matrix at a time).
   Tensor projection(int p) const;
+  // Projection p's E4M3 codes where the provider gathered it as FP8 (ZeRO-3's FP8 weight
+  // gathers), else none: the FP8 GEMMs use them as they came.
+  std::optional<ops::Fp8Matrix> fp8_projection(int p) const;
   // A unit's tensors: the 9 base ones, the q/k/v biases if the model has them, then the
   // adapters `lora` places (lora.h).
   static BlockWeights from_unit(const std::vector<Tensor>& unit, const LoraConfig* lora = nullptr);

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/stateful.h"
 #include "core/tensor.h"
+#include "ops/fp8.h"
 
 namespace frugal {
 
@@ -38,6 +40,12 @@ class ParameterProvider {
   // instead of seven. Providers that compress nothing give gather's weights.
   virtual std::vector<Tensor> gather_compressed(int64_t unit) { return gather(unit); }
   virtual Tensor materialize(int64_t unit, size_t i);
+  // A weight gather_compressed left undefined because it came as E4M3 codes (ZeRO-3's FP8
+  // weight gathers): its codes [rows, cols] and inverse scale, for the FP8 GEMMs to use as they
+  // are; none for any other weight (materialize makes those).
+  virtual std::optional<ops::Fp8Matrix> fp8_weight(int64_t /*unit*/, size_t /*i*/) {
+    return std::nullopt;
+  }
   virtual void release(int64_t unit) = 0;
 
   // Full-size gradient buffers of `unit` to accumulate (+=) into; valid until grads_done.

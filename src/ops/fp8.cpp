@@ -115,6 +115,23 @@ void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, F
                       scale_inv.data<float>()[0]);
 }
 
+Fp8Matrix fp8_transposed(const Fp8Matrix& m) {
+  FRUGAL_CHECK(m.codes.defined() && m.codes.ndim() == 2 && m.codes.dtype() == DType::u8,
+               "fp8 transpose of ", m.codes.defined() ? shape_string(m.codes.shape()) : "undefined",
+               " codes: expected u8 [rows, cols]");
+  Fp8Matrix out{Tensor(), m.scale_inv, m.format};
+#ifdef FRUGAL_HAVE_CUDA
+  if (on_gpu(m.codes)) {
+    out.codes = gpu::fp8_transpose_codes(m.codes);
+    return out;
+  }
+#endif
+  const int64_t rows = m.codes.size(0), cols = m.codes.size(1);
+  out.codes = Tensor::empty({cols, rows}, DType::u8, host_arena());
+  cpu::fp8_transpose_codes(out.codes.data<uint8_t>(), m.codes.data<uint8_t>(), rows, cols);
+  return out;
+}
+
 void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& max_values,
                         int margin) {
   const int64_t slots = scale.numel();

@@ -56,6 +56,10 @@ void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
 // out's device.
 void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format);
 
+// The operand m^T: codes [k, rows] of the same values (same scale), for a weight whose codes
+// came whole (gathered as FP8) and whose dgrad needs W^T.
+Fp8Matrix fp8_transposed(const Fp8Matrix& m);
+
 // Delayed scaling's step end on every slot at once (cpu::fp8_delayed_update): history f32
 // [len, slots], scale, scale_inv and max_values f32 [slots], all on one device.
 void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& max_values,

@@ -489,6 +489,14 @@ void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, F
                        f32(scale_inv), stream());
 }
 
+Tensor fp8_transpose_codes(const Tensor& codes) {
+  const int64_t rows = codes.size(0), cols = codes.size(1);
+  Tensor out = empty({cols, rows}, DType::u8);
+  cuda::fp8_transpose_codes(static_cast<uint8_t*>(out.raw()),
+                            static_cast<const uint8_t*>(codes.raw()), rows, cols, stream());
+  return out;
+}
+
 void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
                         const Tensor& max_values, int margin) {
   cuda::fp8_delayed_update(f32(history), f32(scale), f32(scale_inv), f32(max_values),

@@ -9,7 +9,8 @@
 // hqq_quantize, ...) and knows nothing of ranks; the decoders are ops (ops::dequantize_*).
 //
 // The weights ZeRO-3 trains are not encoded: their bf16 copies (GPU) or fp32 shards (CPU) are
-// gathered as they are, straight into the buffer the layers read. An encoding is a one-time
+// gathered as they are, straight into the buffer the layers read (or, for FP8 training's
+// linears, cast to E4M3 with their delayed scale before each gather: Zero3Init::fp8_gather). An encoding is a one-time
 // transform of a weight that never changes, decoded into a buffer of its own; the trainable
 // weights change every step, their copies are kept by the optimizer and moved by the placement
 // (zero3_placement.h), and they need no decode pass.
@@ -44,9 +45,9 @@ struct EncodingContext {
 
 // One frozen weight in an encoding: this rank's encoded rows, and the decoder of the whole.
 // Each encoding is a class of its own (Nf4Encoding, HqqEncoding); ZeRO-3 holds one object per
-// encoded weight and knows only this interface. An FP8 weight gather would be one more: encode
-// its rows as E4M3 bytes with a per-tensor scale (a collective: the ranks agree on the absmax),
-// list the bytes as a row-sharded part, and decode bytes times scale into the compute dtype.
+// encoded weight and knows only this interface. Fp8Encoding (a frozen LoRA base in E4M3) is one
+// more: its rows as E4M3 bytes with a per-tensor scale (the ranks agree on the absmax), the bytes
+// a row-sharded part, decoded as bytes times scale into the compute dtype.
 class WeightEncoding {
  public:
   virtual ~WeightEncoding() = default;

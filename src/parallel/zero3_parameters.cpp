@@ -21,6 +21,21 @@ std::unique_ptr<WeightEncoding> encoding_for(const ParamSpec& spec, const Zero3I
   return init.encoding ? init.encoding(spec) : nullptr;
 }
 
+// The slot a trainable weight is cast with to be gathered as FP8, or none. A GPU's cast takes
+// rows and columns in multiples of 16 (cuBLASLt's FP8 layouts): a shard of other rows is
+// gathered in bf16 (said once per weight).
+std::optional<ops::Fp8Slot> fp8_gather_slot(const ParamSpec& spec, const ShardLayout& l,
+                                            const Zero3Init& init, Device gathering) {
+  if (!spec.trainable || !init.fp8_gather || spec.shape.size() != 2) return std::nullopt;
+  std::optional<ops::Fp8Slot> slot = init.fp8_gather(spec);
+  if (slot && gathering != Device::cpu && (l.shard_rows % 16 != 0 || l.row_len % 16 != 0)) {
+    log_info("fp8: '", spec.name, "' is gathered in bf16: its shard of [", l.shard_rows, ", ",
+             l.row_len, "] is not a multiple of 16 in both dimensions");
+    return std::nullopt;
+  }
+  return slot;
+}
+
 }  // namespace
 
 Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const Zero3Arenas& arenas,
@@ -48,6 +63,7 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;
     std::vector<std::unique_ptr<WeightEncoding>> encoded;
+    std::vector<std::optional<ops::Fp8Slot>> fp8_slots;
     for (const ParamSpec& spec : unit.params) {
       ShardLayout l = shard_layout(spec, ranks);
       // Initialised in host memory (the same numbers whatever the device), then moved.
@@ -70,6 +86,7 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
         shards.push_back(shard);
       }
       encoded.push_back(std::move(encoding));
+      fp8_slots.push_back(fp8_gather_slot(spec, l, init_from, arenas_.gathered->device()));
       // A frozen parameter (LoRA's base) has no gradient shard and no optimizer state.
       if (with_grads)
         grads.push_back(spec.trainable ? ops::zeros(l.shard_shape(), arenas_.master, *arenas_.grads)
@@ -80,6 +97,7 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     shards_.push_back(std::move(shards));
     grad_shards_.push_back(std::move(grads));
     encoded_.push_back(std::move(encoded));
+    fp8_slots_.push_back(std::move(fp8_slots));
   }
   refresh_copies();
   // On a GPU a frozen weight needs only its bf16 copy (or its host staging copy): its fp32
@@ -138,6 +156,10 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   for (size_t i = 0; i < n; ++i)
     if (!encoded_[unit][i])
       source[i] = placement_.gather_source(unit, i, shards_[unit][i], g.uploads);
+  // Weights gathered as FP8: this rank's rows cast to E4M3 first (the casts read the uploads).
+  g.fp8.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    if (gathered_as_fp8(unit, i)) source[i] = fp8_rows(unit, i, source[i], g);
   auto local_parts = [&](size_t i) {
     std::vector<Tensor> parts;
     for (const EncodedPart& part : encoded_[unit][i]->parts())
@@ -148,10 +170,20 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   // in the compute dtype is decoded from them only when asked for (gather: at once;
   // gather_compressed: one weight at a time, by materialize).
   g.parts.resize(n);
+  const auto fp8_whole = [&](size_t i, const Tensor& codes) {
+    const ShardLayout& l = layouts_[unit][i];
+    g.fp8[i] = ops::Fp8Matrix{codes.view({l.rows_padded, l.row_len}).rows(0, l.rows),
+                              fp8_slots_[unit][i]->scale_inv, ops::Fp8Format::e4m3};
+  };
   if (alone()) {
     g.full = source;
-    for (size_t i = 0; i < n; ++i)
+    for (size_t i = 0; i < n; ++i) {
       if (encoded_[unit][i]) g.parts[i] = local_parts(i);
+      if (g.fp8[i]) {
+        fp8_whole(i, source[i]);
+        g.full[i] = Tensor();
+      }
+    }
     return g;
   }
   // One all-gather per parameter (per row-sharded part of an encoded one), posted together as
@@ -171,12 +203,34 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
       g.full.push_back(Tensor());
       continue;
     }
+    if (g.fp8[i]) {  // the codes, one byte per weight
+      Tensor whole = Tensor::empty({layouts_[unit][i].rows_padded * layouts_[unit][i].row_len},
+                                   DType::u8, *arenas_.gathered);
+      g.ops.push_back(comm_.all_gather(source[i], whole));
+      fp8_whole(i, whole);
+      g.full.push_back(Tensor());
+      continue;
+    }
     g.full.push_back(
         Tensor::empty(layouts_[unit][i].padded_shape(), source[i].dtype(), *arenas_.gathered));
     g.ops.push_back(comm_.all_gather(source[i], g.full.back()));
   }
   group.end();
   return g;
+}
+
+Tensor Zero3Parameters::fp8_rows(int64_t unit, size_t i, const Tensor& source, Gathered& g) {
+  for (ops::SideCopy& upload : g.uploads) upload.wait();
+  const ShardLayout& l = layouts_[unit][i];
+  // The CPU casts f32 (a bf16 master shard is widened; exact); a GPU casts the bf16 copy.
+  const DType compute = ops::compute_dtype(source.device());
+  const Tensor rows =
+      source.dtype() == compute ? source : ops::convert(source, compute, *arenas_.gathered);
+  // Marks the weight as gathered in FP8 (fp8_whole fills it in); the padding rows are zeros,
+  // code 0.
+  g.fp8[i] = ops::Fp8Matrix{};
+  return ops::fp8_cast(rows.view({l.shard_rows, l.row_len}), *fp8_slots_[unit][i], true, false)
+      .plain.codes.view({l.shard_rows * l.row_len});
 }
 
 std::vector<Tensor> Zero3Parameters::unpadded(int64_t unit, const std::vector<Tensor>& full) const {
@@ -206,15 +260,41 @@ Tensor Zero3Parameters::decode(int64_t unit, size_t i, const Gathered& g) const 
   Tensor full = Tensor::empty(l.padded_shape(), ops::compute_dtype(arenas_.gathered->device()),
                               *arenas_.gathered);
   Tensor real = full.rows(0, l.rows);
-  encoded_[unit][i]->decode(g.parts[i], real);
+  if (g.fp8[i])  // gathered as FP8 (asked for whole: gather, materialize)
+    ops::dequantize_fp8(real, g.fp8[i]->codes, g.fp8[i]->scale_inv, g.fp8[i]->format);
+  else
+    encoded_[unit][i]->decode(g.parts[i], real);
   return full;
 }
 
 std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
   Gathered& g = wait_gathered(unit);
   for (size_t i = 0; i < g.full.size(); ++i)
-    if (encoded_[unit][i] && !g.full[i].defined()) g.full[i] = decode(unit, i, g);
+    if ((encoded_[unit][i] || g.fp8[i]) && !g.full[i].defined()) g.full[i] = decode(unit, i, g);
   return unpadded(unit, g.full);
+}
+
+std::optional<ops::Fp8Matrix> Zero3Parameters::fp8_weight(int64_t unit, size_t i) {
+  auto it = gathered_.find(unit);
+  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0, "fp8 weight ", i, " of unit ", unit,
+               ", which is not gathered");
+  return i < it->second.fp8.size() ? it->second.fp8[i] : std::nullopt;
+}
+
+void Zero3Parameters::set_fp8_gathers(bool on) {
+  if (on == fp8_gathers_) return;
+  for (const auto& [unit, g] : gathered_)
+    for (const std::optional<ops::Fp8Slot>& slot : fp8_slots_[size_t(unit)])
+      FRUGAL_CHECK(!slot, "FP8 weight gathers switched ", on ? "on" : "off", " while unit ", unit,
+                   " is gathered");
+  fp8_gathers_ = on;
+}
+
+bool Zero3Parameters::has_fp8_gathers() const {
+  for (const auto& unit : fp8_slots_)
+    for (const std::optional<ops::Fp8Slot>& slot : unit)
+      if (slot) return true;
+  return false;
 }
 
 std::vector<Tensor> Zero3Parameters::gather_compressed(int64_t unit) {
@@ -224,7 +304,7 @@ std::vector<Tensor> Zero3Parameters::gather_compressed(int64_t unit) {
 Tensor Zero3Parameters::materialize(int64_t unit, size_t i) {
   auto it = gathered_.find(unit);
   FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0 && i < encoded_[unit].size() &&
-                   encoded_[unit][i],
+                   (encoded_[unit][i] || it->second.fp8[i]),
                "materialize of parameter ", i, " of unit ", unit,
                ", which is not a gathered encoded weight");
   const ShardLayout& l = layouts_[unit][i];

@@ -17,6 +17,7 @@
 
 #include "model/llama_config.h"
 #include "model/parameter_provider.h"
+#include "ops/fp8.h"
 #include "ops/ops.h"
 #include "optim/background_updates.h"
 #include "parallel/comm.h"
@@ -41,6 +42,12 @@ struct Zero3Init {
   // Any other encoding of frozen parameters: a new, not yet encoded WeightEncoding for those it
   // picks (asked after nf4 and hqq), null for the others.
   std::function<std::unique_ptr<WeightEncoding>(const ParamSpec&)> encoding;
+  // FP8 training's weight gathers: trainable weights it gives a scaling slot for are gathered as
+  // E4M3 codes while set_fp8_gathers(true) holds. Each rank casts its own rows with the slot's
+  // scale (raising the slot's amax by them) and the ranks gather the codes: one byte per weight,
+  // half of bf16's. The scale must be the same on every rank of `comm` (delayed scaling: the
+  // weight amaxes agree over these ranks at each step's end, Fp8Scaling::end_step).
+  std::function<std::optional<ops::Fp8Slot>(const ParamSpec&)> fp8_gather;
 };
 
 // Hybrid sharding (HSDP): the replicas of the sharded model on other ranks (the mesh's replica
@@ -74,6 +81,14 @@ class Zero3Parameters : public ParameterProvider {
   // stay until release).
   std::vector<Tensor> gather_compressed(int64_t unit) override;
   Tensor materialize(int64_t unit, size_t i) override;
+  // The codes of a weight gathered as FP8 (gather_compressed leaves it undefined).
+  std::optional<ops::Fp8Matrix> fp8_weight(int64_t unit, size_t i) override;
+  // FP8 weight gathers on (a training step's forward and backward, whose GEMMs read E4M3) or
+  // off (evaluation and anything else that wants the weights as they are). Switched only
+  // between steps: no unit with such a weight may be gathered then.
+  void set_fp8_gathers(bool on);
+  // Whether any weight is gathered as FP8 while set_fp8_gathers(true) holds.
+  bool has_fp8_gathers() const;
   void release(int64_t unit) override;
   std::vector<Tensor> grads(int64_t unit) override;
   void grads_done(int64_t unit) override;
@@ -109,6 +124,7 @@ class Zero3Parameters : public ParameterProvider {
     std::vector<Tensor> full;  // [rows_padded, ...] per parameter; undefined where encoded and
                                // not decoded (yet)
     std::vector<std::vector<Tensor>> parts;  // encoded weights: their whole parts; else empty
+    std::vector<std::optional<ops::Fp8Matrix>> fp8;  // weights gathered as FP8: [rows, cols]
     std::vector<Pending> ops;
     std::vector<ops::SideCopy> uploads;  // offloaded copies and parts on their way to the GPU
     int users = 0;
@@ -116,6 +132,11 @@ class Zero3Parameters : public ParameterProvider {
   Gathered& post_gather(int64_t unit);
   Gathered& wait_gathered(int64_t unit);  // the gathers and uploads done, one more user
   Tensor decode(int64_t unit, size_t i, const Gathered& g) const;  // [rows_padded, ...]
+  bool gathered_as_fp8(int64_t unit, size_t i) const {
+    return fp8_gathers_ && fp8_slots_[unit][i].has_value();
+  }
+  // This rank's rows of a weight gathered as FP8: its E4M3 codes [shard_rows, cols].
+  Tensor fp8_rows(int64_t unit, size_t i, const Tensor& source, Gathered& g);
   GradReduction post_reduce_scatter(int64_t unit, std::vector<Tensor> full);
   void complete_reduction();
   // Hybrid sharding: the all-reduce of unit's gradient shards across the replicas (posted);
@@ -145,6 +166,9 @@ class Zero3Parameters : public ParameterProvider {
   // without gradients), and the encoded weights (null where not).
   std::vector<std::vector<Tensor>> shards_, grad_shards_;
   std::vector<std::vector<std::unique_ptr<WeightEncoding>>> encoded_;
+  // The scaling slots of the weights gathered as FP8 while fp8_gathers_ (none for the others).
+  std::vector<std::vector<std::optional<ops::Fp8Slot>>> fp8_slots_;
+  bool fp8_gathers_ = false;
   Zero3Placement placement_;
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;

@@ -191,6 +191,9 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"fp8.margin", &c.fp8.margin, at_least(0),
        "scale = fp8 max / amax / 2^margin: headroom against growth between updates"},
       {"fp8.linears", &c.fp8.linears, kLoraTargets, "the block projections that run in FP8"},
+      {"fp8.gather_weights", &c.fp8.gather_weights, kAny,
+       "under ZeRO-3, gather the trained weights of the FP8 linears as E4M3 bytes with their "
+       "scale (half of bf16's bytes) when the recipe is delayed; false: in bf16 (fp32 on the CPU)"},
 
       // [monitor]: progress, health (doc/health.md) and the guards against silent failures.
       {"monitor.log_every", &c.monitor.log_every, at_least(1),

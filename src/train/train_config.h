@@ -147,6 +147,7 @@ struct Fp8Config {
   int64_t amax_history_len = 16;
   int64_t margin = 0;
   std::string linears = "all";
+  bool gather_weights = true;
 };
 
 struct MonitorConfig {

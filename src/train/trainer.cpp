@@ -207,19 +207,30 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     comms.replica = mesh.replica.get();
     comms.host_shard = run.host_mesh.shard.get();
     comms.host_replica = run.host_mesh.replica.get();
+    // FP8 weight gathers for the step's GEMMs only: evaluation reads the weights as they are.
+    params.set_fp8_gathers(true);
     StepResult result =
         train_step(model, params, *run.optimizer, micro, comms, lr, step,
                    c.train.activation_checkpointing, health.hooks(step, first_pass));
+    params.set_fp8_gathers(false);
     nlohmann::json link_bytes = nlohmann::json::object();
     for (LinkClass link : {LinkClass::intra_node, LinkClass::inter_node})
       link_bytes[link_class_name(link)] = mesh.traffic ? mesh.traffic->bytes(link) : 0;
     // FP8: the amaxes of the step agree over the data-parallel ranks (they read different
     // data; cp ranks' halves of a sequence keep their own), then the delayed scales move (a
     // non-finite amax of a skipped step keeps its scale).
+    // With FP8 weight gathers each rank casts only its rows of a weight: the weights' amaxes
+    // agree over the ranks that shard them too (with cp ranks among them, the dp group alone
+    // would leave two scales for one tensor's codes).
+    const bool weights_over_shard = params.has_fp8_gathers() && mesh.cp->size() > 1;
     if (run.fp8)
-      run.fp8->end_step([&mesh](Tensor& amax) {
-        if (mesh.dp->size() > 1) mesh.dp->all_reduce_max(amax)->wait();
-      });
+      run.fp8->end_step(
+          [&mesh](Tensor& amax) {
+            if (mesh.dp->size() > 1) mesh.dp->all_reduce_max(amax)->wait();
+          },
+          [&mesh, weights_over_shard](Tensor& amax) {
+            if (weights_over_shard) mesh.shard->all_reduce_max(amax)->wait();
+          });
 
     const double step_seconds = now_seconds() - step_start;
     window_tokens += tokens_per_step;

@@ -46,6 +46,20 @@ void check_token_ids(const TokenFile& tokens, const std::string& path, int64_t v
            "tokenizer");
 }
 
+// The block of a block parameter's name ("model.layers.3.mlp.up_proj.weight": 3), or -1.
+int64_t block_layer_of(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  const size_t end = name.find('.', prefix.size());
+  if (end == std::string::npos || end == prefix.size()) return -1;
+  int64_t layer = 0;
+  for (size_t i = prefix.size(); i < end; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  return layer;
+}
+
 // The checkpoint directory must take files before any work is done: found at the first save,
 // an unwritable path costs the steps before it. Every rank writes there (its rank file).
 // FP8 GEMMs need sm_89+ (cuBLASLt's FP8 kernels; the casts' hardware conversion), and
@@ -206,6 +220,17 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
       if (p.shape.size() != 2 || index < 0 || !fp8->covers(index))
         return nullptr;
       return std::make_unique<Fp8Encoding>();
+    };
+  // Full training with FP8 under delayed scaling: the trained projections the FP8 GEMMs read are
+  // gathered as E4M3 codes cast with their weight slot's scale, which every rank agrees on (the
+  // step-end amax reduction). Current scaling would need the whole tensor's amax before each
+  // cast, one more collective per gather: those stay in the compute dtype.
+  if (fp8 && c.fp8.gather_weights && c.fp8.recipe == Fp8Recipe::delayed)
+    init.fp8_gather = [this](const ParamSpec& p) -> std::optional<ops::Fp8Slot> {
+      const int index = block_projection_index(p.name);
+      const int64_t layer = block_layer_of(p.name);
+      if (index < 0 || layer < 0 || !fp8->covers(index)) return std::nullopt;
+      return fp8->weight(layer, index);
     };
   if (c.train.type == TrainType::qlora) init.nf4 = projection;
   if (c.train.type == TrainType::hqq_lora) init.hqq = projection;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FP8 training on the GPU through the CLI ([fp8] enabled): it learns, stays within a few percent
 # of the bf16 run and of the CPU backend's FP8 emulation, writes per-layer underflow/overflow
-# rates, resumes a killed run exactly (the delayed scales are checkpointed), trains a LoRA base
+# rates, gathers its trained weights as FP8 with the same losses as without (and, on 2 GPUs,
+# half the bytes), resumes a killed run exactly (the delayed scales are checkpointed), trains a LoRA base
 # gathered as FP8, and refuses a shape cuBLASLt's FP8 GEMMs cannot take, naming it.
 # Skips itself (exit 0, with a message) on a machine without a GPU.
 # usage: gpu_fp8.sh FRUGAL_BINARY REPO_ROOT
@@ -33,6 +34,37 @@ grep -q '"fp8":{"overflow":{"activation":\[' "$work/fp8/metrics.jsonl" \
   || { echo "FAIL: no FP8 rates in metrics.jsonl"; exit 1; }
 [ "$(grep -c '"fp8":' "$work/fp8/metrics.jsonl")" -eq 4 ] \
   || { echo "FAIL: FP8 rates expected every 10 steps"; exit 1; }
+
+# FP8 weight gathers (fp8.gather_weights, on above): one rank gathers nothing, but the provider
+# casts each weight once per gather and the backward transposes those codes; the codes are those
+# the GEMM's own cast makes, so the losses are the same bit for bit.
+"${gpu[@]}" "${common[@]}" --fp8.enabled=true --fp8.gather_weights=false \
+  --train.out_dir="$work/fp8-nogather" > /dev/null
+diff <(losses "$work/fp8/metrics.jsonl") <(losses "$work/fp8-nogather/metrics.jsonl") >/dev/null \
+  || { echo "FAIL: FP8 weight gathers change the GPU losses by $(max_rel "$work/fp8/metrics.jsonl" "$work/fp8-nogather/metrics.jsonl")"; exit 1; }
+echo "GPU FP8 weight gathers (one rank): the same losses as without, bit for bit"
+# Two GPUs (NCCL): the same losses again, and the projection gathers at 1 byte a weight instead
+# of bf16's 2: link_bytes drop by 2 blocks x 2 gathers x sum over projections of
+# (N - 1) * ceil(rows / N) * cols.
+if [ "$gpus" -ge 2 ]; then
+  for g in true false; do
+    mpirun --oversubscribe --bind-to none -np 2 "${gpu[@]}" "${common[@]}" --fp8.enabled=true \
+      --train.micro_batch_size=4 --train.steps=10 --model.intermediate_size=704 \
+      --fp8.gather_weights=$g \
+      --train.out_dir="$work/two-$g" > /dev/null
+  done
+  diff <(losses "$work/two-true/metrics.jsonl") <(losses "$work/two-false/metrics.jsonl") >/dev/null \
+    || { echo "FAIL: 2 GPUs: FP8 weight gathers change the losses"; exit 1; }
+  on=$(grep -o '"intra_node":[0-9]*' "$work/two-true/metrics.jsonl" | tail -1 | cut -d: -f2)
+  off=$(grep -o '"intra_node":[0-9]*' "$work/two-false/metrics.jsonl" | tail -1 | cut -d: -f2)
+  # q, o [256, 256]; k, v [128, 256]; gate, up [704, 256]; down [256, 704]: halves of each
+  # (intermediate 704, not 688: a GPU's shard must be a multiple of 16 rows to go as FP8).
+  per_gather=$(( (128 + 128 + 64 + 64 + 352 + 352) * 256 + 128 * 704 ))
+  [ $((off - on)) -eq $((2 * 2 * per_gather)) ] \
+    || { echo "FAIL: 2 GPUs: link bytes $off -> $on, expected a drop of $((4 * per_gather))"; exit 1; }
+  echo "2 GPUs: FP8 weight gathers bit for bit; projection gathers $((4 * per_gather)) bytes a" \
+       "step (bf16: $((8 * per_gather))), all link bytes $off -> $on"
+fi
 
 "$frugal" train "${common[@]}" --fp8.enabled=true --train.out_dir="$work/cpu" >/dev/null
 rel=$(max_rel "$work/fp8/metrics.jsonl" "$work/cpu/metrics.jsonl")

@@ -302,3 +302,28 @@ TEST_CASE("fp8 linear: forward, dgrad and wgrad are the products of the cast ope
   CHECK(scaling.input(0, kUpProj).scale.data<float>()[0] == 448.0f / amax(x));
   CHECK(scaling.gradient(0, kUpProj).scale.data<float>()[0] == 57344.0f / amax(dy));
 }
+
+TEST_CASE("fp8 code transpose: the codes of the transposed tensor, same scale", "[fp8]") {
+  const int64_t rows = 13, cols = 37;  // not multiples of anything
+  std::vector<float> x(size_t(rows * cols));
+  uint64_t seed = 7;
+  for (auto& v : x) v = float(frugal::uniform01(seed) * 8 - 4);
+  Tensor t = Tensor::empty({rows, cols});
+  std::copy(x.begin(), x.end(), t.data<float>());
+  ops::Fp8Slot slot;
+  slot.scale = Tensor::empty({1});
+  slot.scale.data<float>()[0] = 50.0f;
+  slot.scale_inv = Tensor::empty({1});
+  slot.scale_inv.data<float>()[0] = 1.0f / 50.0f;
+  slot.amax = Tensor::zeros({1});
+  slot.counts = Tensor::zeros({3}, DType::i64);
+  // A cast that writes both layouts is the independent reference for the transpose of codes.
+  const ops::Fp8Cast both = ops::fp8_cast(t, slot, true, true);
+  const ops::Fp8Matrix transposed = ops::fp8_transposed(both.plain);
+  REQUIRE(transposed.codes.shape() == Shape({cols, rows}));
+  CHECK(transposed.scale_inv.data<float>() == both.plain.scale_inv.data<float>());
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < rows * cols; ++i)
+    wrong += transposed.codes.data<uint8_t>()[i] != both.transposed.codes.data<uint8_t>()[i];
+  CHECK(wrong == 0);
+}

@@ -106,6 +106,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"fp8.amax_history_len", "16"},
     {"fp8.margin", "0"},
     {"fp8.linears", "all"},
+    {"fp8.gather_weights", "true"},
     {"monitor.log_every", "10"},
     {"monitor.health", "true"},
     {"monitor.on_divergence", "warn"},
