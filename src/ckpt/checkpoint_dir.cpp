@@ -355,10 +355,11 @@ H5Reader CheckpointDir::open_rank(int64_t step, int rank,
   return reader;
 }
 
-CheckpointDir::RankSummary CheckpointDir::verify_rank(int64_t step, int rank,
-                                                      const nlohmann::json& rank0_manifest) const {
-  const H5Reader reader = open_rank(step, rank, rank0_manifest);
-  RankSummary summary;
+namespace {
+
+// Every tensor of an opened rank file read back (Fletcher32 and CRC32C).
+CheckpointDir::RankSummary read_every_tensor(const H5Reader& reader) {
+  CheckpointDir::RankSummary summary;
   for (const std::string& name : reader.tensor_names()) {
     // The lookups the loaders make (has, then read), on every dataset.
     if (!reader.has(name))
@@ -369,6 +370,21 @@ CheckpointDir::RankSummary CheckpointDir::verify_rank(int64_t step, int rank,
     summary.bytes += int64_t(t.bytes());
   }
   return summary;
+}
+
+}  // namespace
+
+CheckpointDir::RankSummary CheckpointDir::verify_rank(int64_t step, int rank,
+                                                      const nlohmann::json& rank0_manifest) const {
+  return read_every_tensor(open_rank(step, rank, rank0_manifest));
+}
+
+CheckpointDir::RankSummary CheckpointDir::verify_rank0(int64_t step,
+                                                       nlohmann::json& manifest) const {
+  const H5Reader reader(rank_file(step, 0));
+  manifest = read_manifest(reader);
+  check_manifest_agrees(reader.path(), manifest, manifest, step, 0);
+  return read_every_tensor(reader);
 }
 
 std::vector<std::string> CheckpointDir::temporary_files() const {

@@ -95,6 +95,9 @@ class CheckpointDir {
   // Reads all of rank `rank`'s file of `step` back: open_rank's checks, then every tensor
   // (Fletcher32 and CRC32C). An Error naming the file and the dataset on any damage.
   RankSummary verify_rank(int64_t step, int rank, const nlohmann::json& rank0_manifest) const;
+  // The same for rank 0's file, opened once: its manifest (into `manifest`; checked against
+  // itself as verify_rank checks it), then every tensor.
+  RankSummary verify_rank0(int64_t step, nlohmann::json& manifest) const;
 
   // The number of rank files of `step` from its COMMITTED file; nullopt for a step written
   // before COMMITTED existed (or without a readable one).

@@ -211,19 +211,22 @@ void CheckpointManager::load_values(const std::vector<Part>& parts, const nlohma
     }
 }
 
-void CheckpointManager::load(int64_t step) {
-  const nlohmann::json manifest = dir_.manifest(step);
+void CheckpointManager::load(int64_t step) { load(step, dir_.manifest(step)); }
+
+void CheckpointManager::load(int64_t step, const nlohmann::json& manifest) {
   load_values(parts_, manifest,
               "checkpoint step " + std::to_string(step) + " in '" + dir_.step_dir(step) + "'");
   // This rank's rows of every tensor, whatever the number of ranks that saved them; a
-  // replicated tensor whole from rank 0's file.
-  ShardedTensorReader sharded(dir_, step, manifest.at("world_size").get<int>(), manifest);
-  ShardedTensorReader first_file(dir_, step, 1, manifest);
+  // replicated tensor whole from rank 0's file (the same reader when one rank saved them).
+  const int saved_world_size = manifest.at("world_size").get<int>();
+  ShardedTensorReader sharded(dir_, step, saved_world_size, manifest);
+  std::optional<ShardedTensorReader> first_file;
+  if (saved_world_size != 1) first_file.emplace(dir_, step, 1, manifest);
   for (Part& p : parts_)
     for (StateTensor& t : p.state->state_tensors()) {
       const RowShard& r = t.rows;
       if (r.last_row == r.first_row) continue;  // only padding on this rank
-      ShardedTensorReader& reader = r.replicated ? first_file : sharded;
+      ShardedTensorReader& reader = r.replicated && first_file ? *first_file : sharded;
       Tensor rows = t.tensor.rows(0, r.last_row - r.first_row);
       // Checkpoints hold fp32 (a bf16 run's values widen exactly and narrow back unchanged).
       ops::assign(
@@ -251,10 +254,11 @@ int64_t CheckpointManager::resume(int64_t before_step, RankFileChecker* checker)
   for (int64_t step : steps) {
     // Every rank file read through in a child process first (each rank a share), agreed by
     // all, then loaded: a damaged file costs a child, not the run.
-    std::string error = check_step(*checker, dir_, step, rank_, world_size_).error;
+    const StepCheck check = check_step(*checker, dir_, step, rank_, world_size_);
+    std::string error = check.error;
     if (agree_(error.empty())) {
       try {
-        load(step);
+        load(step, check.manifest);
       } catch (const Error& e) {
         error = e.what();
       } catch (const nlohmann::json::exception& e) {

@@ -80,6 +80,9 @@ class CheckpointManager {
   // a tensor of another shape, a part's values refused). It trusts HDF5 with the files:
   // resume() checks them in child processes first.
   void load(int64_t step);
+  // The same with rank 0's manifest already read (by check_step); the files opened are still
+  // checked against it (CheckpointDir::open_rank).
+  void load(int64_t step, const nlohmann::json& rank0_manifest);
   // Gives each part its values from `manifest` (an Error naming `where` and the part when one
   // refuses them or is missing; a value of the wrong JSON type throws nlohmann's type_error,
   // which resume() reports as a malformed manifest).

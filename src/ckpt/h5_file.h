@@ -7,6 +7,8 @@
 //   - stored in its own element type: f32/f64 as IEEE floats, i32/i64/u8 as integers, bf16 and
 //     f16 as uint16, e4m3 and e5m2 as uint8; the string attribute "dtype" ("bf16", ...) on every
 //     dataset tells them apart;
+//   - every string attribute fixed-length, so that a file holds no variable-length data and
+//     no global heap (files of earlier versions, with variable-length ones, are read too);
 //   - chunked with the Fletcher32 filter, except scalars (rank 0, stored as HDF5 scalars) and
 //     empty tensors, which HDF5 cannot chunk and which are stored contiguously;
 //   - the uint32 attribute "crc32c": CRC32C of the tensor's raw bytes, checked on every read.
@@ -40,7 +42,8 @@ class H5Writer {
   // name twice is an error.
   void write_tensor(const std::string& name, const Tensor& tensor);
   // A UTF-8 string attribute on the file's root group (replaced if it exists), e.g. a JSON
-  // manifest; any size (stored as a variable-length string, outside the object header).
+  // manifest; any size (a fixed-length string of its bytes: no global heap in the file; past
+  // the object header's 64 KiB, HDF5 keeps it in the dense attribute storage).
   void write_attribute(const std::string& name, const std::string& value);
   // Closes the HDF5 file, fsyncs it, renames "<path>.tmp" to `path` and fsyncs the directory.
   void close();

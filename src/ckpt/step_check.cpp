@@ -27,9 +27,12 @@ std::string read_rank_file(const std::string& request_text) {
   const int64_t step = request.at("step").get<int64_t>();
   const int rank = request.at("rank").get<int>();
   if (rank == 0) {
-    const nlohmann::json manifest = dir.manifest(step, 0);
+    nlohmann::json manifest;
     CheckpointDir::RankSummary s;
-    if (request.at("verify").get<bool>()) s = dir.verify_rank(step, 0, manifest);
+    if (request.at("verify").get<bool>())
+      s = dir.verify_rank0(step, manifest);  // one open for the manifest and the tensors
+    else
+      manifest = dir.manifest(step, 0);
     return nlohmann::json{{"manifest", manifest}, {"tensors", s.tensors}, {"bytes", s.bytes}}
         .dump();
   }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Bit flips in a checkpoint rank file, one at a time (tools/ckpt_sweep, built beside frugal):
 # one bit in 37 of its metadata (the first 2 KiB: superblock, root group, object headers; the
-# last KiB: the group indexes), one in 5 of the heap headers around the manifest (where HDF5
-# crashes and hangs), one in 12011 of the rest. For each,
+# last KiB: the group indexes), one in 5 of the bytes just around the manifest, one in 12011 of
+# the rest; and one in 5 of the heap headers around the manifest in a copy of the file as frugal
+# wrote it before 2026-12-02 (variable-length strings in HDF5's global heap, where HDF5 crashes
+# and hangs; `ckpt_sweep --variable-length-strings` makes it). For each,
 # `ckpt verify`'s check and a resume must accept the flip and load the clean values, or refuse
 # it by name and fall back to the older step: never crash, hang or load other values. Then the
 # CLI itself on one flip of every outcome the sweep met: `frugal ckpt verify` exits 0 or 1 (not by
@@ -46,25 +48,42 @@ if [ "${CKPT_SWEEP_FULL:-0}" = 1 ]; then
   # before a check counts as hung, as for the heap headers below.
   "$sweep" "$work/run/ckpt" --metadata-every 1 --data-every 63 --resume-every 8 --time-limit 2 \
     --part "${CKPT_SWEEP_PART:-1/1}" --jobs "$(getconf _NPROCESSORS_ONLN)" --examples "$work/examples.txt" | tee "$work/sweep.log"
+  sed 's/^/run /' "$work/examples.txt" > "$work/examples.tmp" && mv "$work/examples.tmp" "$work/examples.txt"
 else
-  # The manifest is a string in HDF5's global heap: flips in the heap objects' 16-byte headers
-  # around it make HDF5 crash or hang (3 of 8 bits there), which the check's children must
-  # turn into a refusal (given 2 s here before they count as hung).
-  manifest=$(grep -boa '{"config":' "$file" | head -1 | cut -d: -f1)
-  [ -n "$manifest" ] || { echo "FAIL: no manifest text in $file"; exit 1; }
-  manifest_end=$((manifest + $(grep -boa '"world_size":1}' "$file" | head -1 | cut -d: -f1) - manifest + 15))
+  # The manifest around which the heap region lies; the rank files frugal writes now have no
+  # global heap, so the same step is also swept as frugal wrote it before 2026-12-02 ("old":
+  # variable-length strings in HDF5's global heap).
+  manifest_at() {  # FILE: START END of the manifest's text
+    local start end
+    start=$(grep -boa '{"config":' "$1" | head -1 | cut -d: -f1)
+    [ -n "$start" ] || { echo "FAIL: no manifest text in $1" >&2; return 1; }
+    end=$(($(grep -boa '"world_size":1}' "$1" | head -1 | cut -d: -f1) + 15))
+    echo "$start $end"
+  }
+  cp -r "$work/run" "$work/old"
+  "$sweep" "$work/old/ckpt" --variable-length-strings
+  read -r manifest manifest_end < <(manifest_at "$file") || exit 1
+  read -r old_manifest old_manifest_end < <(manifest_at "$work/old/ckpt/step_00000004/rank_00000.h5") || exit 1
   {
     "$sweep" "$work/run/ckpt" 0:2048 -1024:0 --every 37 --jobs 2
     "$sweep" "$work/run/ckpt" $((manifest - 16)):$manifest $manifest_end:$((manifest_end + 32)) \
       --every 5 --jobs 2 --time-limit 2
     "$sweep" "$work/run/ckpt" 2048:-1024 --every 12011 --jobs 2
   } | tee "$work/sweep.log"
+  # In the old file, the manifest is a string in the global heap: flips in the heap objects'
+  # 16-byte headers around it make HDF5 crash or hang (3 of 8 bits there), which the check's
+  # children must turn into a refusal (given 2 s here before they count as hung).
+  "$sweep" "$work/old/ckpt" $((old_manifest - 16)):$old_manifest \
+    $old_manifest_end:$((old_manifest_end + 32)) --every 5 --jobs 2 --time-limit 2 \
+    | tee "$work/sweep-old.log"
   # The first example of each outcome, for the CLI below.
-  sed -n 's/^ *[0-9]*  \(.*[^ ]\)   e\.g\. \([0-9]*\):\([0-9]\).*/\2 \3 \1/p' "$work/sweep.log" \
-    > "$work/examples.txt"
+  examples() {  # SOURCE LOG
+    sed -n "s/^ *[0-9]*  \(.*[^ ]\)   e\.g\. \([0-9]*\):\([0-9]\).*/$1 \2 \3 \1/p" "$2"
+  }
+  { examples run "$work/sweep.log"; examples old "$work/sweep-old.log"; } > "$work/examples.txt"
+  grep -q "refused(HDF5 crashed)" "$work/sweep-old.log" \
+    || { echo "FAIL: the old file's sweep met no flip that crashes HDF5 (is the manifest where it was?)"; exit 1; }
 fi
-grep -q "refused(HDF5 crashed)" "$work/sweep.log" \
-  || { echo "FAIL: the sweep met no flip that crashes HDF5 (is the manifest where it was?)"; exit 1; }
 echo "sweep: $((SECONDS - start)) s"
 
 # The CLI on one flip of each outcome.
@@ -75,12 +94,12 @@ flip() {  # FILE OFFSET BIT
 }
 declare -A tried
 n=0
-while read -r offset bit outcome; do
+while read -r source offset bit outcome; do
   [ "${tried[$outcome]:-0}" -lt 1 ] || continue
   tried[$outcome]=$(( ${tried[$outcome]:-0} + 1 ))
   copy=$work/flip-$n
   n=$((n + 1))
-  cp -r "$work/run" "$copy"
+  cp -r "$work/$source" "$copy"
   flip "$copy/ckpt/step_00000004/rank_00000.h5" "$offset" "$bit"
   rc=0
   timeout 60 "$frugal" ckpt verify --time-limit 5 "$copy" > "$copy.verify" 2>&1 || rc=$?

@@ -8,7 +8,7 @@
 //
 // usage: ckpt_sweep CKPT_DIR [RANGE...] [--every K] [--metadata-every K] [--data-every K]
 //                   [--signatures N] [--jobs N] [--resume-every K] [--time-limit S]
-//                   [--examples FILE] [--part K/N]
+//                   [--examples FILE] [--part K/N] [--variable-length-strings]
 //   CKPT_DIR  a run's ckpt/ directory, saved by one rank, with two committed steps or more;
 //             the newest step's rank_00000.h5 is swept (and restored after each flip)
 //   RANGE     START:END byte offsets of that file (negative: from its end; END 0: its end)
@@ -34,9 +34,14 @@
 //             hang; a range given twice is swept once
 //   --time-limit S   how long a check's child may read before the file counts as one that
 //             makes HDF5 hang (default 5 s: the file is small; frugal's default is a minute)
+//   --variable-length-strings  first rewrites every string attribute of every committed step's
+//             rank_00000.h5 as a variable-length string, values unchanged: the files frugal wrote
+//             before 2026-12-02, whose strings lie in HDF5's global heap (where flips make HDF5
+//             crash or hang). Without a range or region to sweep, only that rewrite.
 // tests/integration/ckpt_sweep.sh runs a sample; doc/architecture.md (Checkpoints) has the
 // full sweep's command and figures.
 #include <fcntl.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,6 +95,58 @@ struct CleanStep {
   nlohmann::json manifest;
   std::map<std::string, Tensor> tensors;
 };
+
+// Every string attribute of `path` (on any object, the root group included) rewritten as a
+// variable-length UTF-8 string, as frugal's writer stored them before 2026-12-02.
+void make_strings_variable_length(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (file < 0) fail("cannot open '", path, "' to rewrite its strings");
+  std::vector<std::string> objects = {"/"};
+  const auto collect = [](hid_t, const char* name, const H5O_info_t*, void* data) -> herr_t {
+    if (std::string(name) != ".") static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+  };
+  bool ok = H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, collect, &objects) >= 0;
+  for (const std::string& object_name : objects) {
+    const hid_t object = H5Oopen(file, object_name.c_str(), H5P_DEFAULT);
+    std::vector<std::string> names;
+    const auto on_attribute = [](hid_t o, const char* name, const H5A_info_t*, void* data) {
+      const hid_t attr = H5Aopen(o, name, H5P_DEFAULT);
+      const hid_t type = H5Aget_type(attr);
+      if (H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) == 0)
+        static_cast<std::vector<std::string>*>(data)->push_back(name);
+      H5Tclose(type);
+      H5Aclose(attr);
+      return herr_t(0);
+    };
+    hsize_t at = 0;
+    ok = ok && object >= 0 &&
+         H5Aiterate2(object, H5_INDEX_NAME, H5_ITER_NATIVE, &at, on_attribute, &names) >= 0;
+    for (const std::string& name : names) {
+      const hid_t attr = H5Aopen(object, name.c_str(), H5P_DEFAULT);
+      const hid_t fixed = H5Aget_type(attr);
+      std::string value(H5Tget_size(fixed), '\0');
+      ok = ok && H5Aread(attr, fixed, value.data()) >= 0;
+      value.erase(value.find_last_not_of('\0') + 1);
+      H5Tclose(fixed);
+      H5Aclose(attr);
+      const hid_t type = H5Tcopy(H5T_C_S1);
+      H5Tset_size(type, H5T_VARIABLE);
+      H5Tset_cset(type, H5T_CSET_UTF8);
+      const hid_t space = H5Screate(H5S_SCALAR);
+      ok = ok && H5Adelete(object, name.c_str()) >= 0;
+      const hid_t created = H5Acreate2(object, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT);
+      const char* text = value.c_str();
+      ok = ok && created >= 0 && H5Awrite(created, type, &text) >= 0;
+      if (created >= 0) H5Aclose(created);
+      H5Sclose(space);
+      H5Tclose(type);
+    }
+    if (object >= 0) H5Oclose(object);
+  }
+  if (H5Fclose(file) < 0 || !ok) fail("cannot rewrite the strings of '", path, "'");
+}
 
 CleanStep read_clean(const CheckpointDir& dir, int64_t step) {
   CleanStep clean;
@@ -188,6 +245,7 @@ int main(int argc, char** argv) {
   double time_limit_s = 5;
   int jobs = 1;
   int64_t part = 1, parts = 1;
+  bool variable_length_strings = false;
   try {
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i] == "--every" && i + 1 < args.size()) {
@@ -213,6 +271,8 @@ int main(int argc, char** argv) {
         part = std::stoll(text.substr(0, slash));
         parts = std::stoll(text.substr(slash + 1));
         if (parts < 1 || part < 1 || part > parts) fail("--part '", text, "' needs 1 <= K <= N");
+      } else if (args[i] == "--variable-length-strings") {
+        variable_length_strings = true;
       } else if (args[i] == "--examples" && i + 1 < args.size()) {
         examples_path = args[++i];
       } else if (ckpt.empty()) {
@@ -228,12 +288,13 @@ int main(int argc, char** argv) {
     std::cerr << "ckpt_sweep: " << e.what() << "\n";
     return 2;
   }
-  if (ckpt.empty() ||
-      (ranges.empty() && signature_bytes <= 0 && metadata_every == 0 && data_every == 0) ||
-      every < 1 || jobs < 1 || resume_every < 1 || !(time_limit_s > 0)) {
+  const bool nothing_to_sweep =
+      ranges.empty() && signature_bytes <= 0 && metadata_every == 0 && data_every == 0;
+  if (ckpt.empty() || (nothing_to_sweep && !variable_length_strings) || every < 1 || jobs < 1 ||
+      resume_every < 1 || !(time_limit_s > 0)) {
     std::cerr << "usage: ckpt_sweep CKPT_DIR [START:END...] [--every K] [--metadata-every K] "
                  "[--data-every K] [--signatures N] [--jobs N] [--resume-every K] "
-                 "[--time-limit S] [--examples FILE] [--part K/N]\n";
+                 "[--time-limit S] [--examples FILE] [--part K/N] [--variable-length-strings]\n";
     return 2;
   }
   try {
@@ -241,6 +302,9 @@ int main(int argc, char** argv) {
     CheckpointDir dir(ckpt);
     dir.set_check_time_limit(time_limit_s);
     const std::vector<int64_t> steps = dir.committed_steps();
+    if (variable_length_strings)
+      for (int64_t step : steps) make_strings_variable_length(dir.rank_file(step, 0));
+    if (nothing_to_sweep) return 0;
     if (steps.size() < 2) fail("'", ckpt, "' needs two committed steps or more");
     std::map<int64_t, CleanStep> clean;
     for (int64_t step : steps) clean.emplace(step, read_clean(dir, step));
