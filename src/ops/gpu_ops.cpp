@@ -453,10 +453,12 @@ Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transpos
   if (plain) out.plain.codes = empty({rows, cols}, DType::u8);
   if (transposed) out.transposed.codes = empty({cols, rows}, DType::u8);
   if (slot.current) cuda::fp8_amax(f32(slot.amax), bf(x), x.numel(), stream());
-  const cuda::Fp8CastState state{f32(slot.scale), f32(slot.scale_inv),
+  const cuda::Fp8CastState state{f32(slot.scale),
+                                 f32(slot.scale_inv),
                                  slot.current ? nullptr : f32(slot.amax),
                                  slot.current ? f32(slot.amax) : nullptr,
-                                 static_cast<int64_t*>(slot.counts.raw()), slot.margin};
+                                 static_cast<int64_t*>(slot.counts.raw()),
+                                 slot.margin};
   cuda::fp8_cast_transpose(plain ? static_cast<uint8_t*>(out.plain.codes.raw()) : nullptr,
                            transposed ? static_cast<uint8_t*>(out.transposed.codes.raw()) : nullptr,
                            bf(x), rows, cols, slot.format, state, stream());
@@ -497,8 +499,8 @@ Tensor fp8_transpose_codes(const Tensor& codes) {
   return out;
 }
 
-void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
-                        const Tensor& max_values, int margin) {
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& max_values,
+                        int margin) {
   cuda::fp8_delayed_update(f32(history), f32(scale), f32(scale_inv), f32(max_values),
                            history.size(0), scale.numel(), margin, stream());
 }

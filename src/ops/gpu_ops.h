@@ -75,8 +75,8 @@ void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                          bool fast_accumulation);
 void dequantize_fp8(Tensor& out, const Tensor& codes, const Tensor& scale_inv, Fp8Format format);
 Tensor fp8_transpose_codes(const Tensor& codes);
-void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
-                        const Tensor& max_values, int margin);
+void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& max_values,
+                        int margin);
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
             int64_t n, int64_t k, float alpha, float beta);

@@ -10,10 +10,10 @@
 //
 // The weights ZeRO-3 trains are not encoded: their bf16 copies (GPU) or fp32 shards (CPU) are
 // gathered as they are, straight into the buffer the layers read (or, for FP8 training's
-// linears, cast to E4M3 with their delayed scale before each gather: Zero3Init::fp8_gather). An encoding is a one-time
-// transform of a weight that never changes, decoded into a buffer of its own; the trainable
-// weights change every step, their copies are kept by the optimizer and moved by the placement
-// (zero3_placement.h), and they need no decode pass.
+// linears, cast to E4M3 with their delayed scale before each gather: Zero3Init::fp8_gather). An
+// encoding is a one-time transform of a weight that never changes, decoded into a buffer of its
+// own; the trainable weights change every step, their copies are kept by the optimizer and moved by
+// the placement (zero3_placement.h), and they need no decode pass.
 #pragma once
 
 #include <vector>

@@ -9,9 +9,9 @@
 
 #include "core/enum_names.h"
 #include "model/checkpoint_policy.h"
+#include "model/fp8_scaling.h"
 #include "model/llama_config.h"
 #include "optim/galore_modes.h"
-#include "model/fp8_scaling.h"
 
 namespace frugal {
 

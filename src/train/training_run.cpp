@@ -69,9 +69,10 @@ int64_t block_layer_of(const std::string& name) {
 void check_fp8_device(const TrainConfig& c, const DeviceContext& gpu) {
   const int cc = gpu.compute_capability();
   if (cc < 89)
-    fail("config key 'fp8.enabled': FP8 needs a GPU of compute capability 8.9 or newer (sm_89+: "
-         "RTX 40xx, L4, H100, H200); GPU ", gpu.device(), " is sm_", cc,
-         ". Run with fp8.enabled = false");
+    fail(
+        "config key 'fp8.enabled': FP8 needs a GPU of compute capability 8.9 or newer (sm_89+: "
+        "RTX 40xx, L4, H100, H200); GPU ",
+        gpu.device(), " is sm_", cc, ". Run with fp8.enabled = false");
   const LlamaConfig& m = c.model;
   const int64_t head_dim = m.attention_head_dim();
   const int64_t tokens = c.train.micro_batch_size * c.train.seq_len / c.parallel.cp;
@@ -217,8 +218,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   if (c.train.type == TrainType::lora && fp8)
     init.encoding = [this](const ParamSpec& p) -> std::unique_ptr<WeightEncoding> {
       const int index = block_projection_index(p.name);
-      if (p.shape.size() != 2 || index < 0 || !fp8->covers(index))
-        return nullptr;
+      if (p.shape.size() != 2 || index < 0 || !fp8->covers(index)) return nullptr;
       return std::make_unique<Fp8Encoding>();
     };
   // Full training with FP8 under delayed scaling: the trained projections the FP8 GEMMs read are

@@ -71,6 +71,21 @@ struct AttentionCase {
   int64_t batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset;
   int64_t window = 0;
 };
+// Sliding windows for every attention kernel's test: windows that end inside a tile, shorter
+// than a tile (whole tiles skipped on both sides of the band), longer than the sequence, and the
+// ring's blocks (offset > 0, blocks partly or wholly outside the window).
+// batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset, window.
+inline const AttentionCase kWindowCases[] = {
+    {2, 600, 600, 8, 2, 64, 0, 100},      // band of 100 keys over 5 query blocks
+    {1, 700, 700, 8, 1, 128, 0, 37},      // narrower than a key tile, GQA 8:1
+    {3, 129, 129, 2, 2, 64, 0, 2},        // each row sees itself and the key before
+    {1, 333, 333, 4, 2, 128, 0, 5000},    // window past the sequence: plain causal
+    {2, 150, 260, 4, 1, 128, 110, 200},   // a query block after its keys (ring)
+    {1, 200, 200, 4, 2, 64, 200, 150},    // the ring's block one chunk back: a corner is seen
+    {1, 100, 300, 4, 4, 128, 1000, 900},  // offset past the keys: only the window limits
+    {1, 100, 100, 2, 1, 64, 400, 250},    // every key behind every row's window: nothing seen
+    {1, 1, 500, 2, 1, 64, 499, 64},       // one decoding row over a cache, window 64
+};
 inline frugal::cpu::AttentionShape shape_of(const AttentionCase& c) {
   frugal::cpu::AttentionShape s;
   s.batch = c.batch;
