@@ -208,7 +208,7 @@ HfModelDir::HfModelDir(const std::string& dir) : dir_(dir) {
   // The layer count against the weights before the table of every layer's tensors is built: a
   // damaged count (millions of layers) must be refused, not allocated for.
   const std::string last_layer =
-      "model.layers." + std::to_string(config_.num_hidden_layers - 1) + ".input_layernorm.weight";
+      hf_layer_prefix(config_.num_hidden_layers - 1) + "input_layernorm.weight";
   if (!weights_->has(last_layer))
     fail("'", weights_->description(), "' has no tensor '", last_layer,
          "', which config.json implies (num_hidden_layers = ", config_.num_hidden_layers, ")");

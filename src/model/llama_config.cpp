@@ -49,13 +49,15 @@ int64_t LlamaConfig::context_length() const {
       std::floor(rope_scaling.factor * static_cast<double>(max_position_embeddings)));
 }
 
+std::string hf_layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+
 std::vector<UnitSpec> llama_units(const LlamaConfig& c) {
   const int64_t h = c.hidden_size, d = c.attention_head_dim();
   const int64_t q_out = c.num_attention_heads * d, kv_out = c.num_key_value_heads * d;
   std::vector<UnitSpec> units;
   units.push_back({"embed", {{"model.embed_tokens.weight", {c.vocab_size, h}}}});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string p = hf_layer_prefix(i);
     UnitSpec u{"layers." + std::to_string(i), {}};
     u.params.resize(kBlockParamCount);
     u.params[kInputNorm] = {p + "input_layernorm.weight", {h}};

@@ -106,6 +106,8 @@ inline int64_t block_unit_size(const LlamaConfig& c) {
 // (final norm, and lm_head unless the embeddings are tied: then the head unit reuses the
 // embed unit's tensor).
 std::vector<UnitSpec> llama_units(const LlamaConfig& config);
+// The Hugging Face name prefix of block `layer`'s tensors: "model.layers.3.".
+std::string hf_layer_prefix(int64_t layer);
 inline int64_t embed_unit() { return 0; }
 inline int64_t block_unit(int64_t layer) { return 1 + layer; }
 inline int64_t head_unit(const LlamaConfig& c) { return 1 + c.num_hidden_layers; }
