@@ -92,17 +92,20 @@ nlohmann::json RunMemory::report() {
                       {"gradients_bytes", grads->stats().in_use_bytes},
                       {"optimizer_bytes", optimizer->stats().in_use_bytes},
                       {"gathered_peak_bytes", gathered->stats().peak_bytes},
-                      {"activations_peak_bytes", activations().stats().peak_bytes},
                       {"checkpoint_staging_bytes", staging->stats().in_use_bytes}};
 #ifdef FRUGAL_HAVE_CUDA
   if (gpu) {
+    // Every device allocation comes from one arena (the parts above are sub-arenas of it): its
+    // peak is the device's, reported as device_peak_in_use_bytes, not as the activations'.
     const CachingStats d = gpu->device_memory().caching_stats();
     r["weight_copies_bytes"] = copies->stats().in_use_bytes;
     r["device_peak_bytes"] = d.peak_reserved_bytes;
     r["device_peak_in_use_bytes"] = d.peak_in_use_bytes;
     r["pinned_host_bytes"] = gpu->pinned_memory().stats().in_use_bytes;
+    return r;
   }
 #endif
+  r["activations_peak_bytes"] = activations().stats().peak_bytes;
   return r;
 }
 

@@ -361,8 +361,11 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       summary.health));
   log_info("memory per rank: parameters ", mib(report["parameters_bytes"]), ", gradients ",
            mib(report["gradients_bytes"]), ", optimizer ", mib(report["optimizer_bytes"]),
-           ", gathered peak ", mib(report["gathered_peak_bytes"]), ", activations peak ",
-           mib(report["activations_peak_bytes"]));
+           ", gathered peak ", mib(report["gathered_peak_bytes"]),
+           report.contains("activations_peak_bytes")
+               ? ", activations peak " + mib(report["activations_peak_bytes"])
+               : ", device peak in use " + mib(report["device_peak_in_use_bytes"]) +
+                     " (everything on the GPU)");
 #ifdef FRUGAL_HAVE_CUDA
   if (run.memory->gpu)
     log_info("GPU ", run.memory->gpu->device(), ": ",
