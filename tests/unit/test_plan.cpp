@@ -152,6 +152,9 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
       {"7B QLoRA mb 2", llama7b_qlora(2, Offload::none), ranks(2), 7.41, 24, true},
       {"7B QLoRA mb 1 offload optimizer", llama7b_qlora(1, Offload::optimizer), ranks(2), 4.66, 5,
        true},
+      // "With FP8 (issue 18)": its bf16 run, one GPU, 2026-12-02 (one projection dequantized
+      // at a time)
+      {"7B QLoRA mb 2, 1 GPU", llama7b_qlora(2, Offload::none), ranks(1), 10.34, 24},
       // "Llama-2-70B shape on two GPUs capped at 24 GiB"
       {"70B QLoRA 2x24 GiB", llama70b_qlora(), ranks(2), 12.86, 24, true},
       // doc/long-context.md: 131,072 tokens, cp = 2 over 2 GPUs, selective, 100 GiB cap
