@@ -167,3 +167,22 @@ TEST_CASE("offloaded inputs give the same bits, and hold every input but the las
     check_same(chunked, run({policy, 7, &host, nullptr}), true);
   }
 }
+
+TEST_CASE("the recompute check sees a perturbed recompute of a chunked MLP", "[mlp_chunks]") {
+  const LlamaConfig config = awkward_config();
+  for (CheckpointPolicy policy : {CheckpointPolicy::selective, CheckpointPolicy::full})
+    for (int64_t perturbed : {-1, 1}) {
+      INFO(checkpoint_policy_name(policy) << ", perturbed layer " << perturbed);
+      LlamaModel model(config);
+      model.set_mlp_chunk_tokens(7);
+      RecomputeCheck check;
+      check.perturb_layer = perturbed;
+      model.set_recompute_check(&check);
+      LocalParameters params(config, 9, 0.1f, true);
+      const Batch b = random_batch(2, 13, config.vocab_size, 5);
+      model.forward_backward(b, params, 0.01f, policy);
+      CHECK(check.blocks_checked == 3);
+      REQUIRE(check.mismatches.size() == (perturbed < 0 ? 0u : 1u));
+      if (perturbed >= 0) CHECK(check.mismatches[0].layer == 1);
+    }
+}
