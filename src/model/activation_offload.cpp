@@ -26,7 +26,8 @@ void InputOffload::fetch(int64_t layer, const Tensor& like) {
   const Tensor& host = host_inputs_[size_t(layer)];
   FRUGAL_CHECK(host.defined() && !device_inputs_[size_t(layer)].defined(),
                "activation offload: block ", layer, "'s input is not in host memory");
-  Tensor& device = device_inputs_[size_t(layer)] = ops::empty_like(like, host.shape(), host.dtype());
+  Tensor& device = device_inputs_[size_t(layer)] =
+      ops::empty_like(like, host.shape(), host.dtype());
   copies_[size_t(layer)] = ops::SideCopy(device, host);
   host_inputs_[size_t(layer)] = Tensor();  // the copy holds it until it is joined
 }

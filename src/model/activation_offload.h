@@ -37,7 +37,7 @@ class InputOffload {
  private:
   Arena& host_;
   int64_t layers_;
-  std::vector<Tensor> host_inputs_;   // by layer: in host memory between store and take
+  std::vector<Tensor> host_inputs_;    // by layer: in host memory between store and take
   std::vector<Tensor> device_inputs_;  // by layer: fetched, not yet taken
   std::vector<ops::SideCopy> copies_;  // by layer: in flight until joined
 };

@@ -177,13 +177,14 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
   if (ctx.checksum_act) a.act_checksum_recomputed = ops::sum_squares({a.act});
 }
 
-Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights& w,
-                      BlockWeights& g, const BlockContext& ctx) {
+Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights& w, BlockWeights& g,
+                      const BlockContext& ctx) {
   Fp8InputCasts casts;  // FP8: the transposed casts of n1 and n2, each made once
   // MLP: y = h + down(silu(gate) * up); in chunks, its recompute's checksum comes from here.
   const bool chunk_check =
       ctx.checksum_act && ctx.policy != CheckpointPolicy::none && mlp_in_chunks(ctx, a.x.size(0));
-  Tensor dh = mlp_backward(dy, a, w, g, ctx, casts, chunk_check ? &a.act_checksum_recomputed : nullptr);
+  Tensor dh =
+      mlp_backward(dy, a, w, g, ctx, casts, chunk_check ? &a.act_checksum_recomputed : nullptr);
 
   // Attention: h = x + o(attention(rope(q), rope(k), v))
   Tensor d_attn = project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a, casts);

@@ -128,11 +128,10 @@ std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w, 
 // bf16 copies; rotary's dq, dk; d_n1 and dx. With the MLP in chunks, d_act, dg, du and d_n2 are
 // a chunk's, and the chunk's dh is copied into the whole one.
 std::vector<PerToken> backward_temporaries(const BlockWidths& w, bool chunks) {
-  std::vector<PerToken> t = {{w.h, 2},         {w.f, 2, chunks}, {w.f, 2, chunks}, {w.f, 2, chunks},
-                             {w.h, 2, chunks}, {w.h, 2},         {w.a, 2},         {w.a, 4},
-                             {w.kv, 4},        {w.kv, 4},        {2 * w.heads, 4}, {w.a, 2},
-                             {w.kv, 2},        {w.kv, 2},        {w.a, 2},         {w.kv, 2},
-                             {w.h, 2},         {w.h, 2}};
+  std::vector<PerToken> t = {
+      {w.h, 2},  {w.f, 2, chunks}, {w.f, 2, chunks}, {w.f, 2, chunks}, {w.h, 2, chunks}, {w.h, 2},
+      {w.a, 2},  {w.a, 4},         {w.kv, 4},        {w.kv, 4},        {2 * w.heads, 4}, {w.a, 2},
+      {w.kv, 2}, {w.kv, 2},        {w.a, 2},         {w.kv, 2},        {w.h, 2},         {w.h, 2}};
   if (chunks) t.push_back({w.h, 2, true});
   return t;
 }

@@ -51,8 +51,7 @@ std::vector<double> train(Comm& nccl, DeviceContext& gpu, CheckpointPolicy polic
   for (int64_t step = 1; step <= kSteps; ++step) {
     const Batch b = test::slice_of_random_batch(77, kGlobalBatch, kSeq, c.vocab_size,
                                                 nccl.rank() * per_rank, per_rank, 11);
-    losses.push_back(
-        train_step(model, sharded, opt, {b}, &nccl, 1e-3, step, policy).loss);
+    losses.push_back(train_step(model, sharded, opt, {b}, &nccl, 1e-3, step, policy).loss);
   }
   return losses;
 }

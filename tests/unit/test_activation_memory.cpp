@@ -54,7 +54,7 @@ struct Run {
 
 struct Settings {
   CheckpointPolicy policy = CheckpointPolicy::none;
-  int64_t chunk = 0;        // train.mlp_chunk_tokens (0: the automatic choice: whole here)
+  int64_t chunk = 0;         // train.mlp_chunk_tokens (0: the automatic choice: whole here)
   Arena* offload = nullptr;  // activation offload's host arena
   const LoraConfig* lora = nullptr;
 };

@@ -192,8 +192,8 @@ TEST_CASE("plan: activation offload and MLP chunks move what the model moves", "
   c.train.mlp_chunk_tokens = 0;
   const MemoryEstimate chunked = estimate_memory(c, ranks(1));
   const double t = 131072, chunk = 24576;
-  const double saved = 6 * (t - chunk) * 5632 * 2 + 2 * (t - chunk) * 2048 * 2 - chunk * 2048 * 2 +
-                       (t - chunk) * 4;
+  const double saved =
+      6 * (t - chunk) * 5632 * 2 + 2 * (t - chunk) * 2048 * 2 - chunk * 2048 * 2 + (t - chunk) * 4;
   const double lower =
       double(offloaded.part(MemoryPart::block_work)) - double(chunked.part(MemoryPart::block_work));
   INFO("block work " << offloaded.part(MemoryPart::block_work) << " -> "
