@@ -24,10 +24,10 @@ void add_scaled_inplace(float* y, const float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += s * x[i];
 }
 
-void dropout(float* y, const float* x, int64_t n, float p, uint64_t seed) {
+void dropout(float* y, const float* x, int64_t n, float p, uint64_t seed, int64_t first) {
   const float scale = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
-  for (int64_t i = 0; i < n; ++i) y[i] = dropout_keeps(seed, i, p) ? x[i] * scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i) y[i] = dropout_keeps(seed, first + i, p) ? x[i] * scale : 0.0f;
 }
 
 void f32_to_bf16(uint16_t* out, const float* in, int64_t n) {

@@ -81,18 +81,18 @@ void scale_inplace(__nv_bfloat16* y, float s, int64_t n, cudaStream_t stream) {
 }
 namespace {
 __global__ void dropout_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, float p,
-                               float scale, uint64_t seed) {
+                               float scale, uint64_t seed, int64_t first) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16_rn(dropout_keeps(seed, i, p) ? __bfloat162float(x[i]) * scale : 0.0f);
+    y[i] = __float2bfloat16_rn(dropout_keeps(seed, first + i, p) ? __bfloat162float(x[i]) * scale : 0.0f);
 }
 }  // namespace
 
 void dropout(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, float p, uint64_t seed,
-             cudaStream_t stream) {
+             int64_t first, cudaStream_t stream) {
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
-  dropout_kernel<<<unsigned(blocks), 256, 0, stream>>>(y, x, n, p, 1.0f / (1.0f - p), seed);
+  dropout_kernel<<<unsigned(blocks), 256, 0, stream>>>(y, x, n, p, 1.0f / (1.0f - p), seed, first);
   CUDA_CHECK_LAUNCH();
 }
 

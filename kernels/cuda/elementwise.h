@@ -20,9 +20,9 @@ void scale_inplace(float* y, float s, int64_t n, cudaStream_t stream);
 void scale_inplace(__nv_bfloat16* y, float s, int64_t n, cudaStream_t stream);
 // y += s * x
 // Inverted dropout, as frugal::cpu::dropout (the same mask: kernels/dropout_mask.h); y may
-// alias x. bf16: computed in fp32, rounded once.
+// alias x. bf16: computed in fp32, rounded once. x[0] is element `first` of the mask.
 void dropout(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, float p, uint64_t seed,
-             cudaStream_t stream);
+             int64_t first, cudaStream_t stream);
 void add_scaled_inplace(float* y, const float* x, float s, int64_t n, cudaStream_t stream);
 void add_scaled_inplace(__nv_bfloat16* y, const __nv_bfloat16* x, float s, int64_t n,
                         cudaStream_t stream);

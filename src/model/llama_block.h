@@ -77,6 +77,11 @@ struct BlockContext {
   // perturb_recompute changes the recomputed one (a testing aid).
   bool checksum_act = false;
   bool perturb_recompute = false;
+  // Rows of the MLP computed at once (llama_mlp.h; 0, or at least the tokens: all of them).
+  int64_t mlp_chunk_rows = 0;
+  // The index of the first row this context's tensors hold in the micro-batch (a chunk of the
+  // MLP: LoRA dropout draws the mask of those rows).
+  int64_t first_row = 0;
 };
 
 // The forward's intermediates. Which ones survive until the backward is the policy's choice;
@@ -95,8 +100,10 @@ struct BlockActivations {
   // every policy (they are small).
   std::array<Tensor, kBlockParamCount> lora_t;
   // With BlockContext::checksum_act: the original forward's checksum of act, kept by every
-  // policy (the recompute makes act again).
+  // policy, and the recompute's (block_recompute's, or with the MLP in chunks
+  // block_backward's, which makes act again chunk by chunk).
   double act_checksum = 0;
+  double act_checksum_recomputed = 0;
 };
 
 // Runs the block on x, returns y; `saved` receives what the policy keeps.
@@ -105,7 +112,9 @@ Tensor block_forward(const Tensor& x, const BlockWeights& w, const BlockContext&
 // Fills in what the policy dropped.
 void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx);
 // Gradients: returns dx, accumulates weight gradients into `grads`. Needs recompute() first.
-Tensor block_backward(const Tensor& dy, const BlockActivations& a, const BlockWeights& w,
+// With the MLP in chunks (llama_mlp.h) the MLP's intermediates the policy dropped are made
+// here, a chunk at a time, and never exist whole.
+Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights& w,
                       BlockWeights& grads, const BlockContext& ctx);
 
 }  // namespace frugal

@@ -2,9 +2,12 @@
 #include "model/llama_model.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/random.h"
+#include "model/activation_offload.h"
 #include "model/llama_block.h"
+#include "model/llama_mlp.h"
 #include "ops/ops.h"
 
 namespace frugal {
@@ -49,8 +52,9 @@ ops::RotaryFrequencies batch_rotary(const LlamaConfig& config, const Batch& batc
 
 BlockContext block_context(const LlamaConfig& config, const Batch& batch, CheckpointPolicy policy,
                            const AttentionOperator* attention, const LoraConfig* lora,
-                           const ops::RotaryFrequencies& rotary) {
+                           const ops::RotaryFrequencies& rotary, int64_t mlp_chunk_tokens) {
   BlockContext ctx;
+  ctx.mlp_chunk_rows = mlp_chunk_rows(batch.batch * batch.seq, config, mlp_chunk_tokens);
   ctx.rotary = &rotary;
   ctx.lora = lora;
   ctx.attention = attention;
@@ -100,19 +104,25 @@ BlockWeights LlamaModel::block_weights(ParameterProvider& params, int64_t unit) 
 
 Tensor LlamaModel::blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                                   CheckpointPolicy policy, std::vector<BlockActivations>* saved,
-                                  bool checksum_act) {
+                                  bool checksum_act, InputOffload* offload) {
   const ops::RotaryFrequencies rotary = batch_rotary(config_, batch);
-  BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
+  BlockContext ctx =
+      block_context(config_, batch, policy, attention_, lora_, rotary, mlp_chunk_tokens_);
   ctx.checksum_act = checksum_act;
   const int64_t layers = config_.num_hidden_layers;
   params.prefetch(block_unit(0));
   for (int64_t i = 0; i < layers; ++i) {
     params.prefetch(i + 1 < layers ? block_unit(i + 1) : head_unit(config_));
     BlockWeights w = block_weights(params, block_unit(i));
+    // The input goes down beside this block's forward, which reads it on the device.
+    const bool offloaded = offload && offload->offloads(i);
+    if (offloaded) offload->store(i, x);
     x = block_forward(x, w, layer_context(ctx, i, saved != nullptr),
                       saved ? &(*saved)[i] : nullptr);
+    if (offloaded) (*saved)[i].x = Tensor();
     params.release(block_unit(i));
   }
+  if (offload) offload->finish_forward();
   return x;
 }
 
@@ -164,7 +174,10 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   // Only a policy that recomputes has something to validate.
   const bool checking = recompute_check_ && policy != CheckpointPolicy::none;
   Tensor embedded = embed(batch, params);
-  Tensor x = blocks_forward(embedded, batch, params, policy, &saved, checking);
+  std::optional<InputOffload> offload;
+  if (input_offload_) offload.emplace(*input_offload_, layers);
+  Tensor x = blocks_forward(embedded, batch, params, policy, &saved, checking,
+                            offload ? &*offload : nullptr);
 
   // The loss is read after the backward is queued, so the GPU never waits for the host.
   Tensor loss_sum;
@@ -172,21 +185,26 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
 
   // Blocks in reverse: gather, recompute what the policy dropped, backward, hand back grads.
   const ops::RotaryFrequencies rotary = batch_rotary(config_, batch);
-  const BlockContext ctx = block_context(config_, batch, policy, attention_, lora_, rotary);
+  BlockContext ctx =
+      block_context(config_, batch, policy, attention_, lora_, rotary, mlp_chunk_tokens_);
+  ctx.checksum_act = checking;
   for (int64_t i = layers - 1; i >= 0; --i) {
     if (i > 0) params.prefetch(block_unit(i - 1));
+    // The input of the next block down comes back from host memory while this one computes.
+    if (offload && offload->offloads(i)) saved[i].x = offload->take(i, dx);
+    if (offload && i > 0 && offload->offloads(i - 1)) offload->fetch(i - 1, dx);
     BlockWeights w = block_weights(params, block_unit(i));
     BlockWeights g = BlockWeights::from_unit(params.grads(block_unit(i)), lora_);
     BlockContext layer_ctx = layer_context(ctx, i, true);
     if (checking) layer_ctx.perturb_recompute = recompute_check_->perturb_layer == i;
     block_recompute(saved[i], w, layer_ctx);
-    if (checking) {
-      const double recomputed = ops::sum_squares({saved[i].act});
-      ++recompute_check_->blocks_checked;
-      if (recomputed != saved[i].act_checksum)
-        recompute_check_->mismatches.push_back({i, saved[i].act_checksum, recomputed});
-    }
     dx = block_backward(dx, saved[i], w, g, layer_ctx);
+    if (checking) {
+      ++recompute_check_->blocks_checked;
+      if (saved[i].act_checksum_recomputed != saved[i].act_checksum)
+        recompute_check_->mismatches.push_back(
+            {i, saved[i].act_checksum, saved[i].act_checksum_recomputed});
+    }
     saved[i] = BlockActivations{};
     w = g = BlockWeights{};  // drop our references before the provider frees the unit
     params.grads_done(block_unit(i));

@@ -17,6 +17,7 @@ struct AttentionOperator;
 struct LoraConfig;
 struct BlockContext;
 class Fp8Scaling;
+class InputOffload;
 
 // A micro-batch of `batch` sequences of `seq` tokens, flattened to [batch * seq].
 struct Batch {
@@ -93,6 +94,14 @@ class LlamaModel {
   // default: none): each block's recomputed SwiGLU product, which under `full` depends on the
   // whole recomputed block, is checksummed and compared with the original forward's. Not owned.
   void set_recompute_check(RecomputeCheck* check) { recompute_check_ = check; }
+  // Rows of each block's MLP computed at once (train.mlp_chunk_tokens, llama_mlp.h): 0, the
+  // default, chooses from the micro-batch's tokens (whole up to 16,384); at least the tokens:
+  // whole.
+  void set_mlp_chunk_tokens(int64_t tokens) { mlp_chunk_tokens_ = tokens; }
+  // Activation offload (train.activation_offload = inputs): forward_backward keeps the blocks'
+  // inputs in this arena (pinned host memory on a GPU) between the forward and the backward
+  // (activation_offload.h); null, the default: on the device. Not owned.
+  void set_input_offload(Arena* host) { input_offload_ = host; }
 
  private:
   // ctx for block `layer`, with its own noise seed when training.
@@ -102,7 +111,7 @@ class LlamaModel {
   Tensor embed(Batch& batch, ParameterProvider& params);
   Tensor blocks_forward(Tensor x, const Batch& batch, ParameterProvider& params,
                         CheckpointPolicy policy, std::vector<BlockActivations>* saved,
-                        bool checksum_act = false);
+                        bool checksum_act = false, InputOffload* offload = nullptr);
   // Final norm, head and loss forward and backward; returns d(loss)/d(x).
   Tensor head_forward_backward(const Tensor& x, const Batch& batch, ParameterProvider& params,
                                float grad_scale, Tensor* loss_sum);
@@ -117,6 +126,8 @@ class LlamaModel {
   const Fp8Scaling* fp8_ = nullptr;
   uint64_t noise_ = 0;
   RecomputeCheck* recompute_check_ = nullptr;
+  int64_t mlp_chunk_tokens_ = 0;
+  Arena* input_offload_ = nullptr;
 };
 
 }  // namespace frugal

@@ -261,10 +261,10 @@ void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t ba
                         out.size(1), out.size(2), stream());
 }
 
-Tensor dropout(const Tensor& x, float p, uint64_t seed) {
+Tensor dropout(const Tensor& x, float p, uint64_t seed, int64_t first) {
   expect(x, DType::bf16, "dropout input");
   Tensor y = empty(x.shape(), DType::bf16);
-  cuda::dropout(bf(y), bf(x), x.numel(), p, seed, stream());
+  cuda::dropout(bf(y), bf(x), x.numel(), p, seed, first, stream());
   return y;
 }
 

@@ -46,7 +46,7 @@ void attention_accumulate_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
                                    const Tensor& out, const Tensor& lse,
                                    const cpu::AttentionShape& shape);
 void merge_attention(Tensor& out, Tensor& lse, const Attention& part, int64_t batch);
-Tensor dropout(const Tensor& x, float p, uint64_t seed);
+Tensor dropout(const Tensor& x, float p, uint64_t seed, int64_t first);
 Tensor swiglu(const Tensor& g, const Tensor& u);
 void add_bias(Tensor& x, const Tensor& b);
 void bias_backward(const Tensor& dy, Tensor& db);

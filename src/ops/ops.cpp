@@ -345,12 +345,12 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   return g;
 }
 
-Tensor dropout(const Tensor& x, float p, uint64_t seed) {
+Tensor dropout(const Tensor& x, float p, uint64_t seed, int64_t first) {
   FRUGAL_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is not in [0, 1)");
-  FRUGAL_ON_GPU(x, dropout(x, p, seed));
+  FRUGAL_ON_GPU(x, dropout(x, p, seed, first));
   expect_cpu_f32(x, "dropout input");
   Tensor y = empty_like(x);
-  cpu::dropout(y.data<float>(), x.data<float>(), x.numel(), p, seed);
+  cpu::dropout(y.data<float>(), x.data<float>(), x.numel(), p, seed, first);
   return y;
 }
 

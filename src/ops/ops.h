@@ -127,7 +127,9 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
 
 // Inverted dropout with probability p of dropping, its mask a pure function of (seed, element
 // index) (kernels/dropout_mask.h): the backward is dropout(dy, p, seed) with the same seed.
-Tensor dropout(const Tensor& x, float p, uint64_t seed);
+// `first` is the index of x's first element in a larger tensor whose rows x is (a chunk of
+// rows draws the mask those rows have in the whole).
+Tensor dropout(const Tensor& x, float p, uint64_t seed, int64_t first = 0);
 
 // silu(g) * u
 Tensor swiglu(const Tensor& g, const Tensor& u);

@@ -101,6 +101,13 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "and hqq_lora keep the base's block projections in NF4 / HQQ 4-bit"},
       {"train.activation_checkpointing", &t.activation_checkpointing, kAny,
        "what a block keeps from its forward for the backward (the rest is recomputed)"},
+      {"train.activation_offload", &t.activation_offload, kAny,
+       "inputs: the blocks' inputs that checkpointing keeps wait for the backward in pinned host "
+       "memory (every block but the last; copied beside the compute, back a layer ahead)"},
+      {"train.mlp_chunk_tokens", &t.mlp_chunk_tokens, at_least(0),
+       "rows of a block's MLP computed at once, forward and backward (0: whole up to 16384 "
+       "tokens per rank, else chunks whose [rows, intermediate] tensors are half a [tokens, "
+       "hidden] one, at least 8192 rows)"},
       {"train.resume", &t.resume, kAny, "continue from out_dir/ckpt/LATEST when it exists"},
       {"train.sample_tokens", &t.sample_tokens, at_least(0),
        "tokens generated from sample_prompt at the end (0: none)"},

@@ -55,10 +55,12 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
     largest_unit = std::max(largest_unit, unit_bytes);
   }
   plan.gathered = 2 * largest_unit;
+  plan.activation_inputs = s.activation_inputs;
   if (!s.gpu) {
-    plan.host = plan.params + plan.grads + plan.optimizer + plan.gathered;
+    plan.host = plan.params + plan.grads + plan.optimizer + plan.gathered + plan.activation_inputs;
     return plan;
   }
+  plan.host += plan.activation_inputs;
   // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory; with
   // `params` the bf16 copies too.
   const bool host_state = s.offload != Offload::none;
@@ -67,6 +69,19 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   (s.offload == Offload::params ? plan.host : plan.device) += plan.copies;
   plan.device += plan.gathered;
   return plan;
+}
+
+int64_t local_tokens(const TrainConfig& c, int64_t cp) {
+  const int64_t seq = cp > 1 ? (c.train.seq_len + 2 * cp - 1) / (2 * cp) * 2 : c.train.seq_len;
+  return c.train.micro_batch_size * seq;
+}
+
+size_t offloaded_input_bytes(const TrainConfig& c, int64_t cp, bool gpu) {
+  if (c.train.activation_offload != ActivationOffload::inputs) return 0;
+  const size_t blocks = size_t(std::max<int64_t>(0, c.model.num_hidden_layers - 1));
+  const size_t row = checked_mul(size_t(c.model.hidden_size), size_t(gpu ? 2 : 4), "a row's bytes");
+  return checked_mul(checked_mul(blocks, size_t(local_tokens(c, cp)), "offloaded rows"), row,
+                     "the offloaded activations' bytes");
 }
 
 std::string gib(size_t bytes) {
@@ -89,6 +104,7 @@ std::string describe(const MemoryPlan& plan) {
   add("optimizer", plan.optimizer);
   add("weight copies", plan.copies);
   add("two gathered units", plan.gathered);
+  add("offloaded activations", plan.activation_inputs);
   return out;
 }
 

@@ -21,6 +21,7 @@ struct MemoryPlan {
   size_t optimizer = 0;  // AdamW's two moments (GaLore: its projected moments and projectors)
   size_t copies = 0;     // GPU: the bf16 copies the ranks gather (4-bit codes of frozen weights)
   size_t gathered = 0;   // two units whole: weights in the compute dtype and fp32 gradients
+  size_t activation_inputs = 0;  // train.activation_offload = inputs: the blocks' inputs (host)
   // Where they land: host memory (the CPU backend, or offloaded state) and the GPU.
   size_t host = 0, device = 0;
 };
@@ -32,9 +33,18 @@ struct PlanSettings {
   StateDType state = StateDType::fp32;
   std::function<bool(const ParamSpec&)> four_bit;  // frozen weights stored in 4 bits (QLoRA)
   int64_t galore_rank = 0;                         // GaLore's rank (0: AdamW on every weight)
+  size_t activation_inputs = 0;  // offloaded activations (offloaded_input_bytes), host memory
 };
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);
+
+// The rows of one micro-batch on a rank of `cp` context-parallel ranks: its share of each
+// sequence, padded to 2 cp chunks (ring_attention.h's zigzag layout).
+int64_t local_tokens(const TrainConfig& config, int64_t cp);
+// The host memory train.activation_offload = inputs holds on a rank at the end of a forward:
+// every block's input but the last, [local tokens, hidden] in the compute dtype (bf16 on a GPU,
+// f32 on the CPU); 0 without it.
+size_t offloaded_input_bytes(const TrainConfig& config, int64_t cp, bool gpu);
 
 // GaLore's fp32 state of one projected matrix on a rank holding shard_rows of its rows (its
 // moments and its projector; see optim/galore_adamw.h for the sides).

@@ -51,6 +51,9 @@ std::string PlanOption::techniques() const {
   out += enum_name(config.train.activation_checkpointing);
   out += ", offload ";
   out += enum_name(config.parallel.offload);
+  // Not searched over: the base configuration's setting (the step-time model has no term for
+  // its host-link traffic yet).
+  if (config.train.activation_offload == ActivationOffload::inputs) out += ", activation offload";
   out += mesh_kind == MeshKind::hybrid ? ", hybrid" : ", flat";
   return out;
 }

@@ -44,6 +44,7 @@ RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
     optimizer = std::make_unique<Arena>(optimizer_name, Device::cpu);
     gathered = std::make_unique<Arena>("gathered units", Device::cpu);
     staging = std::make_unique<Arena>("checkpoint staging (host)", Device::cpu);
+    activation_inputs = std::make_unique<Arena>("activation inputs (host, offloaded)", Device::cpu);
     return;
   }
 #ifdef FRUGAL_HAVE_CUDA
@@ -63,6 +64,8 @@ RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
                                       offload == Offload::params ? pinned : device);
   // Its own pinned arena: the state's memory figures stay what training itself holds.
   staging = std::make_unique<PinnedHostArena>(0, "checkpoint staging (pinned host)");
+  activation_inputs =
+      std::make_unique<SubArena>("activation inputs (pinned host, offloaded)", pinned);
   ops::bind_device(gpu.get());
 #else
   (void)local_rank;
@@ -92,7 +95,8 @@ nlohmann::json RunMemory::report() {
                       {"gradients_bytes", grads->stats().in_use_bytes},
                       {"optimizer_bytes", optimizer->stats().in_use_bytes},
                       {"gathered_peak_bytes", gathered->stats().peak_bytes},
-                      {"checkpoint_staging_bytes", staging->stats().in_use_bytes}};
+                      {"checkpoint_staging_bytes", staging->stats().in_use_bytes},
+                      {"activation_offload_peak_bytes", activation_inputs->stats().peak_bytes}};
 #ifdef FRUGAL_HAVE_CUDA
   if (gpu) {
     // Every device allocation comes from one arena (the parts above are sub-arenas of it): its

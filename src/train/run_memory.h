@@ -34,6 +34,8 @@ struct RunMemory {
   std::unique_ptr<Arena> params, grads, optimizer, gathered, copies;
   // Host copies of the state for asynchronous checkpoints (pinned on a GPU), reused by each save.
   std::unique_ptr<Arena> staging;
+  // The blocks' inputs under train.activation_offload = inputs (pinned host memory on a GPU).
+  std::unique_ptr<Arena> activation_inputs;
 };
 
 // Whether the ranks run on GPUs, one each: `device` cuda demands it (throws Error starting

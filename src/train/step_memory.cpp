@@ -6,6 +6,7 @@
 #include <map>
 #include <vector>
 
+#include "model/llama_mlp.h"
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
 #include "quant/hqq.h"
@@ -66,10 +67,12 @@ struct Phase {
   }
 };
 
-// One activation tensor of a block: elements per token and bytes per element.
+// One activation tensor of a block: elements per token and bytes per element; per_chunk: it
+// exists for one chunk of the MLP's rows at a time (llama_mlp.h), else for every token.
 struct PerToken {
   int64_t width;
   int bytes;
+  bool per_chunk = false;
 };
 
 // The widths a block's tensors have: hidden, attention (q, o), key/value, ffn, heads.
@@ -98,17 +101,19 @@ std::vector<PerToken> kept(CheckpointPolicy policy, const BlockWidths& w) {
   return t;
 }
 
-// What block_recompute makes again before the backward.
-std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w) {
+// What block_recompute makes again before the backward; with the MLP in chunks, the MLP's part
+// (n2, rstd2, gate, up, act) is made a chunk at a time in the backward instead.
+std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w, bool chunks) {
   switch (policy) {
     case CheckpointPolicy::none:
       return {};
     case CheckpointPolicy::selective:
-      return {{w.h, 2}, {1, 4}, {w.h, 2}, {1, 4}, {w.f, 2}};
+      return {{w.h, 2}, {1, 4}, {w.h, 2, chunks}, {1, 4, chunks}, {w.f, 2, chunks}};
     case CheckpointPolicy::full: {
       // Everything but x, and q, k before rotary (forward_all keeps them while it runs).
       std::vector<PerToken> t = kept(CheckpointPolicy::none, w);
       t.erase(t.begin());
+      for (size_t i = 8; i < 13; ++i) t[i].per_chunk = chunks;  // n2, rstd2, gate, up, act
       t.push_back({w.a, 2});
       t.push_back({w.kv, 2});
       for (int64_t i = 0; i < w.adapted; ++i) t.push_back({w.lora_rank, 2});
@@ -120,16 +125,22 @@ std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w) 
 
 // block_backward's tensors (locals live to its end): dy; d_act, dg, du; d_n2, dh, d_attn; the
 // attention kernels' fp32 dq, dk, dv and their scratch (2 floats per head and token), then their
-// bf16 copies; rotary's dq, dk; d_n1 and dx.
-std::vector<PerToken> backward_temporaries(const BlockWidths& w) {
-  return {{w.h, 2},  {w.f, 2},  {w.f, 2},  {w.f, 2},  {w.h, 2},         {w.h, 2},
-          {w.a, 2},  {w.a, 4},  {w.kv, 4}, {w.kv, 4}, {2 * w.heads, 4}, {w.a, 2},
-          {w.kv, 2}, {w.kv, 2}, {w.a, 2},  {w.kv, 2}, {w.h, 2},         {w.h, 2}};
+// bf16 copies; rotary's dq, dk; d_n1 and dx. With the MLP in chunks, d_act, dg, du and d_n2 are
+// a chunk's, and the chunk's dh is copied into the whole one.
+std::vector<PerToken> backward_temporaries(const BlockWidths& w, bool chunks) {
+  std::vector<PerToken> t = {
+      {w.h, 2},  {w.f, 2, chunks}, {w.f, 2, chunks}, {w.f, 2, chunks}, {w.h, 2, chunks}, {w.h, 2},
+      {w.a, 2},  {w.a, 4},         {w.kv, 4},        {w.kv, 4},        {2 * w.heads, 4}, {w.a, 2},
+      {w.kv, 2}, {w.kv, 2},        {w.a, 2},         {w.kv, 2},        {w.h, 2},         {w.h, 2}};
+  if (chunks) t.push_back({w.h, 2, true});
+  return t;
 }
 
+// Tensors of `tokens` rows, or of `chunk` rows where they are a chunk's.
 void add_tensors(Phase& phase, MemoryPart part, const std::vector<PerToken>& tensors,
-                 int64_t tokens, int64_t times = 1) {
-  for (const PerToken& t : tensors) phase.add(part, size_t(t.width * tokens * t.bytes), times);
+                 int64_t tokens, int64_t times = 1, int64_t chunk = 0) {
+  for (const PerToken& t : tensors)
+    phase.add(part, size_t(t.width * (t.per_chunk && chunk > 0 ? chunk : tokens) * t.bytes), times);
 }
 
 enum class Encoding { none, nf4, hqq };
@@ -275,9 +286,20 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   const int64_t cp = std::max<int64_t>(1, mesh.cp);
   const int64_t tokens = c.train.micro_batch_size * ((c.train.seq_len + 2 * cp - 1) / (2 * cp) * 2);
   const int64_t layers = m.num_hidden_layers;
-  const std::vector<PerToken> saved = kept(c.train.activation_checkpointing, w);
-  const std::vector<PerToken> again = recomputed(c.train.activation_checkpointing, w);
-  const std::vector<PerToken> temporaries = backward_temporaries(w);
+  // The MLP in chunks (FP8's MLP linears keep it whole: counted whole whenever [fp8] is on).
+  const int64_t chunk = mlp_chunk_rows(tokens, m, c.train.mlp_chunk_tokens);
+  const bool chunks = chunk < tokens && !c.fp8.enabled;
+  std::vector<PerToken> saved = kept(c.train.activation_checkpointing, w);
+  const std::vector<PerToken> again = recomputed(c.train.activation_checkpointing, w, chunks);
+  const std::vector<PerToken> temporaries = backward_temporaries(w, chunks);
+  // Activation offload: every block's input but the last waits in host memory; the device holds
+  // the last block's input, and in the backward the input in use and the one coming back.
+  const bool offload = c.train.activation_offload == ActivationOffload::inputs;
+  const std::vector<PerToken> input = {saved.front()};
+  if (offload) {
+    saved.erase(saved.begin());
+    out.host_activations = size_t(layers - 1) * size_t(tokens) * size_t(w.h) * 2;
+  }
 
   auto with_state = [&](Phase phase) {
     for (const auto& [block_bytes, counts] : state.blocks)
@@ -306,6 +328,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   {  // the loss: every layer's kept activations, the head's input, norm and chunks
     Phase p = with_state(Phase());
     add_tensors(p, MemoryPart::activations, saved, tokens, layers);
+    if (offload) add_tensors(p, MemoryPart::activations, input, tokens);
     const int64_t rows = std::min(kLossChunkRows, tokens);
     add_tensors(p, MemoryPart::loss, {{w.h, 2}, {w.h, 2}, {1, 4}, {w.h, 2}}, tokens);
     p.add(MemoryPart::loss, size_t(rows * m.vocab_size * 2), 2);  // logits and their gradient
@@ -317,8 +340,9 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   for (int last = 1; last >= 0; --last) {  // the backward of the last block, of a middle one
     Phase p = with_state(Phase());
     add_tensors(p, MemoryPart::activations, saved, tokens, last ? layers : layers - 1);
-    add_tensors(p, MemoryPart::block_work, again, tokens);
-    add_tensors(p, MemoryPart::block_work, temporaries, tokens);
+    if (offload) add_tensors(p, MemoryPart::activations, input, tokens, 2);
+    add_tensors(p, MemoryPart::block_work, again, tokens, 1, chunk);
+    add_tensors(p, MemoryPart::block_work, temporaries, tokens, 1, chunk);
     add_weights(p, block);
     add_weights(p, block);  // the next one, gathered ahead
     add_full_grads(p, block);

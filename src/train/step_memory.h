@@ -44,13 +44,16 @@ struct MemoryEstimate {
   // staging copy (pinned, ckpt.async).
   size_t host_state = 0;
   size_t host_staging = 0;
+  // The blocks' inputs under train.activation_offload = inputs (pinned).
+  size_t host_activations = 0;
 
   size_t part(MemoryPart p) const { return parts[size_t(p)]; }
-  size_t host() const { return host_state + host_staging; }
+  size_t host() const { return host_state + host_staging + host_activations; }
 };
 
 // The run as `config` says (train.type, optim.*, galore.rank, parallel.offload, train.seq_len,
-// micro_batch_size, activation_checkpointing, lora.*) on a GPU, ZeRO-3 over mesh.shard ranks.
+// micro_batch_size, activation_checkpointing, activation_offload, mlp_chunk_tokens, lora.*) on a
+// GPU, ZeRO-3 over mesh.shard ranks.
 MemoryEstimate estimate_memory(const TrainConfig& config, const MeshShape& mesh);
 
 }  // namespace frugal

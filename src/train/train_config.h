@@ -68,6 +68,14 @@ inline std::span<const EnumName<DivergenceAction>> enum_names(DivergenceAction) 
   return names;
 }
 
+// train.activation_offload: what of the activations waits for the backward in host memory.
+enum class ActivationOffload { none, inputs };
+inline std::span<const EnumName<ActivationOffload>> enum_names(ActivationOffload) {
+  static constexpr EnumName<ActivationOffload> names[] = {{ActivationOffload::none, "none"},
+                                                          {ActivationOffload::inputs, "inputs"}};
+  return names;
+}
+
 struct DataConfig {
   std::string dir = "data/fortunes";
 };
@@ -87,6 +95,8 @@ struct TrainSettings {
   int64_t eval_batches = 16;
   double init_std = 0.02;
   CheckpointPolicy activation_checkpointing = CheckpointPolicy::none;
+  ActivationOffload activation_offload = ActivationOffload::none;
+  int64_t mlp_chunk_tokens = 0;  // 0: chosen from the tokens (model/llama_mlp.h)
   bool resume = false;
   int64_t sample_tokens = 48;
   std::string sample_prompt = "The ";

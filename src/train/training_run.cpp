@@ -9,6 +9,7 @@
 
 #include "core/checked.h"
 #include "core/log.h"
+#include "model/llama_mlp.h"
 #include "monitor/metrics.h"
 #include "ops/ops.h"
 #include "optim/adamw.h"
@@ -173,6 +174,9 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   if (use_gpu) gpu_mesh = make_nccl_mesh(host_mesh, *memory->gpu, c.parallel.timeout_s);
 #endif
   model = std::make_unique<LlamaModel>(c.model);
+  model->set_mlp_chunk_tokens(c.train.mlp_chunk_tokens);
+  if (c.train.activation_offload == ActivationOffload::inputs)
+    model->set_input_offload(memory->activation_inputs.get());
   if (mesh().cp_size > 1) {
     ring = ring_attention_operator(*mesh().cp);
     model->set_attention(&ring);
@@ -321,6 +325,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   if (c.optim.type == OptimizerType::galore_adamw) settings.galore_rank = c.galore.rank;
   if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
     settings.four_bit = projection;
+  settings.activation_inputs = offloaded_input_bytes(c, mesh().cp_size, use_gpu);
   const MemoryPlan plan = plan_memory(units, settings);
   const std::string advice =
       ": more ranks per replica (ZeRO-3 divides the state among them; parallel.dp_shard = all "
@@ -330,6 +335,14 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   // Every rank of a node draws on the same host memory.
   const size_t node_ranks = size_t(mpi_node_size());
   const size_t available = available_host_bytes();
+  if (available > 0 && plan.activation_inputs > 0 && plan.host * node_ranks > available)
+    fail("config key 'train.activation_offload': inputs needs ", gib(plan.activation_inputs),
+         " of host memory per rank for the blocks' inputs (", c.model.num_hidden_layers - 1,
+         " blocks x ", local_tokens(c, mesh().cp_size), " tokens x ", c.model.hidden_size,
+         "), and with the run's state (", node_ranks, " rank(s) x ", describe(plan),
+         ") the node needs ", gib(plan.host * node_ranks), " of the ", gib(available),
+         " available: shorter sequences, more context-parallel ranks (parallel.cp) or "
+         "train.activation_offload = none would lower it");
   if (available > 0 && plan.host * node_ranks > available)
     fail("the run's state needs at least ", gib(plan.host * node_ranks),
          " of host memory on this node (", node_ranks, " rank(s) x ", describe(plan),
@@ -431,6 +444,19 @@ void TrainingRun::log_plan(int64_t start_step) const {
            mib(2 * params->largest_unit_bytes(
                        dtype_bytes(ops::compute_dtype(memory->gathered->device())))),
            " (two units' weights and gradients)");
+  if (c.train.activation_offload == ActivationOffload::inputs)
+    log_info("activation offload: the inputs of ", c.model.num_hidden_layers - 1, " blocks (",
+             local_tokens(c, m.cp_size), " tokens x ", c.model.hidden_size, " each) wait for the ",
+             "backward in ", memory->activation_inputs->name(), ": ",
+             mib(offloaded_input_bytes(c, m.cp_size, use_gpu)), " per rank");
+  {
+    const int64_t tokens = local_tokens(c, m.cp_size);
+    const int64_t rows = mlp_chunk_rows(tokens, c.model, c.train.mlp_chunk_tokens);
+    if (rows < tokens)
+      log_info("MLP in chunks of ", rows, " of the ", tokens, " rows of a micro-batch",
+               c.train.mlp_chunk_tokens > 0 ? " (train.mlp_chunk_tokens)" : " (chosen)",
+               c.fp8.enabled ? "; with [fp8] only where the MLP has no FP8 linear" : "");
+  }
   if (const auto* galore = dynamic_cast<const GaloreAdamW*>(optimizer.get())) {
     const GaloreAdamW::StateBytes b = galore->state_bytes();
     log_info("optimizer state per rank with GaLore (rank ", c.galore.rank, ", ",

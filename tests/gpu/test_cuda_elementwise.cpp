@@ -473,9 +473,9 @@ TEST_CASE("cuda dropout draws the CPU's mask and scale", "[gpu]") {
     const Bf16Data x = random_bf16(n, rng);
     DeviceBuffer<bf16> d_x(n), d_y(n);
     d_x.upload(x.bits);
-    frugal::cuda::dropout(d_y.get(), d_x.get(), static_cast<int64_t>(n), 0.3f, 1234, nullptr);
+    frugal::cuda::dropout(d_y.get(), d_x.get(), static_cast<int64_t>(n), 0.3f, 1234, 77, nullptr);
     FVec y(n);
-    frugal::cpu::dropout(y.data(), x.f.data(), static_cast<int64_t>(n), 0.3f, 1234);
+    frugal::cpu::dropout(y.data(), x.f.data(), static_cast<int64_t>(n), 0.3f, 1234, 77);
     const std::vector<uint16_t> got = d_y.download<uint16_t>();
     size_t mismatches = 0;
     for (size_t i = 0; i < n; ++i) mismatches += got[i] != frugal::float_to_bf16(y[i]);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Context parallelism through the CLI: each sequence split over cp ranks with ring attention
 # trains like one rank holding whole sequences (cp = 2, and dp = 2 x cp = 2), at a sequence
-# length that needs padding; a cp that does not divide the ranks is refused.
+# length that needs padding, also with each rank's share of the blocks' inputs offloaded
+# (train.activation_offload = inputs) and the MLP in chunks of 7 rows, under full checkpointing;
+# a cp that does not divide the ranks is refused.
 # usage: context_parallel.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
@@ -20,7 +22,13 @@ grep -q "dp 1 x cp 2" "$work/cp2.log" || { echo "FAIL: not cp 2"; cat "$work/cp2
 "${mpi[@]}" -np 4 "$frugal" train "${common[@]}" --train.micro_batch_size=1 --parallel.cp=2 \
   --train.out_dir="$work/dp2cp2" > "$work/dp2cp2.log"
 grep -q "dp 2 x cp 2" "$work/dp2cp2.log" || { echo "FAIL: not dp 2 x cp 2"; cat "$work/dp2cp2.log"; exit 1; }
-for run in cp2 dp2cp2; do
+"${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.micro_batch_size=2 --parallel.cp=2 \
+  --train.activation_checkpointing=full --train.activation_offload=inputs \
+  --train.mlp_chunk_tokens=7 --train.out_dir="$work/cp2_offload" > "$work/cp2_offload.log"
+grep -q "activation offload: the inputs of 1 blocks (40 tokens x 40 each)" "$work/cp2_offload.log" \
+  && grep -q "MLP in chunks of 7 of the 40 rows" "$work/cp2_offload.log" \
+  || { echo "FAIL: offload or chunks not reported"; cat "$work/cp2_offload.log"; exit 1; }
+for run in cp2 dp2cp2 cp2_offload; do
   rel=$(max_rel "$work/one/metrics.jsonl" "$work/$run/metrics.jsonl")
   awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: $run differs from one rank by $rel"; exit 1; }
   echo "$run vs one rank: largest relative loss difference $rel"

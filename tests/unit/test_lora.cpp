@@ -143,6 +143,13 @@ TEST_CASE("dropout keeps 1 - p of the elements, scaled, and is its own adjoint",
   }
   CHECK(same == n);
   CHECK(differ > n / 4);
+  // A chunk of rows with its first element's index draws the rows' part of the whole mask.
+  Tensor grid = ones.view({n / 8, 8});
+  const Tensor chunk = ops::dropout(grid.rows(1000, 1234), 0.25f, 42, 1000 * 8);
+  int64_t chunk_same = 0;
+  for (int64_t i = 0; i < 234 * 8; ++i)
+    chunk_same += chunk.data<float>()[i] == y.data<float>()[1000 * 8 + i];
+  CHECK(chunk_same == 234 * 8);
   // <d(x), z> == <x, d(z)>: the backward is the same function.
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;

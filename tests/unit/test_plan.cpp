@@ -133,6 +133,7 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
   ring.train.seq_len = 131072;
   ring.model.max_position_embeddings = 131072;
   ring.train.micro_batch_size = 1;
+  ring.train.mlp_chunk_tokens = 131072;  // measured before the MLP ran in chunks
   const MemoryCase cases[] = {
       // doc/benchmarks.md, "Results: one H200" (train_vs_torch, 4 x 2048 tokens)
       {"1.1B none fp32", tinyllama(P::none, S::fp32), ranks(1), 29.13, 0},
@@ -168,6 +169,40 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
     INFO(m.what << ": measured " << m.measured_gib << " GiB, predicted " << predicted);
     CHECK(std::abs(error) <= 0.10);
   }
+}
+
+TEST_CASE("plan: activation offload and MLP chunks move what the model moves", "[plan]") {
+  // TinyLlama's shape, one GPU, full checkpointing, 131,072 tokens: T = 131072, H = 2048,
+  // F = 5632, 22 layers.
+  TrainConfig c = tinyllama(CheckpointPolicy::full, StateDType::bf16);
+  c.train.seq_len = 131072;
+  c.model.max_position_embeddings = 131072;
+  c.train.micro_batch_size = 1;
+  c.train.mlp_chunk_tokens = 131072;  // whole
+  const MemoryEstimate whole = estimate_memory(c, ranks(1));
+  c.train.activation_offload = ActivationOffload::inputs;
+  const MemoryEstimate offloaded = estimate_memory(c, ranks(1));
+  const double input = 131072.0 * 2048 * 2;  // one block's bf16 input
+  // Host: 21 of the 22 inputs. Device, at the loss: 21 fewer inputs kept.
+  CHECK(double(offloaded.host_activations) == 21 * input);
+  CHECK(double(whole.part(MemoryPart::activations) - offloaded.part(MemoryPart::activations)) ==
+        21 * input - input);  // the backward's phase holds two inputs: the one used, the next one
+  CHECK(whole.host_activations == 0);
+  // The MLP in chunks of 24,576 rows (the automatic choice): the backward's [T, F] temporaries
+  // (d_act, dg, du; recomputed gate, up, act) and [T, H] ones (n2, d_n2) become a chunk's, and
+  // one chunk of dh is added: 6 x (T - C) x F x 2 + 2 x (T - C) x H x 2 - C x H x 2 bytes
+  // fewer (plus rstd2's 4 bytes a row), as the size classes round them.
+  c.train.mlp_chunk_tokens = 0;
+  const MemoryEstimate chunked = estimate_memory(c, ranks(1));
+  const double t = 131072, chunk = 24576;
+  const double saved =
+      6 * (t - chunk) * 5632 * 2 + 2 * (t - chunk) * 2048 * 2 - chunk * 2048 * 2 + (t - chunk) * 4;
+  const double lower =
+      double(offloaded.part(MemoryPart::block_work)) - double(chunked.part(MemoryPart::block_work));
+  INFO("block work " << offloaded.part(MemoryPart::block_work) << " -> "
+                     << chunked.part(MemoryPart::block_work));
+  CHECK(std::abs(lower - saved) <= 16 * 2.0 * 1048576);  // 2 MiB size classes
+  CHECK(chunked.device_in_use < offloaded.device_in_use);
 }
 
 TEST_CASE("plan: two-GPU step times within 25 % over NVLink, PCIe-like and Ethernet-like links",

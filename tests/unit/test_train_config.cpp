@@ -67,6 +67,8 @@ const std::map<std::string, std::string> kDefaults = {
     {"train.init_std", "0.02"},
     {"train.type", "full"},
     {"train.activation_checkpointing", "none"},
+    {"train.activation_offload", "none"},
+    {"train.mlp_chunk_tokens", "0"},
     {"train.resume", "false"},
     {"train.sample_tokens", "48"},
     {"train.sample_prompt", "The "},

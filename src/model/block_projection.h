@@ -1,0 +1,23 @@
+// A block's projections, y = x W^T (+ bias) (+ its LoRA adapter's update), forward and backward,
+// in the compute dtype or through FP8: what the attention half (llama_block.cpp) and the MLP
+// (llama_mlp.cpp) are written with.
+#pragma once
+
+#include "model/fp8_linear.h"
+#include "model/llama_block.h"
+
+namespace frugal {
+
+// y = x W^T, plus t B^T where the projection has a LoRA adapter, t = s d(x) A^T (d: its
+// dropout, s = alpha / r), kept in a.lora_t[p]. x may be a chunk of the micro-batch's rows,
+// starting at ctx.first_row (the dropout mask follows the rows).
+Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
+               BlockActivations& a, Fp8InputCasts& casts);
+// The adapter's t = s d(x) A^T alone (a recompute that needs t but not y).
+Tensor adapter_t(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx);
+// The backward of project: returns dx; dW (when not frozen), dA and dB accumulated.
+Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
+                        int p, const BlockContext& ctx, const BlockActivations& a,
+                        Fp8InputCasts& casts);
+
+}  // namespace frugal
