@@ -1,6 +1,9 @@
 // NF4 and HQQ dequantization, a block (group) of 64 per iteration, OpenMP over blocks.
 #include "kernels/cpu/quant.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace frugal::cpu {
 
 void nf4_dequantize(float* out, const uint8_t* codes, const uint8_t* absmax_codes,
@@ -20,6 +23,45 @@ void nf4_dequantize(float* out, const uint8_t* codes, const uint8_t* absmax_code
       y[2 * i + 1] = nf4_table[in[i] & 0xF] * absmax;
     }
   }
+}
+
+int64_t nf4_quantize_blocks(uint8_t* codes, float* absmax, const float* w, int64_t blocks,
+                            const float* midpoints) {
+  constexpr int64_t kBlock = 64;
+  // The midpoints by value: the count of those below x vectorizes without branches.
+  float mid[15];
+  std::copy(midpoints, midpoints + 15, mid);
+  // A non-finite value cannot throw inside the parallel loop; the first bad block is returned.
+  int64_t bad_block = blocks;
+#pragma omp parallel for schedule(static) reduction(min : bad_block) if (blocks >= 64)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* x = w + b * kBlock;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < kBlock; ++i) {
+      finite = finite && std::isfinite(x[i]);
+      amax = std::max(amax, std::fabs(x[i]));
+    }
+    if (!finite) {
+      bad_block = std::min(bad_block, b);
+      continue;
+    }
+    absmax[b] = amax;
+    // bitsandbytes clamps the divisor to 1e-38: an all-zero block normalizes to 0, code 7.
+    const float inv = 1.0f / std::max(amax, 1e-38f);
+    uint8_t* out = codes + b * kBlock / 2;
+    for (int64_t i = 0; i < kBlock; i += 2) {
+      const float even = std::clamp(x[i] * inv, -1.0f, 1.0f);
+      const float odd = std::clamp(x[i + 1] * inv, -1.0f, 1.0f);
+      int hi = 0, lo = 0;
+      for (float m : mid) {
+        hi += m < even;
+        lo += m < odd;
+      }
+      out[i / 2] = static_cast<uint8_t>(hi << 4 | lo);
+    }
+  }
+  return bad_block;
 }
 
 void hqq_dequantize(float* out, const uint8_t* codes, const float* scales, const float* zeros,

@@ -1,5 +1,6 @@
 // Dequantization of 4-bit base weights on the GPU, one matrix at a time into a reused bf16
-// buffer: NF4 with double-quantized absmax (quant/nf4.h) and HQQ (quant/hqq.h).
+// buffer: NF4 with double-quantized absmax (quant/nf4.h) and HQQ (quant/hqq.h); and NF4's first
+// level (codes and block absmax), for random bases made on the GPU.
 //
 // Each thread of a grid-stride loop expands 4 code bytes into 8 values, which never straddle a
 // 64-element block; with a 16-byte aligned output they go out in one 16-byte store. The tables
@@ -80,6 +81,42 @@ __global__ void hqq_dequantize_kernel(bf16* out, const uint8_t* codes, const flo
   }
 }
 
+struct Nf4Midpoints {
+  float at[15];
+};
+
+// Block b's 64 values: lane l holds elements 2l and 2l + 1 and writes their code byte. The
+// arithmetic is the CPU's, correctly rounded (__fdiv_rn, __fmul_rn), so the codes are equal.
+__global__ void nf4_quantize_kernel(uint8_t* codes, float* absmax, const float* w, int64_t blocks,
+                                    const __grid_constant__ Nf4Midpoints mid,
+                                    unsigned long long* bad_block) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; b < blocks;
+       b += warps) {
+    const float2 x = reinterpret_cast<const float2*>(w + b * kBlockSize)[lane];
+    const bool finite = isfinite(x.x) && isfinite(x.y);
+    float amax = fmaxf(fabsf(x.x), fabsf(x.y));
+    for (int offset = 16; offset > 0; offset /= 2)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    if (!__all_sync(0xffffffffu, finite)) {
+      if (lane == 0) atomicMin(bad_block, static_cast<unsigned long long>(b));
+      continue;
+    }
+    if (lane == 0) absmax[b] = amax;
+    const float inv = __fdiv_rn(1.0f, fmaxf(amax, 1e-38f));
+    const float even = fminf(fmaxf(__fmul_rn(x.x, inv), -1.0f), 1.0f);
+    const float odd = fminf(fmaxf(__fmul_rn(x.y, inv), -1.0f), 1.0f);
+    int hi = 0, lo = 0;
+#pragma unroll
+    for (int k = 0; k < 15; ++k) {
+      hi += mid.at[k] < even;
+      lo += mid.at[k] < odd;
+    }
+    codes[b * kBlockSize / 2 + lane] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+}
+
 void check_size(int64_t n, const char* what) {
   if (n % kBlockSize != 0)
     ::frugal::fail(what, ": ", n, " elements is not a multiple of the block size ", kBlockSize);
@@ -103,6 +140,18 @@ void nf4_dequantize(bf16* out, const uint8_t* codes, const uint8_t* absmax_codes
   else
     nf4_dequantize_kernel<false><<<blocks, kThreads, 0, stream>>>(
         out, codes, absmax_codes, absmax_scales, absmax_offset, tables, groups);
+  CUDA_CHECK_LAUNCH();
+}
+
+void nf4_quantize_blocks(uint8_t* codes, float* absmax, const float* w, int64_t blocks,
+                         const float* midpoints, int64_t* bad_block, cudaStream_t stream) {
+  if (blocks <= 0) return;
+  Nf4Midpoints mid;
+  std::memcpy(mid.at, midpoints, sizeof(mid.at));
+  const unsigned grid = grid_stride_blocks(blocks, kThreads / 32);
+  static_assert(sizeof(int64_t) == sizeof(unsigned long long));
+  nf4_quantize_kernel<<<grid, kThreads, 0, stream>>>(
+      codes, absmax, w, blocks, mid, reinterpret_cast<unsigned long long*>(bad_block));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -18,6 +18,14 @@ void nf4_dequantize(__nv_bfloat16* out, const uint8_t* codes, const uint8_t* abs
                     const float* absmax_scales, float absmax_offset, const float* nf4_table,
                     const float* absmax_map, int64_t n, cudaStream_t stream);
 
+// NF4's first level on the GPU, as frugal::cpu::nf4_quantize_blocks (kernels/cpu/quant.h) bit
+// for bit: codes[blocks * 32], absmax[blocks] of w[blocks * 64], one warp per block. midpoints:
+// the 15 fp32 thresholds (a host array, quant/nf4.h's nf4_midpoints(); a kernel parameter).
+// *bad_block (device) is lowered to the first block holding inf or NaN; set it to `blocks`
+// before the launch.
+void nf4_quantize_blocks(uint8_t* codes, float* absmax, const float* w, int64_t blocks,
+                         const float* midpoints, int64_t* bad_block, cudaStream_t stream);
+
 // out[n] = bf16((code - zeros[g]) * scales[g]), g = i / 64, as the CPU's hqq_dequantize rounded
 // to bf16 (bit for bit). n is a multiple of 64; codes holds n / 2 bytes (high nibble first).
 void hqq_dequantize(__nv_bfloat16* out, const uint8_t* codes, const float* scales,

@@ -5,6 +5,7 @@
 #include "core/random.h"
 #include "model/lora.h"
 #include "model/parameter_provider.h"
+#include "ops/ops.h"
 
 namespace frugal {
 
@@ -44,20 +45,14 @@ void init_parameter_rows(Tensor& rows, const std::string& name, int64_t first_ro
     }
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < n_rows; ++r) {
-    uint64_t state = seed ^ name_hash ^ (0xD1B54A32D192ED03ull * uint64_t(first_row + r + 1));
-    float* row = out + r * row_len;
-    for (int64_t j = 0; j < row_len; j += 2) {
-      // Box-Muller on two uniforms in (0, 1].
-      double u1 = (double(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: finite log
-      double u2 = uniform01(state);
-      double radius = std::sqrt(-2.0 * std::log(u1));
-      row[j] = static_cast<float>(std * radius * std::cos(2.0 * M_PI * u2));
-      if (j + 1 < row_len)
-        row[j + 1] = static_cast<float>(std * radius * std::sin(2.0 * M_PI * u2));
-    }
-  }
+  // Box-Muller pairs on each row's own stream (kernels/normal_init.h).
+  ops::normal_rows(rows, init_row_key(name, seed), first_row, std);
 }
+
+bool init_is_normal(const std::string& name) {
+  return !is_norm(name) && !is_lora_a(name) && !is_lora_b(name);
+}
+
+uint64_t init_row_key(const std::string& name, uint64_t seed) { return seed ^ fnv1a(name); }
 
 }  // namespace frugal

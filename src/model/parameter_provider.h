@@ -89,5 +89,10 @@ inline Tensor ParameterProvider::materialize(int64_t unit, size_t i) {
 // normal(0, std) with rows drawn from their own counter-based stream.
 void init_parameter_rows(Tensor& rows, const std::string& name, int64_t first_row, uint64_t seed,
                          float std);
+// Whether init_parameter_rows draws the named weight from normal(0, std) (not a norm, not a LoRA
+// matrix), and the key of its rows' streams for kernels/normal_init.h: a device that makes the
+// rows itself (ops::normal_rows) makes the same numbers.
+bool init_is_normal(const std::string& name);
+uint64_t init_row_key(const std::string& name, uint64_t seed);
 
 }  // namespace frugal

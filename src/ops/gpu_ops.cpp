@@ -12,6 +12,7 @@
 
 #include "core/device.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/normal_init.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_merge.h"
@@ -24,6 +25,7 @@
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/galore.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/normal_init.h"
 #include "kernels/cuda/quant.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
@@ -346,6 +348,53 @@ void scale_inplace(Tensor& y, float s) {
 }
 
 void zero(Tensor& t) { fill_zero_async(t, device().context->compute()); }
+
+int64_t normal_rows(Tensor& rows, int64_t n_rows, int64_t row_len, uint64_t key, int64_t first_row,
+                    float std) {
+  expect(rows, DType::f32, "initialised rows");
+  const int64_t n = rows.numel();
+  // Room for 8 times the expected hand-overs (1 in 10^5) and at least 4096; more (never seen)
+  // and the kernel runs again with room for all of them.
+  int64_t capacity = std::max<int64_t>(4096, n / 12000);
+  for (;;) {
+    Tensor count = zeros({1}, DType::i64, compute_arena());
+    Tensor index = empty({capacity}, DType::i64);
+    cuda::normal_rows(f32(rows), n_rows, row_len, key, first_row, std,
+                      static_cast<int64_t*>(index.raw()),
+                      static_cast<unsigned long long*>(count.raw()), capacity, stream());
+    const int64_t handed = to_host(count, device().context->compute()).data<int64_t>()[0];
+    if (handed > capacity) {
+      capacity = handed;
+      continue;
+    }
+    if (handed == 0) return 0;
+    // The host's values for them, put in place on the GPU.
+    Tensor host_index = to_host(index.rows(0, handed), device().context->compute());
+    Tensor values = Tensor::empty({handed}, DType::f32);
+    const int64_t* at = host_index.data<int64_t>();
+    for (int64_t i = 0; i < handed; ++i)
+      values.data<float>()[i] =
+          cpu::normal_value(key, first_row + at[i] / row_len, at[i] % row_len, std);
+    Tensor device_values = clone_async(values, compute_arena(), device().context->compute());
+    cuda::scatter_values(f32(rows), static_cast<const int64_t*>(index.raw()), f32(device_values),
+                         handed, stream());
+    device().context->compute().synchronize();  // `values` is pageable host memory
+    return handed;
+  }
+}
+
+int64_t nf4_first_level(const Tensor& w, int64_t blocks, Tensor& codes, Tensor& absmax,
+                        const float* midpoints) {
+  expect(w, DType::f32, "weight to quantize");
+  Tensor bad = empty({1}, DType::i64);
+  const int64_t none = blocks;
+  Tensor host_none = Tensor::empty({1}, DType::i64);
+  host_none.data<int64_t>()[0] = none;
+  copy(bad, host_none);
+  cuda::nf4_quantize_blocks(static_cast<uint8_t*>(codes.raw()), f32(absmax), f32(w), blocks,
+                            midpoints, static_cast<int64_t*>(bad.raw()), stream());
+  return to_host(bad, device().context->compute()).data<int64_t>()[0];
+}
 
 void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
                     const Tensor& scales, float offset, const float* nf4_table,

@@ -60,6 +60,10 @@ double read_loss(const Tensor& loss_sum);
 void add_inplace(Tensor& y, const Tensor& x);
 void scale_inplace(Tensor& y, float s);
 void zero(Tensor& t);
+int64_t normal_rows(Tensor& rows, int64_t n_rows, int64_t row_len, uint64_t key, int64_t first_row,
+                    float std);
+int64_t nf4_first_level(const Tensor& w, int64_t blocks, Tensor& codes, Tensor& absmax,
+                        const float* midpoints);
 void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,
                     const Tensor& scales, float offset, const float* nf4_table,
                     const float* absmax_map);

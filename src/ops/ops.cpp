@@ -12,6 +12,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/galore.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/normal_init.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -460,6 +461,29 @@ std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs) {
     out.push_back({c.sum_squares, c.nonfinite, c.bf16_underflow, c.bf16_overflow, x.numel()});
   }
   return out;
+}
+
+int64_t normal_rows(Tensor& rows, uint64_t key, int64_t first_row, float std) {
+  const int64_t n_rows = rows.ndim() == 0 ? 1 : rows.size(0);
+  const int64_t row_len = n_rows ? rows.numel() / n_rows : 0;
+  FRUGAL_ON_GPU(rows, normal_rows(rows, n_rows, row_len, key, first_row, std));
+  expect_cpu_f32(rows, "initialised rows");
+  cpu::normal_rows(rows.data<float>(), n_rows, row_len, key, first_row, std);
+  return 0;
+}
+
+int64_t nf4_first_level(const Tensor& w, int64_t blocks, Tensor& codes, Tensor& absmax,
+                        const float* midpoints) {
+  FRUGAL_CHECK(blocks >= 0 && w.dtype() == DType::f32 && w.numel() >= blocks * 64 &&
+                   codes.dtype() == DType::u8 && codes.numel() >= blocks * 32 &&
+                   absmax.dtype() == DType::f32 && absmax.numel() >= blocks &&
+                   codes.device() == w.device() && absmax.device() == w.device(),
+               "nf4_first_level of ", blocks, " blocks from ", w.numel(), " ",
+               dtype_name(w.dtype()), " values into ", codes.numel(), " code bytes and ",
+               absmax.numel(), " absmax values");
+  FRUGAL_ON_GPU(w, nf4_first_level(w, blocks, codes, absmax, midpoints));
+  return cpu::nf4_quantize_blocks(codes.data<uint8_t>(), absmax.data<float>(), w.data<float>(),
+                                  blocks, midpoints);
 }
 
 void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes,

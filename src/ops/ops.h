@@ -174,7 +174,19 @@ struct GradHealth {
 };
 std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs);
 
-// --- quantized weights ------------------------------------------------------------------
+// --- seeded initialisation and quantized weights ----------------------------------------
+// rows (f32 [n, ...], either device) = rows first_row .. first_row + n - 1 of a weight drawn from
+// normal(0, std) by the streams of `key` (kernels/normal_init.h, model's init_row_key): the same
+// numbers on both devices, bit for bit. Returns how many values the host made for a GPU (those
+// whose fp32 rounding the GPU's libm could change, about 1 in 10^5; 0 on the CPU).
+int64_t normal_rows(Tensor& rows, uint64_t key, int64_t first_row, float std);
+
+// NF4's first level (quant/nf4.h) of the first `blocks` blocks of 64 of w (f32) into codes (u8,
+// at least blocks * 32) and absmax (f32, at least blocks), all on one device, the same bytes on
+// both; midpoints: nf4_midpoints(). Returns the first block holding inf or NaN, or `blocks`.
+int64_t nf4_first_level(const Tensor& w, int64_t blocks, Tensor& codes, Tensor& absmax,
+                        const float* midpoints);
+
 // NF4 (quant/nf4.h's format) dequantized into out (numel n, a multiple of 64): f32 on the CPU,
 // bf16 on a GPU. codes u8 [n / 2], absmax_codes u8 [n / 64], scales f32 [ceil(n / 16384)] on
 // out's device; the tables are host arrays (nf4_values(), dynamic_map_values()).

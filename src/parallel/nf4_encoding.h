@@ -13,10 +13,19 @@ namespace frugal {
 class Nf4Encoding : public WeightEncoding {
  public:
   void encode(const ShardLayout& l, const Tensor& rows, const EncodingContext& context) override;
+  // On a GPU: the rows made and quantized there a slice at a time (ops::normal_rows,
+  // ops::nf4_first_level), only the codes and the absmax coming to the host.
+  bool encode_seeded(const ShardLayout& l, const SeededRows& seeded,
+                     const EncodingContext& context) override;
   std::vector<EncodedPart> parts() const override;
   void decode(const std::vector<Tensor>& whole, Tensor& out) const override;
 
  private:
+  // The second level from this rank's first (codes [shard_rows * row_len / 2] and absmax
+  // [shard_rows * row_len / 64], on any device, zeros past its real rows), and the parts kept.
+  void encode_levels(const ShardLayout& l, const Tensor& codes, const Tensor& absmax,
+                     const EncodingContext& context);
+
   Tensor codes_;         // u8 [shard_rows * row_len / 2]
   Tensor absmax_codes_;  // u8 [shard_rows * row_len / 64]
   Tensor scales_;        // f32 [ceil(rows * row_len / 64 / 256)], the whole tensor's

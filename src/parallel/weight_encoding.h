@@ -43,6 +43,13 @@ struct EncodingContext {
   Arena& store;     // where the parts are kept (where the gathers read them, or upload them from)
 };
 
+// The rows of a weight no file gives: drawn from normal(0, std) by the streams of `key`
+// (init_row_key; ops::normal_rows makes them on either device).
+struct SeededRows {
+  uint64_t key = 0;
+  float std = 0;
+};
+
 // One frozen weight in an encoding: this rank's encoded rows, and the decoder of the whole.
 // Each encoding is a class of its own (Nf4Encoding, HqqEncoding); ZeRO-3 holds one object per
 // encoded weight and knows only this interface. Fp8Encoding (a frozen LoRA base in E4M3) is one
@@ -58,6 +65,15 @@ class WeightEncoding {
   // Throws an Error naming the weight where it cannot be encoded (shape, inf or NaN). Called
   // once, before parts() and decode().
   virtual void encode(const ShardLayout& l, const Tensor& rows, const EncodingContext& context) = 0;
+  // Encodes this rank's rows of a weight that comes from the seed, making them where the
+  // encoding works fastest (a GPU: context.transfer's device) instead of in host memory; the
+  // same parts as encode of the host's rows, bit for bit. Returns false where it has no such
+  // path (the caller then makes the rows on the host and calls encode). A collective like encode.
+  virtual bool encode_seeded(const ShardLayout& l, const SeededRows& seeded,
+                             const EncodingContext& context) {
+    (void)l, (void)seeded, (void)context;
+    return false;
+  }
   // The parts, in an order that decode relies on and that is the same on every rank.
   virtual std::vector<EncodedPart> parts() const = 0;
   // out (the real rows, [l.rows, ...], the compute dtype of its device) = the weight decoded from

@@ -66,24 +66,33 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     std::vector<std::optional<ops::Fp8Slot>> fp8_slots;
     for (const ParamSpec& spec : unit.params) {
       ShardLayout l = shard_layout(spec, ranks);
-      // Initialised in host memory (the same numbers whatever the device), then moved.
-      Tensor init = Tensor::zeros(l.shard_shape(), DType::f32);
-      const int64_t first = l.first_row(rank), last = l.last_row(rank);
-      if (last > first) {
-        Tensor real_rows = init.rows(0, last - first);
-        if (!init_from.load_rows || !init_from.load_rows(spec.name, first, last, real_rows))
-          init_parameter_rows(real_rows, spec.name, first, seed, init_std);
-      }
-      // An encoded weight keeps its parts only: the fp32 rows go with `init`, one tensor's at
-      // a time.
       std::unique_ptr<WeightEncoding> encoding = encoding_for(spec, init_from);
-      if (encoding) {
-        encoding->encode(l, init, encoding_context);
+      // A weight that comes from the seed may be made and encoded on the GPU (a random 70B base
+      // in seconds instead of minutes): the same parts as from the host's rows.
+      const bool seeded = !init_from.load_rows && init_is_normal(spec.name);
+      if (encoding && seeded &&
+          encoding->encode_seeded(l, SeededRows{init_row_key(spec.name, seed), init_std},
+                                  encoding_context)) {
         shards.push_back(Tensor());
       } else {
-        Tensor shard = Tensor::empty(l.shard_shape(), arenas_.master, *arenas_.params);
-        ops::assign(shard, init);
-        shards.push_back(shard);
+        // Initialised in host memory (the same numbers whatever the device), then moved.
+        Tensor init = Tensor::zeros(l.shard_shape(), DType::f32);
+        const int64_t first = l.first_row(rank), last = l.last_row(rank);
+        if (last > first) {
+          Tensor real_rows = init.rows(0, last - first);
+          if (!init_from.load_rows || !init_from.load_rows(spec.name, first, last, real_rows))
+            init_parameter_rows(real_rows, spec.name, first, seed, init_std);
+        }
+        // An encoded weight keeps its parts only: the fp32 rows go with `init`, one tensor's at
+        // a time.
+        if (encoding) {
+          encoding->encode(l, init, encoding_context);
+          shards.push_back(Tensor());
+        } else {
+          Tensor shard = Tensor::empty(l.shard_shape(), arenas_.master, *arenas_.params);
+          ops::assign(shard, init);
+          shards.push_back(shard);
+        }
       }
       encoded.push_back(std::move(encoding));
       fp8_slots.push_back(fp8_gather_slot(spec, l, init_from, arenas_.gathered->device()));
@@ -99,6 +108,12 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     encoded_.push_back(std::move(encoded));
     fp8_slots_.push_back(std::move(fp8_slots));
   }
+  // The total, for a slow one (benchmarks read it: tools/bench/qlora_70b_one_gpu).
+  const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+  if (seconds >= 5)
+    log_info("parameters: ", units_.size(), " units initialised",
+             init_from.nf4 || init_from.hqq || init_from.encoding ? " and quantized" : "", " in ",
+             std::lround(seconds * 10) / 10.0, " s");
   refresh_copies();
   // On a GPU a frozen weight needs only its bf16 copy (or its host staging copy): its fp32
   // master would never change, so it goes (4 bytes per frozen weight).

@@ -7,13 +7,12 @@
 // linspace makes 72 of its 256 values differ by an ulp from the exact formula).
 #include "quant/nf4.h"
 
-#include "kernels/cpu/quant.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/cpu/quant.h"
 
 namespace frugal {
 
@@ -108,7 +107,8 @@ constexpr std::array<float, 256> kDynamicMap = {
     0x1.eep-1f,       0x1.f53334p-1f,   0x1.fc6666p-1f,   0x1p+0f,
 };
 
-// Thresholds between neighbouring NF4 values, rounded to fp32 as bitsandbytes computes them.
+}  // namespace
+
 const std::array<float, 15>& nf4_midpoints() {
   static const std::array<float, 15> mid = [] {
     std::array<float, 15> m{};
@@ -118,7 +118,7 @@ const std::array<float, 15>& nf4_midpoints() {
   return mid;
 }
 
-constexpr int64_t kParallelBlocks = 64;  // fewer blocks than this: one thread
+namespace {
 
 void check_nf4_shape(const Shape& shape, const std::string& name) {
   if (shape.empty()) fail("nf4: tensor '", name, "' is a scalar; NF4 quantizes matrices");
@@ -162,43 +162,20 @@ Nf4Weight nf4_quantize(const Tensor& w, const std::string& name) {
 
 void nf4_quantize_blocks(const float* w, int64_t blocks, int64_t row_len, uint8_t* codes,
                          float* absmax, const std::string& name) {
-  // A non-finite value cannot throw inside the parallel loop; the first bad block is reported
-  // after it.
-  int64_t bad_block = blocks;
-  const std::array<float, 15>& mid = nf4_midpoints();
-#pragma omp parallel for schedule(static) reduction(min : bad_block) if (blocks >= kParallelBlocks)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float* x = w + b * kNf4BlockSize;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t i = 0; i < kNf4BlockSize; ++i) {
-      finite = finite && std::isfinite(x[i]);
-      amax = std::max(amax, std::fabs(x[i]));
-    }
-    if (!finite) {
-      bad_block = std::min(bad_block, b);
-      continue;
-    }
-    absmax[b] = amax;
-    // bitsandbytes clamps the divisor to 1e-38: an all-zero block normalizes to 0, code 7.
-    const float inv = 1.0f / std::max(amax, 1e-38f);
-    uint8_t* out = codes + b * kNf4BlockSize / 2;
-    for (int64_t i = 0; i < kNf4BlockSize; i += 2) {
-      const uint8_t hi = code_of(std::clamp(x[i] * inv, -1.0f, 1.0f), mid);
-      const uint8_t lo = code_of(std::clamp(x[i + 1] * inv, -1.0f, 1.0f), mid);
-      out[i / 2] = static_cast<uint8_t>(hi << 4 | lo);
-    }
-  }
-  if (bad_block < blocks) {
-    const int64_t row = bad_block * kNf4BlockSize / row_len;
-    const int64_t col = bad_block * kNf4BlockSize % row_len;
-    fail("nf4: tensor '", name, "' has inf or NaN in block ", bad_block, " (row ", row,
-         ", columns ", col, "..", col + kNf4BlockSize - 1, "); refusing to quantize it");
-  }
+  const int64_t bad_block =
+      cpu::nf4_quantize_blocks(codes, absmax, w, blocks, nf4_midpoints().data());
+  if (bad_block < blocks) fail_nf4_non_finite(name, bad_block, row_len);
 }
 
-void nf4_double_quantize(const float* absmax, int64_t blocks, uint8_t* absmax_codes,
-                         float* scales, float* offset) {
+void fail_nf4_non_finite(const std::string& name, int64_t bad_block, int64_t row_len) {
+  const int64_t row = bad_block * kNf4BlockSize / row_len;
+  const int64_t col = bad_block * kNf4BlockSize % row_len;
+  fail("nf4: tensor '", name, "' has inf or NaN in block ", bad_block, " (row ", row, ", columns ",
+       col, "..", col + kNf4BlockSize - 1, "); refusing to quantize it");
+}
+
+void nf4_double_quantize(const float* absmax, int64_t blocks, uint8_t* absmax_codes, float* scales,
+                         float* offset) {
   // The absmax values minus their mean, 8-bit per block of 256 with an fp32 scale. torch sums
   // in fp32 in its own order; a double sum rounded once is the exact mean and differs from
   // torch's by an ulp at most.

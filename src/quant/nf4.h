@@ -27,6 +27,10 @@ const std::array<float, 16>& nf4_values();
 // is exactly 0 and code 255 is 1.
 const std::array<float, 256>& dynamic_map_values();
 
+// The 15 thresholds between neighbouring NF4 values, rounded to fp32 as bitsandbytes computes
+// them (the codes count those below a normalized value).
+const std::array<float, 15>& nf4_midpoints();
+
 // The NF4 code of a value already divided by its block's absmax: the count of midpoints between
 // neighbouring table values (rounded to fp32) that lie strictly below x, i.e. the nearest table
 // value with an exact tie going to the lower code (bitsandbytes' bucketize / CUDA decision tree).
@@ -61,10 +65,13 @@ Nf4Weight nf4_quantize(const float* w, const Shape& shape, const std::string& na
 // row_len elements, for the message about a non-finite value).
 void nf4_quantize_blocks(const float* w, int64_t blocks, int64_t row_len, uint8_t* codes,
                          float* absmax, const std::string& name);
+// The error nf4_quantize_blocks throws for a non-finite value in block bad_block (naming the
+// tensor, the row and the columns), for a first level computed elsewhere (ops::nf4_first_level).
+[[noreturn]] void fail_nf4_non_finite(const std::string& name, int64_t bad_block, int64_t row_len);
 // Second level over the absmax of every block: absmax_codes[blocks],
 // scales[ceil(blocks / 256)] and the offset (their mean).
-void nf4_double_quantize(const float* absmax, int64_t blocks, uint8_t* absmax_codes,
-                         float* scales, float* offset);
+void nf4_double_quantize(const float* absmax, int64_t blocks, uint8_t* absmax_codes, float* scales,
+                         float* offset);
 
 // The per-block absmax as dequantization sees it (after double quantization): out[blocks()].
 void nf4_dequantize_absmax(const Nf4Weight& q, float* out);

@@ -42,8 +42,13 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
                               : 2 * shard * master;
         if (s.gpu && s.state == StateDType::fp32) plan.copies += shard * 2;
       } else if (encoded) {
-        // Two codes a byte (the block scales, a few % more, are left out: a lower bound).
-        (s.gpu ? plan.copies : plan.params) += shard / 2;
+        // Two codes a byte and the block scales: NF4's absmax code per 64 (and the whole
+        // tensor's second-level scale per 256 blocks, on every rank), HQQ's scale and zero.
+        const size_t blocks = shard / 64;
+        const size_t parts =
+            shard / 2 +
+            (s.four_bit_hqq ? 8 * blocks : blocks + 4 * ((rows * row_len / 64 + 255) / 256));
+        (s.gpu ? plan.copies : plan.params) += parts;
       } else {
         // A frozen weight on a GPU keeps only its bf16 copy; on the CPU its fp32 master.
         (s.gpu ? plan.copies : plan.params) += shard * (s.gpu ? 2 : 4);

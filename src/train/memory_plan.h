@@ -16,7 +16,7 @@ namespace frugal {
 
 struct MemoryPlan {
   // Per rank, by kind, as the run's arenas will count them.
-  size_t params = 0;     // master shards (and frozen weights as stored: fp32, or 4-bit codes)
+  size_t params = 0;     // master shards (and frozen weights as stored: fp32, or 4-bit parts)
   size_t grads = 0;      // gradient shards of the trainable weights
   size_t optimizer = 0;  // AdamW's two moments (GaLore: its projected moments and projectors)
   size_t copies = 0;     // GPU: the bf16 copies the ranks gather (4-bit codes of frozen weights)
@@ -32,7 +32,8 @@ struct PlanSettings {
   Offload offload = Offload::none;
   StateDType state = StateDType::fp32;
   std::function<bool(const ParamSpec&)> four_bit;  // frozen weights stored in 4 bits (QLoRA)
-  int64_t galore_rank = 0;                         // GaLore's rank (0: AdamW on every weight)
+  bool four_bit_hqq = false;  // their format: NF4 (false) or HQQ (scale and zero per 64)
+  int64_t galore_rank = 0;    // GaLore's rank (0: AdamW on every weight)
   size_t activation_inputs = 0;  // offloaded activations (offloaded_input_bytes), host memory
 };
 

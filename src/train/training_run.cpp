@@ -325,6 +325,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   if (c.optim.type == OptimizerType::galore_adamw) settings.galore_rank = c.galore.rank;
   if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
     settings.four_bit = projection;
+  settings.four_bit_hqq = c.train.type == TrainType::hqq_lora;
   settings.activation_inputs = offloaded_input_bytes(c, mesh().cp_size, use_gpu);
   const MemoryPlan plan = plan_memory(units, settings);
   const std::string advice =
@@ -335,6 +336,12 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   // Every rank of a node draws on the same host memory.
   const size_t node_ranks = size_t(mpi_node_size());
   const size_t available = available_host_bytes();
+  // Said before anything is allocated: a 70B base takes tens of GiB of (pinned) host memory.
+  if (world().rank() == 0)
+    log_info("memory plan per rank: host ", gib(plan.host), ", ",
+             use_gpu ? "GPU " + gib(plan.device) : std::string("no GPU"), " (", describe(plan),
+             ", before activations); this node: ", node_ranks, " rank(s), ",
+             available > 0 ? gib(available) + " of host memory available" : "host memory unknown");
   if (available > 0 && plan.activation_inputs > 0 && plan.host * node_ranks > available)
     fail("config key 'train.activation_offload': inputs needs ", gib(plan.activation_inputs),
          " of host memory per rank for the blocks' inputs (", c.model.num_hidden_layers - 1,

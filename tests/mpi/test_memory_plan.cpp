@@ -1,7 +1,7 @@
 // The memory plan of a run (train/memory_plan.h), worked out before anything is allocated,
 // against what ZeRO-3 and AdamW then allocate on this rank, counted by their arenas: equal for
-// full and LoRA training (padded row shards on 1, 2, 4 and 8 ranks), a lower bound within the
-// block scales' few percent for a 4-bit base.
+// full, LoRA and QLoRA training (padded row shards on 1, 2, 4 and 8 ranks; NF4's and HQQ's
+// codes and block scales).
 #include <algorithm>
 
 #include "catch_compat.h"
@@ -92,22 +92,26 @@ TEST_CASE("memory plan: the bytes ZeRO-3 and AdamW allocate, before they do", "[
     CHECK(plan.grads == m.grads);
     CHECK(plan.optimizer == m.optimizer);
   }
-  SECTION("QLoRA: the 4-bit base counted by its codes, a lower bound") {
+  SECTION("QLoRA and HQQ-LoRA: the 4-bit base counted by its codes and block scales") {
     LoraConfig lora;
     lora.rank = 4;
     lora.targets = lora_targets_from_names("all");
     const std::vector<UnitSpec> units = lora_units(config, lora);
-    Zero3Init init;
-    init.nf4 = [](const ParamSpec& p) {
+    const auto projection = [](const ParamSpec& p) {
       return p.shape.size() == 2 && is_block_projection(p.name);
     };
-    settings.four_bit = init.nf4;
-    const MemoryPlan plan = plan_memory(units, settings);
-    const Measured m = allocate(units, *comm, init);
-    CHECK(plan.params <= m.params);
-    CHECK(double(plan.params) >= 0.9 * double(m.params));
-    CHECK(plan.grads == m.grads);
-    CHECK(plan.optimizer == m.optimizer);
+    for (const bool hqq : {false, true}) {
+      INFO((hqq ? "HQQ" : "NF4"));
+      Zero3Init init;
+      (hqq ? init.hqq : init.nf4) = projection;
+      settings.four_bit = projection;
+      settings.four_bit_hqq = hqq;
+      const MemoryPlan plan = plan_memory(units, settings);
+      const Measured m = allocate(units, *comm, init);
+      CHECK(plan.params == m.params);
+      CHECK(plan.grads == m.grads);
+      CHECK(plan.optimizer == m.optimizer);
+    }
   }
 }
 
