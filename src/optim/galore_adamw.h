@@ -6,10 +6,12 @@
 // local (it may run on a thread of its own, as AdamW's does under offload).
 #pragma once
 
+#include <mutex>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/parameter_provider.h"
+#include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/galore_projector.h"
 #include "optim/optimizer.h"
@@ -33,6 +35,10 @@ struct GaloreConfig {
   // then counts a projected matrix by its projected gradient's norm (the whole gradient's sum
   // is nowhere). False: every gradient shard arrives summed over the replicas.
   bool projected_replica_sums = false;
+  // Time GaLore's device work with timing events (ops::TimeMark): take_profile() reports the
+  // mean milliseconds per step of the refreshes, the projections (R and the step back) and
+  // Adam on the projected moments with the weight update.
+  bool profile = false;
 };
 
 // Whether GaLore projects a parameter: the blocks' attention and MLP matrices (q, k, v, o, gate,
@@ -58,6 +64,9 @@ class GaloreAdamW : public Optimizer {
   std::vector<StateTensor> state_tensors() override;
   nlohmann::json state_values() const override;
   void load_state_values(const nlohmann::json& values) override;
+  // galore.profile: {"steps", "refreshes", "refresh_ms", "projection_ms", "moments_ms"}, the
+  // milliseconds per step over the steps since the last call (waits for their work).
+  nlohmann::json take_profile() override;
 
   // This rank's optimizer state, and what AdamW's two moments of the same shards would take.
   struct StateBytes {
@@ -95,6 +104,12 @@ class GaloreAdamW : public Optimizer {
   void rotate_moments(Matrix& x, const Tensor& old_projector, const StepCollectives& collectives);
   void update_projected(Matrix& x);
 
+  // galore.profile's spans of device work, by kind.
+  enum class Work { refresh, projection, moments, kinds };
+  ops::TimeMark mark() const;
+  void timed(Work work, const ops::TimeMark& start);
+  ops::MatmulPrecision precision() const;
+
   // Temporaries of host tensors: the optimizer's own, since update(k) may run on a thread of
   // its own beside the main thread's use of the host arena. Declared first, destroyed last.
   Arena scratch_{"GaLore scratch (host)", Device::cpu};
@@ -106,6 +121,13 @@ class GaloreAdamW : public Optimizer {
   std::vector<Matrix> matrices_;
   double lr_ = 0, clip_scale_ = 1;
   int64_t step_ = 0;
+  struct Span {
+    Work work;
+    ops::TimeMark start, end;
+  };
+  std::mutex spans_mutex_;  // update(k) may run on threads of their own
+  std::vector<Span> spans_;
+  int64_t profiled_steps_ = 0, profiled_refreshes_ = 0;
 };
 
 }  // namespace frugal

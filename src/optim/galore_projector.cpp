@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 
-#include "core/random.h"
 #include "ops/ops.h"
 
 namespace frugal {
@@ -121,20 +119,6 @@ void orthonormalize(Tensor& y, bool rows, const SumInPlace& sum_in_place, Arena&
   }
 }
 
-// The sketch's random matrix Omega [n, l]: standard normal entries, each a function of the
-// seed and its (row, column) alone (Box-Muller on a counter-based generator), so every rank and
-// every rank count draws the same one.
-Tensor sketch(int64_t n, int64_t l, uint64_t seed) {
-  Tensor omega = Tensor::empty({n, l}, DType::f64);
-  double* o = omega.data<double>();
-  for (int64_t i = 0; i < n * l; ++i) {
-    uint64_t state = seed ^ (uint64_t(i) * 0xD1B54A32D192ED03ull);
-    const double u1 = 1.0 - uniform01(state), u2 = uniform01(state);  // u1 in (0, 1]
-    o[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-  return omega;
-}
-
 // Exact: the Gram G^T G [n, n] summed over the row shards, whose top eigenvectors are G's top
 // right singular vectors V. Right side: Q = V^T. Left side: the left singular vectors of this
 // rank's rows, P = G V Sigma^-1 (row-local). A singular value of zero (a gradient of rank
@@ -176,17 +160,21 @@ void randomized_projector(Tensor& projector, const Tensor& g, const Shape& full,
   const auto over_replicas = [&](Tensor& t) {
     if (collectives.replica_sum_in_place) collectives.replica_sum_in_place(t);
   };
+  const ops::MatmulPrecision range =
+      s.tf32 ? ops::MatmulPrecision::tf32 : ops::MatmulPrecision::fp32;
   Tensor y = galore_scratch(g, {rows, l}, scratch);
-  ops::matmul(y, g, false, f32_beside(sketch(n, l, seed), g, scratch), false);
+  Tensor omega = galore_scratch(g, {n, l}, scratch);
+  ops::galore_sketch(omega, seed);  // drawn where G lives: no host work, no upload
+  ops::matmul(y, g, false, omega, false, 1.0f, 0.0f, range);
   over_replicas(y);
   orthonormalize(y, false, collectives.sum_in_place, scratch);
   for (int64_t q = 0; q < s.power_iterations; ++q) {
     Tensor z = galore_scratch(g, {n, l}, scratch);
-    ops::matmul(z, g, true, y, false);
+    ops::matmul(z, g, true, y, false, 1.0f, 0.0f, range);
     collectives.sum_in_place(z);
     over_replicas(z);
     orthonormalize(z, false, kReplicated, scratch);
-    ops::matmul(y, g, false, z, false);
+    ops::matmul(y, g, false, z, false, 1.0f, 0.0f, range);
     over_replicas(y);
     orthonormalize(y, false, collectives.sum_in_place, scratch);
   }

@@ -36,6 +36,10 @@ struct GaloreProjectorSettings {
   int64_t rank = 128;
   int64_t oversampling = 8;      // randomized: sketch columns beyond the rank
   int64_t power_iterations = 1;  // randomized: passes of (G G^T) that sharpen the spectrum
+  // On a GPU, the products with the whole gradient that only find a range (G Omega, G^T Y,
+  // G Z) and the optimizer's per-step projections run in TF32 (ops::MatmulPrecision); the Gram
+  // matrices, B = Y^T G and the exact projector stay fp32. No effect on the CPU.
+  bool tf32 = false;
 };
 
 // The projector of the gradient whose rows [first, last) of `full_shape` [m, n] this rank holds

@@ -118,6 +118,8 @@ struct GaloreSettings {
   int64_t power_iterations = 1;
   MomentsOnRefresh moments_on_refresh = MomentsOnRefresh::keep;
   bool stagger = true;
+  bool tf32 = true;
+  bool profile = false;
 };
 
 struct ParallelConfig {

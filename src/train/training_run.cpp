@@ -267,6 +267,8 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     galore.scale = c.galore.scale;
     galore.moments_on_refresh = c.galore.moments_on_refresh;
     galore.stagger = c.galore.stagger;
+    galore.projector.tf32 = c.galore.tf32;
+    galore.profile = c.galore.profile;
     galore.seed = c.train.seed;
     optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, galore,
                                               *memory->optimizer);

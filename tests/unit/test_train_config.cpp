@@ -89,6 +89,8 @@ const std::map<std::string, std::string> kDefaults = {
     {"galore.power_iterations", "1"},
     {"galore.moments_on_refresh", "keep"},
     {"galore.stagger", "true"},
+    {"galore.tf32", "true"},
+    {"galore.profile", "false"},
     {"parallel.offload", "none"},
     {"parallel.cp", "1"},
     {"parallel.dp_shard", "0"},
