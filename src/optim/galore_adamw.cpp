@@ -63,6 +63,21 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
   const int64_t count = static_cast<int64_t>(matrices_.size()), gap = galore_.update_proj_gap;
   for (int64_t j = 0; j < count; ++j)
     matrices_[size_t(j)].phase = galore_.stagger ? j * gap / count : 0;
+  FRUGAL_CHECK(galore_.refresh == GaloreRefresh::immediate ||
+                   galore_.moments_on_refresh != MomentsOnRefresh::reset,
+               "GaLore's pipelined refreshes with moments_on_refresh = reset");
+  for (Matrix& x : matrices_) {
+    GaloreProjectorSettings settings = galore_.projector;
+    settings.rank = x.rank;
+    x.stages = galore_refresh_stages({x.rows, x.cols}, settings);
+  }
+  in_flight_.resize(matrices_.size());
+  if (galore_.refresh == GaloreRefresh::pipelined) worker_ = std::make_unique<HostWorker>();
+}
+
+GaloreAdamW::~GaloreAdamW() {
+  for (auto& f : in_flight_)
+    if (f && f->host.valid()) f->host.wait();
 }
 
 bool GaloreAdamW::refresh_due(size_t j, int64_t t) const {
@@ -109,8 +124,15 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   const int64_t t = step - 1;
   if (galore_.profile) ++profiled_steps_;
   const ops::TimeMark refresh_start = mark();
-  for (size_t j = 0; j < matrices_.size(); ++j)
-    if (refresh_due(j, t)) refresh(matrices_[j], t, summed);
+  advance_refreshes();
+  for (size_t j = 0; j < matrices_.size(); ++j) {
+    if (!refresh_due(j, t)) continue;
+    if (pipelined(t))
+      begin_refresh(j, t, summed);
+    else
+      refresh(matrices_[j], t, summed);
+  }
+  submit_host_work();
   timed(Work::refresh, refresh_start);
 
   // The left side's projections P^T G: one sum over the ranks for all of them.
@@ -145,6 +167,7 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
   std::vector<bool> whole(matrices_.size(), false);  // gradient rows summed over the replicas
   if (galore_.profile) ++profiled_steps_;
   const ops::TimeMark refresh_start = mark();
+  advance_refreshes();
   for (size_t j = 0; j < matrices_.size(); ++j) {
     if (!refresh_due(j, t)) continue;
     Matrix& x = matrices_[j];
@@ -153,8 +176,12 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
       collectives.replica_sum_in_place(rows);
       whole[j] = true;
     }
-    refresh(x, t, whole[j] ? summed : collectives);
+    if (pipelined(t))
+      begin_refresh(j, t, whole[j] ? summed : collectives);
+    else
+      refresh(x, t, whole[j] ? summed : collectives);
   }
+  submit_host_work();
   timed(Work::refresh, refresh_start);
 
   // The projections, before clipping: right R = G Q^T (row-local: summed over the replicas),
@@ -218,13 +245,86 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
   return report;
 }
 
-void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectives) {
-  const TrainableShard& s = shards_[x.shard];
-  if (galore_.profile) ++profiled_refreshes_;
+uint64_t GaloreAdamW::sketch_seed(const Matrix& x, int64_t t) const {
   // The sketch's seed: the run's, the matrix's name and the iteration (FNV-1a of the name).
   uint64_t seed = 0xCBF29CE484222325ull ^ galore_.seed;
-  for (char ch : s.name) seed = (seed ^ uint8_t(ch)) * 0x100000001B3ull;
-  seed ^= uint64_t(t) * 0x9E3779B97F4A7C15ull;
+  for (char ch : shards_[x.shard].name) seed = (seed ^ uint8_t(ch)) * 0x100000001B3ull;
+  return seed ^ uint64_t(t) * 0x9E3779B97F4A7C15ull;
+}
+
+void GaloreAdamW::begin_refresh(size_t j, int64_t t, const StepCollectives& collectives) {
+  // The matrix's previous refresh, if the gap is shorter than its stages, goes first.
+  if (in_flight_[j]) complete_refresh(j);
+  Matrix& x = matrices_[j];
+  if (galore_.profile) ++profiled_refreshes_;
+  auto f = std::make_unique<InFlight>();
+  f->collectives = collectives;
+  const Tensor rows = shards_[x.shard].grad.rows(0, x.local_rows);
+  Tensor snapshot = galore_scratch(rows, rows.shape(), scratch_);  // G_t, f32
+  ops::assign(snapshot, rows);
+  const Shape shape =
+      x.side == GaloreSide::right ? Shape{x.rank, x.cols} : Shape{x.local_rows, x.rank};
+  f->new_projector = galore_scratch(x.projector, shape, scratch_);
+  GaloreProjectorSettings settings = galore_.projector;
+  settings.rank = x.rank;
+  f->refresh = galore_projector_refresh(f->new_projector, std::move(snapshot), {x.rows, x.cols},
+                                        settings, sketch_seed(x, t), collectives, scratch_);
+  in_flight_[j] = std::move(f);
+}
+
+void GaloreAdamW::advance_refreshes() {
+  for (size_t j = 0; j < matrices_.size(); ++j) {
+    InFlight* f = in_flight_[j].get();
+    if (!f) continue;
+    // Always waits for the host work (results never depend on timing), then the next stage.
+    if (f->host.valid()) f->host.get();
+    if (!f->refresh.done()) f->refresh.resume();
+    if (++f->stages_done >= matrices_[j].stages) complete_refresh(j);
+  }
+}
+
+void GaloreAdamW::submit_host_work() {
+  for (auto& f : in_flight_) {
+    if (!f || f->refresh.done()) continue;
+    RefreshHostWork& work = f->refresh.host_work();
+    // The copies finish here (a device call), behind only this step's small products; the
+    // factorisations, pure host code, go to the worker.
+    for (ops::SideCopy& c : work.copies) c.done();
+    f->host = worker_->submit(work.math);
+  }
+}
+
+void GaloreAdamW::complete_refresh(size_t j) {
+  std::unique_ptr<InFlight> f = std::move(in_flight_[j]);
+  if (f->host.valid()) {
+    f->host.get();
+    f->refresh.resume();
+  }
+  f->refresh.finish();  // stages left over (a shifted CholeskyQR pass, an early completion)
+  install(matrices_[j], f->new_projector, f->collectives);
+}
+
+void GaloreAdamW::before_save() {
+  for (size_t j = 0; j < matrices_.size(); ++j)
+    if (in_flight_[j]) complete_refresh(j);
+}
+
+void GaloreAdamW::install(Matrix& x, const Tensor& new_projector,
+                          const StepCollectives& collectives) {
+  const bool rotate = galore_.moments_on_refresh == MomentsOnRefresh::project;
+  Tensor old_projector;
+  if (rotate) {
+    old_projector = ops::empty_like(x.projector, x.projector.shape(), x.projector.dtype());
+    ops::copy(old_projector, x.projector);
+  }
+  Tensor target = x.side == GaloreSide::right ? x.projector : x.projector.rows(0, x.local_rows);
+  ops::copy(target, new_projector);
+  if (rotate) rotate_moments(x, old_projector, collectives);
+}
+
+void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectives) {
+  if (galore_.profile) ++profiled_refreshes_;
+  const uint64_t seed = sketch_seed(x, t);
 
   const bool rotate = t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::project;
   Tensor old_projector;

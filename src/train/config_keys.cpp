@@ -146,6 +146,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"galore.stagger", &c.galore.stagger, kAny,
        "spread the refreshes over the gap, a few matrices per step (false: every matrix at "
        "once every update_proj_gap steps, as galore-torch)"},
+      {"galore.refresh", &c.galore.refresh, kAny,
+       "pipelined: a refresh runs one stage a step, its float64 host factorisations on a worker "
+       "thread, and its projector (of the gradient where it began) is installed a few steps "
+       "later; inline: within the step, the GPU idle while the host factorises (galore-torch)"},
       {"galore.tf32", &c.galore.tf32, kAny,
        "on a GPU, the projections and the randomized range finder's products with the gradient "
        "in TF32 on the tensor cores (false: fp32, several times slower; the CPU is always fp32)"},

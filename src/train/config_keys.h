@@ -45,7 +45,7 @@ constexpr KeyRule closed(double lo, double hi) { return {KeyRule::Kind::closed, 
 using KeyField =
     std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*, CheckpointPolicy*,
                  Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
-                 MomentsOnRefresh*, Fp8Recipe*, RopeScalingType*, DivergenceAction*>;
+                 MomentsOnRefresh*, GaloreRefresh*, Fp8Recipe*, RopeScalingType*, DivergenceAction*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch_compat.h"
@@ -136,13 +137,19 @@ TEST_CASE("GaloreAdamW on GPU row shards over NCCL equals the CPU on whole matri
   // The exact projector with the projections in fp32 and in TF32, the randomized one in fp32
   // (its subspace of these random gradients, whose spectrum has no gap, moves with the TF32
   // rounding of G Omega as much as with another sketch: a CPU comparison would not say much).
-  const std::pair<GaloreProjectorKind, bool> cases[] = {{GaloreProjectorKind::svd, false},
-                                                        {GaloreProjectorKind::svd, true},
-                                                        {GaloreProjectorKind::randomized, false}};
-  for (const auto& [kind, tf32] : cases) {
+  // Each also pipelined (galore.refresh): the device's stages, copies and worker against the
+  // CPU's pipelined twin.
+  const std::tuple<GaloreProjectorKind, bool, GaloreRefresh> cases[] = {
+      {GaloreProjectorKind::svd, false, GaloreRefresh::immediate},
+      {GaloreProjectorKind::svd, true, GaloreRefresh::immediate},
+      {GaloreProjectorKind::randomized, false, GaloreRefresh::immediate},
+      {GaloreProjectorKind::svd, false, GaloreRefresh::pipelined},
+      {GaloreProjectorKind::randomized, false, GaloreRefresh::pipelined}};
+  for (const auto& [kind, tf32, refresh] : cases) {
     GaloreConfig g;
     g.projector.kind = kind;
     g.projector.tf32 = tf32;
+    g.refresh = refresh;
     g.profile = true;  // timing events between the steps change no result
     g.projector.rank = 16;
     g.update_proj_gap = 2;
@@ -182,8 +189,8 @@ TEST_CASE("GaloreAdamW on GPU row shards over NCCL equals the CPU on whole matri
       const int64_t first = dev[k].rows.first_row, last = dev[k].rows.last_row;
       const double worst =
           max_difference(cpu[k].param.rows(first, last), dev[k].param.rows(0, last - first));
-      INFO(enum_name(kind) << (tf32 ? " tf32 " : " fp32 ") << params[k].first << " on " << ranks
-                           << " GPU(s): off by " << worst);
+      INFO(enum_name(kind) << (tf32 ? " tf32 " : " fp32 ") << enum_name(refresh) << " "
+                           << params[k].first << " on " << ranks << " GPU(s): off by " << worst);
       // Adam's first steps are nearly sign(R): a coordinate of the projected gradient R near zero,
       // rounded differently by cuBLASLt and OpenBLAS, steps the other way. The randomized
       // subspace of these random gradients (no gap in their spectrum) is also less determined

@@ -89,6 +89,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"galore.power_iterations", "1"},
     {"galore.moments_on_refresh", "keep"},
     {"galore.stagger", "true"},
+    {"galore.refresh", "pipelined"},
     {"galore.tf32", "true"},
     {"galore.profile", "false"},
     {"parallel.offload", "none"},
