@@ -3,8 +3,10 @@
 #include "kernels/cpu/galore.h"
 
 #include <cmath>
+#include <numbers>
 
 #include "core/dtype.h"
+#include "kernels/galore_sketch.h"
 
 namespace frugal::cpu {
 
@@ -31,6 +33,16 @@ void galore_apply(float* param, const float* delta, int64_t n, float step, float
     const float p = stepped + decay * stepped;
     param[i] = p;
     if (param_bf16) param_bf16[i] = float_to_bf16(p);
+  }
+}
+
+void galore_sketch(float* omega, int64_t count, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    double u1, u2;
+    galore_sketch_uniforms(seed, i, u1, u2);
+    omega[i] =
+        static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
   }
 }
 

@@ -16,4 +16,9 @@ void galore_moments(float* m, float* v, float* r, int64_t n, float beta1, float 
 void galore_apply(float* param, const float* delta, int64_t n, float step, float decay,
                   uint16_t* param_bf16);
 
+// The randomized projector's sketch Omega (count entries, row-major [n, l]): entry i is
+// sqrt(-2 log u1) cos(2 pi u2) in float64 with kernels/galore_sketch.h's uniforms, rounded
+// to fp32 once.
+void galore_sketch(float* omega, int64_t count, uint64_t seed);
+
 }  // namespace frugal::cpu

@@ -5,12 +5,14 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/galore.h"
 #include "kernels/cuda/pack16.cuh"
+#include "kernels/galore_sketch.h"
 
 namespace frugal::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
+constexpr double kPi = 3.141592653589793;  // std::numbers::pi
 
 __global__ void galore_moments_kernel(float* m, float* v, float* r, int64_t n, float beta1,
                                       float beta2, float one_minus_b1, float one_minus_b2,
@@ -37,6 +39,19 @@ __global__ void galore_apply_kernel(T* param, const float* delta, int64_t n, flo
     const float p = __fadd_rn(stepped, __fmul_rn(decay, stepped));
     param[i] = from_float<T>(p);
     if (param_bf16) param_bf16[i] = __float2bfloat16_rn(p);
+  }
+}
+
+// One entry per thread per iteration: Box-Muller in float64 (H100/H200 run fp64 at half the
+// fp32 rate, and 1M entries take microseconds), so the host's definition holds to rounding.
+__global__ void galore_sketch_kernel(float* omega, int64_t count, uint64_t seed) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    double u1, u2;
+    galore_sketch_uniforms(seed, i, u1, u2);
+    // The host's argument, 2 pi rounded to double and then times u2.
+    omega[i] = static_cast<float>(sqrt(-2.0 * log(u1)) * cos(2.0 * kPi * u2));
   }
 }
 
@@ -69,6 +84,13 @@ void galore_apply(float* param, const float* delta, int64_t n, float step, float
 void galore_apply(__nv_bfloat16* param, const float* delta, int64_t n, float step, float decay,
                   __nv_bfloat16* param_bf16, cudaStream_t stream) {
   launch_apply(param, delta, n, step, decay, param_bf16, stream);
+}
+
+void galore_sketch(float* omega, int64_t count, uint64_t seed, cudaStream_t stream) {
+  if (count <= 0) return;
+  galore_sketch_kernel<<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(omega, count,
+                                                                                     seed);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace frugal::cuda

@@ -20,4 +20,9 @@ void galore_apply(float* param, const float* delta, int64_t n, float step, float
 void galore_apply(__nv_bfloat16* param, const float* delta, int64_t n, float step, float decay,
                   __nv_bfloat16* param_bf16, cudaStream_t stream);
 
+// The randomized projector's sketch Omega (count entries): kernels/cpu/galore.h's galore_sketch,
+// drawn on the device (the float64 log and cos of CUDA's math library agree with the host's
+// to an ulp or so, so an entry may differ from the CPU twin's in its last fp32 bit).
+void galore_sketch(float* omega, int64_t count, uint64_t seed, cudaStream_t stream);
+
 }  // namespace frugal::cuda

@@ -59,7 +59,9 @@ const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
   const auto [trans_a, trans_b, m, n, k, lda, ldb, ldd, a_type, b_type, d_type, align_a, align_b,
               align_d, fast_accum] = key;
   Plan plan;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const bool tf32 = fast_accum && a_type == CUDA_R_32F && b_type == CUDA_R_32F;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(
+      &plan.desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(
@@ -121,7 +123,7 @@ const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
 void GemmContext::matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void* a,
                          cudaDataType_t a_type, int64_t lda, bool trans_a, const void* b,
                          cudaDataType_t b_type, int64_t ldb, bool trans_b, int64_t m, int64_t n,
-                         int64_t k, float alpha, float beta, cudaStream_t stream) {
+                         int64_t k, float alpha, float beta, cudaStream_t stream, bool tf32) {
   FRUGAL_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm m ", m, " n ", n, " k ", k);
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -143,7 +145,7 @@ void GemmContext::matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void
                     pointer_alignment(a),
                     pointer_alignment(b),
                     pointer_alignment(d),
-                    false};
+                    tf32 && a_type == CUDA_R_32F && b_type == CUDA_R_32F};
   const Plan& plan = plan_for(key);
   CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d,
                               plan.d, &plan.algo, workspace_, workspace_bytes_, stream));
@@ -230,10 +232,10 @@ void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy
 // (trans_b) it is column-major [k, n] (ld k), transposed. Likewise a, with ld k or m.
 void matmul_f32(GemmContext& ctx, float* c, const float* a, bool trans_a, const float* b,
                 bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
-                cudaStream_t stream) {
+                cudaStream_t stream, bool tf32) {
   FRUGAL_CHECK(k >= 1, "matmul_f32 with k ", k);
   ctx.matmul(c, CUDA_R_32F, n, b, CUDA_R_32F, trans_b ? k : n, trans_b, a, CUDA_R_32F,
-             trans_a ? m : k, trans_a, n, m, k, alpha, beta, stream);
+             trans_a ? m : k, trans_a, n, m, k, alpha, beta, stream, tf32);
 }
 
 }  // namespace frugal::cuda

@@ -45,12 +45,14 @@ class GemmContext {
 
   // Column-major D[m, n] = alpha * op(A) op(B) + beta * D, in cuBLAS's own convention:
   // op(A) is [m, k] (A stored [m, k] with lda >= m, or [k, m] when trans_a), op(B) is [k, n];
-  // D has leading dimension ldd >= m. C is D (in place). Compute is fp32 (CUBLAS_COMPUTE_32F).
+  // D has leading dimension ldd >= m. C is D (in place). Compute is fp32 (CUBLAS_COMPUTE_32F),
+  // or, with tf32 and fp32 operands, CUBLAS_COMPUTE_32F_FAST_TF32: the operands rounded to
+  // TF32 (10 mantissa bits) on the tensor cores, accumulated in fp32.
   // The row-major launchers below are written in terms of this.
   void matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void* a, cudaDataType_t a_type,
               int64_t lda, bool trans_a, const void* b, cudaDataType_t b_type, int64_t ldb,
               bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
-              cudaStream_t stream);
+              cudaStream_t stream, bool tf32 = false);
 
   // The same for FP8 operands (cuBLASLt takes them only as TN: trans_a set, trans_b not): the
   // product is scaled by *a_scale and *b_scale (device pointers, read when the GEMM runs, so
@@ -66,7 +68,7 @@ class GemmContext {
 
  private:
   // (trans_a, trans_b, m, n, k, lda, ldb, ldd, a_type, b_type, d_type, alignment a, b, d,
-  // fast FP8 accumulation)
+  // fast accumulation: Hopper's for FP8 operands, TF32 for fp32 ones)
   using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
                              int, int, int, int, int, bool>;
   struct Plan {
@@ -107,10 +109,12 @@ void fp8_gemm_tn(GemmContext& ctx, void* out, cudaDataType_t out_type, const uin
 
 // c[m, n] = alpha * op(a) . op(b) + beta * c, everything fp32 and row-major, op(a) [m, k] (a
 // stored [k, m] when trans_a), op(b) [k, n] (b stored [n, k] when trans_b): the twin of
-// frugal::cpu::matmul, for GaLore's projections. fp32 compute (CUBLAS_COMPUTE_32F: no TF32).
+// frugal::cpu::matmul, for GaLore's projections. fp32 compute (CUBLAS_COMPUTE_32F), or with
+// tf32 the tensor cores' TF32 (CUBLAS_COMPUTE_32F_FAST_TF32: about 8x the fp32 rate on an
+// H100/H200, each operand rounded to 10 mantissa bits, sums in fp32).
 // k must be at least 1 (ops/ handles the empty product).
 void matmul_f32(GemmContext& ctx, float* c, const float* a, bool trans_a, const float* b,
                 bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
-                cudaStream_t stream);
+                cudaStream_t stream, bool tf32 = false);
 
 }  // namespace frugal::cuda

@@ -555,12 +555,12 @@ void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const
 }
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
-            int64_t n, int64_t k, float alpha, float beta) {
+            int64_t n, int64_t k, float alpha, float beta, MatmulPrecision precision) {
   expect(a, DType::f32, "matmul operand a");
   expect(b, DType::f32, "matmul operand b");
   expect(c, DType::f32, "matmul result");
-  cuda::matmul_f32(gemm(), f32(c), f32(a), trans_a, f32(b), trans_b, m, n, k, alpha, beta,
-                   stream());
+  cuda::matmul_f32(gemm(), f32(c), f32(a), trans_a, f32(b), trans_b, m, n, k, alpha, beta, stream(),
+                   precision == MatmulPrecision::tf32);
 }
 
 void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps) {
@@ -581,6 +581,23 @@ void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, T
     cuda::galore_apply(bf(param), f32(delta), param.numel(), step, decay, copy, stream());
   else
     cuda::galore_apply(f32(param), f32(delta), param.numel(), step, decay, copy, stream());
+}
+
+void galore_sketch(Tensor& omega, uint64_t seed) {
+  expect(omega, DType::f32, "GaLore sketch");
+  cuda::galore_sketch(f32(omega), omega.numel(), seed, stream());
+}
+
+std::shared_ptr<void> record_timing_event() {
+  auto event = std::make_shared<Event>(/*timing=*/true);
+  event->record(device().context->compute());
+  return event;
+}
+
+double elapsed_ms(const std::shared_ptr<void>& start, const std::shared_ptr<void>& end) {
+  const auto& e = *static_cast<const Event*>(end.get());
+  e.synchronize();
+  return e.elapsed_ms_since(*static_cast<const Event*>(start.get()));
 }
 
 }  // namespace frugal::ops::gpu

@@ -83,9 +83,14 @@ void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const
                         int margin);
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
-            int64_t n, int64_t k, float alpha, float beta);
+            int64_t n, int64_t k, float alpha, float beta, MatmulPrecision precision);
 void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps);
 void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy);
+void galore_sketch(Tensor& omega, uint64_t seed);
+// A timing event recorded on the compute stream (a core/device.h Event), and the milliseconds
+// from one to another (waits for the later one).
+std::shared_ptr<void> record_timing_event();
+double elapsed_ms(const std::shared_ptr<void>& start, const std::shared_ptr<void>& end);
 
 }  // namespace frugal::ops::gpu
 

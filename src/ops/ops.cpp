@@ -1,6 +1,7 @@
 // Shape checks and device dispatch for every operation in ops.h.
 #include "ops/ops.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "kernels/cpu/adamw.h"
@@ -550,7 +551,7 @@ void expect_host_f64_square(const Tensor& a, const char* what) {
 }  // namespace
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float alpha,
-            float beta) {
+            float beta, MatmulPrecision precision) {
   FRUGAL_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "matmul of ",
                shape_string(a.shape()), " and ", shape_string(b.shape()), " into ",
                shape_string(c.shape()));
@@ -568,7 +569,8 @@ void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool tran
     if (beta == 0.0f) return zero(c);
     return scale_inplace(c, beta);
   }
-  FRUGAL_ON_GPU(c, matmul(c, a, trans_a, b, trans_b, m, n, k, alpha, beta));
+  FRUGAL_ON_GPU(c, matmul(c, a, trans_a, b, trans_b, m, n, k, alpha, beta, precision));
+  (void)precision;  // the CPU multiplies in fp32
   cpu::matmul(c.data<float>(), a.data<float>(), trans_a, b.data<float>(), trans_b, m, n, k, alpha,
               beta);
 }
@@ -614,6 +616,37 @@ void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, T
                  "the copy of a host parameter must be a bf16 host tensor");
   cpu::galore_apply(param.data<float>(), delta.data<float>(), param.numel(), step, decay,
                     param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
+}
+
+void galore_sketch(Tensor& omega, uint64_t seed) {
+  FRUGAL_CHECK(omega.dtype() == DType::f32, "GaLore sketch must be f32, not ",
+               dtype_name(omega.dtype()));
+  FRUGAL_ON_GPU(omega, galore_sketch(omega, seed));
+  cpu::galore_sketch(omega.data<float>(), omega.numel(), seed);
+}
+
+namespace {
+double host_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+TimeMark::TimeMark(Device device) {
+#ifdef FRUGAL_HAVE_CUDA
+  if (device == Device::cuda) {
+    event_ = gpu::record_timing_event();
+    return;
+  }
+#endif
+  (void)device;
+  host_s_ = host_seconds();
+}
+
+double TimeMark::ms_since(const TimeMark& start) const {
+#ifdef FRUGAL_HAVE_CUDA
+  if (event_) return gpu::elapsed_ms(start.event_, event_);
+#endif
+  return 1e3 * (host_s_ - start.host_s_);
 }
 
 }  // namespace frugal::ops

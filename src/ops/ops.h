@@ -207,11 +207,16 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                   Tensor param_copy = Tensor());
 
 // --- dense linear algebra (GaLore's projections) ---------------------------------------------
+// How a GPU multiplies f32 matrices: in fp32, or on the tensor cores in TF32 (each operand
+// rounded to 10 mantissa bits, the sums in fp32; several times faster). The CPU always
+// multiplies in fp32.
+enum class MatmulPrecision { fp32, tf32 };
 // c = alpha * op(a) . op(b) + beta * c for f32 matrices on one device, op(x) = x^T when its flag
 // is set: op(a) [m, k], op(b) [k, n], c [m, n]. With k = 0 (a shard without rows) the product is
 // zero: c = beta * c.
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-            float alpha = 1.0f, float beta = 0.0f);
+            float alpha = 1.0f, float beta = 0.0f,
+            MatmulPrecision precision = MatmulPrecision::fp32);
 // Small factorisations in float64 on the host (LAPACK), for matrices of the projection rank or
 // one side of a weight. a is a host f64 [n, n] tensor, overwritten:
 // symmetric_eigen: values (host f64 [n]) ascending, row i of a the unit eigenvector of values[i];
@@ -229,5 +234,23 @@ void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, f
 // (optional, bf16) receives the result in its dtype.
 void galore_apply(Tensor& param, const Tensor& delta, float step, float decay,
                   Tensor param_copy = Tensor());
+// The randomized projector's sketch (f32, any shape, contiguous): standard normal entries, each
+// a function of the seed and its index alone (kernels/galore_sketch.h), drawn where omega lives.
+void galore_sketch(Tensor& omega, uint64_t seed);
+
+// --- timing ---------------------------------------------------------------------------------
+// A mark in the stream of work on a device: the time between two marks is the time the device
+// took for the work queued between them (CUDA timing events on the compute stream; on the CPU,
+// where operations finish as they are called, the host clock). Reading waits for the later mark.
+class TimeMark {
+ public:
+  TimeMark() = default;
+  explicit TimeMark(Device device);  // recorded now
+  double ms_since(const TimeMark& start) const;
+
+ private:
+  std::shared_ptr<void> event_;  // a timing Event on a GPU
+  double host_s_ = 0;
+};
 
 }  // namespace frugal::ops

@@ -63,6 +63,21 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
   const int64_t count = static_cast<int64_t>(matrices_.size()), gap = galore_.update_proj_gap;
   for (int64_t j = 0; j < count; ++j)
     matrices_[size_t(j)].phase = galore_.stagger ? j * gap / count : 0;
+  FRUGAL_CHECK(galore_.refresh == GaloreRefresh::immediate ||
+                   galore_.moments_on_refresh != MomentsOnRefresh::reset,
+               "GaLore's pipelined refreshes with moments_on_refresh = reset");
+  for (Matrix& x : matrices_) {
+    GaloreProjectorSettings settings = galore_.projector;
+    settings.rank = x.rank;
+    x.stages = galore_refresh_stages({x.rows, x.cols}, settings);
+  }
+  in_flight_.resize(matrices_.size());
+  if (galore_.refresh == GaloreRefresh::pipelined) worker_ = std::make_unique<HostWorker>();
+}
+
+GaloreAdamW::~GaloreAdamW() {
+  for (auto& f : in_flight_)
+    if (f && f->host.valid()) f->host.wait();
 }
 
 bool GaloreAdamW::refresh_due(size_t j, int64_t t) const {
@@ -107,8 +122,18 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   StepCollectives summed = collectives;
   summed.replica_sum_in_place = [](Tensor&) {};
   const int64_t t = step - 1;
-  for (size_t j = 0; j < matrices_.size(); ++j)
-    if (refresh_due(j, t)) refresh(matrices_[j], t, summed);
+  if (galore_.profile) ++profiled_steps_;
+  const ops::TimeMark refresh_start = mark();
+  advance_refreshes();
+  for (size_t j = 0; j < matrices_.size(); ++j) {
+    if (!refresh_due(j, t)) continue;
+    if (pipelined(t))
+      begin_refresh(j, t, summed);
+    else
+      refresh(matrices_[j], t, summed);
+  }
+  submit_host_work();
+  timed(Work::refresh, refresh_start);
 
   // The left side's projections P^T G: one sum over the ranks for all of them.
   int64_t total = 0;
@@ -117,6 +142,7 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   if (total == 0) return report;
   Tensor all;
   int64_t offset = 0;
+  const ops::TimeMark projection_start = mark();
   for (Matrix& x : matrices_) {
     if (x.side != GaloreSide::left) continue;
     if (!all.defined()) all = galore_scratch(x.projector, {total, 1}, scratch_);
@@ -124,8 +150,9 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
     x.projected_grad = all.rows(offset, offset + size).view({x.rank, x.cols});
     offset += size;
     ops::matmul(x.projected_grad, x.projector.rows(0, x.local_rows), true, gradient_rows(x), false,
-                static_cast<float>(clip_scale_));
+                static_cast<float>(clip_scale_), 0.0f, precision());
   }
+  timed(Work::projection, projection_start);
   collectives.sum_in_place(all);
   return report;
 }
@@ -138,6 +165,9 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
   StepCollectives summed = collectives;
   summed.replica_sum_in_place = [](Tensor&) {};
   std::vector<bool> whole(matrices_.size(), false);  // gradient rows summed over the replicas
+  if (galore_.profile) ++profiled_steps_;
+  const ops::TimeMark refresh_start = mark();
+  advance_refreshes();
   for (size_t j = 0; j < matrices_.size(); ++j) {
     if (!refresh_due(j, t)) continue;
     Matrix& x = matrices_[j];
@@ -146,8 +176,13 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
       collectives.replica_sum_in_place(rows);
       whole[j] = true;
     }
-    refresh(x, t, whole[j] ? summed : collectives);
+    if (pipelined(t))
+      begin_refresh(j, t, whole[j] ? summed : collectives);
+    else
+      refresh(x, t, whole[j] ? summed : collectives);
   }
+  submit_host_work();
+  timed(Work::refresh, refresh_start);
 
   // The projections, before clipping: right R = G Q^T (row-local: summed over the replicas),
   // left R = P^T G (summed over the shard group, then over the replicas); neither crosses the
@@ -163,6 +198,7 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
   for (size_t j = 0; j < matrices_.size(); ++j) sizes[group_of(j)] += size_of(matrices_[j]);
   Tensor buffers[4];
   int64_t offsets[4] = {0, 0, 0, 0};
+  const ops::TimeMark projection_start = mark();
   for (size_t j = 0; j < matrices_.size(); ++j) {
     Matrix& x = matrices_[j];
     const int group = group_of(j);
@@ -175,13 +211,15 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
     if (x.side == GaloreSide::right) {
       x.projected_grad = r.view({x.local_rows, x.rank});
       if (x.local_rows > 0)
-        ops::matmul(x.projected_grad, gradient_rows(x), false, x.projector, true);
+        ops::matmul(x.projected_grad, gradient_rows(x), false, x.projector, true, 1.0f, 0.0f,
+                    precision());
     } else {
       x.projected_grad = r.view({x.rank, x.cols});
       ops::matmul(x.projected_grad, x.projector.rows(0, x.local_rows), true, gradient_rows(x),
-                  false);
+                  false, 1.0f, 0.0f, precision());
     }
   }
+  timed(Work::projection, projection_start);
   for (int group : {2, 3})
     if (buffers[group].defined()) collectives.sum_in_place(buffers[group]);
   for (int group : {0, 2})
@@ -207,12 +245,86 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
   return report;
 }
 
-void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectives) {
-  const TrainableShard& s = shards_[x.shard];
+uint64_t GaloreAdamW::sketch_seed(const Matrix& x, int64_t t) const {
   // The sketch's seed: the run's, the matrix's name and the iteration (FNV-1a of the name).
   uint64_t seed = 0xCBF29CE484222325ull ^ galore_.seed;
-  for (char ch : s.name) seed = (seed ^ uint8_t(ch)) * 0x100000001B3ull;
-  seed ^= uint64_t(t) * 0x9E3779B97F4A7C15ull;
+  for (char ch : shards_[x.shard].name) seed = (seed ^ uint8_t(ch)) * 0x100000001B3ull;
+  return seed ^ uint64_t(t) * 0x9E3779B97F4A7C15ull;
+}
+
+void GaloreAdamW::begin_refresh(size_t j, int64_t t, const StepCollectives& collectives) {
+  // The matrix's previous refresh, if the gap is shorter than its stages, goes first.
+  if (in_flight_[j]) complete_refresh(j);
+  Matrix& x = matrices_[j];
+  if (galore_.profile) ++profiled_refreshes_;
+  auto f = std::make_unique<InFlight>();
+  f->collectives = collectives;
+  const Tensor rows = shards_[x.shard].grad.rows(0, x.local_rows);
+  Tensor snapshot = galore_scratch(rows, rows.shape(), scratch_);  // G_t, f32
+  ops::assign(snapshot, rows);
+  const Shape shape =
+      x.side == GaloreSide::right ? Shape{x.rank, x.cols} : Shape{x.local_rows, x.rank};
+  f->new_projector = galore_scratch(x.projector, shape, scratch_);
+  GaloreProjectorSettings settings = galore_.projector;
+  settings.rank = x.rank;
+  f->refresh = galore_projector_refresh(f->new_projector, std::move(snapshot), {x.rows, x.cols},
+                                        settings, sketch_seed(x, t), collectives, scratch_);
+  in_flight_[j] = std::move(f);
+}
+
+void GaloreAdamW::advance_refreshes() {
+  for (size_t j = 0; j < matrices_.size(); ++j) {
+    InFlight* f = in_flight_[j].get();
+    if (!f) continue;
+    // Always waits for the host work (results never depend on timing), then the next stage.
+    if (f->host.valid()) f->host.get();
+    if (!f->refresh.done()) f->refresh.resume();
+    if (++f->stages_done >= matrices_[j].stages) complete_refresh(j);
+  }
+}
+
+void GaloreAdamW::submit_host_work() {
+  for (auto& f : in_flight_) {
+    if (!f || f->refresh.done()) continue;
+    RefreshHostWork& work = f->refresh.host_work();
+    // The copies finish here (a device call), behind only this step's small products; the
+    // factorisations, pure host code, go to the worker.
+    for (ops::SideCopy& c : work.copies) c.done();
+    f->host = worker_->submit(work.math);
+  }
+}
+
+void GaloreAdamW::complete_refresh(size_t j) {
+  std::unique_ptr<InFlight> f = std::move(in_flight_[j]);
+  if (f->host.valid()) {
+    f->host.get();
+    f->refresh.resume();
+  }
+  f->refresh.finish();  // stages left over (a shifted CholeskyQR pass, an early completion)
+  install(matrices_[j], f->new_projector, f->collectives);
+}
+
+void GaloreAdamW::before_save() {
+  for (size_t j = 0; j < matrices_.size(); ++j)
+    if (in_flight_[j]) complete_refresh(j);
+}
+
+void GaloreAdamW::install(Matrix& x, const Tensor& new_projector,
+                          const StepCollectives& collectives) {
+  const bool rotate = galore_.moments_on_refresh == MomentsOnRefresh::project;
+  Tensor old_projector;
+  if (rotate) {
+    old_projector = ops::empty_like(x.projector, x.projector.shape(), x.projector.dtype());
+    ops::copy(old_projector, x.projector);
+  }
+  Tensor target = x.side == GaloreSide::right ? x.projector : x.projector.rows(0, x.local_rows);
+  ops::copy(target, new_projector);
+  if (rotate) rotate_moments(x, old_projector, collectives);
+}
+
+void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectives) {
+  if (galore_.profile) ++profiled_refreshes_;
+  const uint64_t seed = sketch_seed(x, t);
 
   const bool rotate = t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::project;
   Tensor old_projector;
@@ -282,10 +394,13 @@ void GaloreAdamW::update_projected(Matrix& x) {
   const bool right = x.side == GaloreSide::right;
   // This step's projected gradient: right, row-local R = G Q^T; left, made by begin_step.
   Tensor projected;
+  ops::TimeMark start = mark();
   if (right && !x.projected_grad.defined()) {
     projected = galore_scratch(x.projector, {rows, r}, scratch_);
     ops::matmul(projected, gradient_rows(x), false, x.projector, true,
-                static_cast<float>(clip_scale_));
+                static_cast<float>(clip_scale_), 0.0f, precision());
+    timed(Work::projection, start);
+    start = mark();
   } else {
     projected = x.projected_grad;
   }
@@ -293,15 +408,20 @@ void GaloreAdamW::update_projected(Matrix& x) {
   Tensor v = right ? x.exp_avg_sq.rows(0, rows) : x.exp_avg_sq;
   ops::galore_moments(m, v, projected, static_cast<float>(adamw_.beta1),
                       static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps));
+  timed(Work::moments, start);
 
   // Back to the weight's rows, scaled: N Q or P N.
+  start = mark();
   Tensor step_back = galore_scratch(x.projector, {rows, x.cols}, scratch_);
   if (right)
-    ops::matmul(step_back, projected, false, x.projector, false, static_cast<float>(galore_.scale));
+    ops::matmul(step_back, projected, false, x.projector, false, static_cast<float>(galore_.scale),
+                0.0f, precision());
   else
     ops::matmul(step_back, x.projector.rows(0, rows), false, projected, false,
-                static_cast<float>(galore_.scale));
+                static_cast<float>(galore_.scale), 0.0f, precision());
   x.projected_grad = Tensor();
+  timed(Work::projection, start);
+  start = mark();
 
   // Bias corrections count the moments' updates: every step, or since the last reset.
   const int64_t t = step_ - 1;
@@ -315,6 +435,43 @@ void GaloreAdamW::update_projected(Matrix& x) {
   Tensor param = s.param.rows(0, rows);
   ops::galore_apply(param, step_back, static_cast<float>(-step_size), static_cast<float>(decay),
                     s.param_copy.defined() ? s.param_copy.rows(0, rows) : Tensor());
+  timed(Work::moments, start);
+}
+
+ops::MatmulPrecision GaloreAdamW::precision() const {
+  return galore_.projector.tf32 ? ops::MatmulPrecision::tf32 : ops::MatmulPrecision::fp32;
+}
+
+ops::TimeMark GaloreAdamW::mark() const {
+  if (!galore_.profile || matrices_.empty()) return ops::TimeMark();
+  return ops::TimeMark(matrices_.front().projector.device());
+}
+
+void GaloreAdamW::timed(Work work, const ops::TimeMark& start) {
+  if (!galore_.profile || matrices_.empty()) return;
+  Span span{work, start, mark()};
+  const std::lock_guard<std::mutex> lock(spans_mutex_);
+  spans_.push_back(std::move(span));
+}
+
+nlohmann::json GaloreAdamW::take_profile() {
+  if (!galore_.profile) return nullptr;
+  double ms[size_t(Work::kinds)] = {};
+  std::vector<Span> spans;
+  {
+    const std::lock_guard<std::mutex> lock(spans_mutex_);
+    spans.swap(spans_);
+  }
+  for (const Span& s : spans) ms[size_t(s.work)] += s.end.ms_since(s.start);
+  const double steps = double(std::max<int64_t>(1, profiled_steps_));
+  nlohmann::json out = {{"steps", profiled_steps_},
+                        {"refreshes", profiled_refreshes_},
+                        {"refresh_ms", ms[size_t(Work::refresh)] / steps},
+                        {"projection_ms", ms[size_t(Work::projection)] / steps},
+                        {"moments_ms", ms[size_t(Work::moments)] / steps}};
+  profiled_steps_ = 0;
+  profiled_refreshes_ = 0;
+  return out;
 }
 
 std::vector<StateTensor> GaloreAdamW::state_tensors() {

@@ -6,12 +6,17 @@
 // local (it may run on a thread of its own, as AdamW's does under offload).
 #pragma once
 
+#include <future>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/parameter_provider.h"
+#include "ops/ops.h"
 #include "optim/adamw.h"
 #include "optim/galore_projector.h"
+#include "optim/host_worker.h"
 #include "optim/optimizer.h"
 
 namespace frugal {
@@ -26,6 +31,14 @@ struct GaloreConfig {
   // reference's schedule, whose refresh steps cost all the SVDs at once).
   bool stagger = true;
   uint64_t seed = 0;  // of the randomized sketches
+  // inline: a refresh due at step t is computed within step t (galore-torch's schedule).
+  // pipelined: it starts at step t from G_t (a snapshot of this rank's gradient rows) and runs
+  // one host stage per step on a worker thread; its projector is installed at the start of step
+  // t + galore_refresh_stages(...) (earlier if the matrix's next refresh is due first, or at the
+  // end of a step that saves a checkpoint); until then the old projector serves. The first
+  // projectors (t = 0) are computed inline: there is no old one. moments_on_refresh = reset
+  // needs inline (its bias correction counts from the refresh step).
+  GaloreRefresh refresh = GaloreRefresh::immediate;
   // Hybrid sharding (StepCollectives::replicas > 1): the projected matrices' gradient shards are
   // one replica's sums, and what crosses the replicas is their projections R (r x n or m x r
   // instead of m x n; exact, the projection being linear) and the randomized refreshes' small
@@ -33,6 +46,10 @@ struct GaloreConfig {
   // then counts a projected matrix by its projected gradient's norm (the whole gradient's sum
   // is nowhere). False: every gradient shard arrives summed over the replicas.
   bool projected_replica_sums = false;
+  // Time GaLore's device work with timing events (ops::TimeMark): take_profile() reports the
+  // mean milliseconds per step of the refreshes, the projections (R and the step back) and
+  // Adam on the projected moments with the weight update.
+  bool profile = false;
 };
 
 // Whether GaLore projects a parameter: the blocks' attention and MLP matrices (q, k, v, o, gate,
@@ -43,6 +60,7 @@ class GaloreAdamW : public Optimizer {
  public:
   GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& adamw,
               const GaloreConfig& galore, Arena& state_arena = host_arena());
+  ~GaloreAdamW() override;  // waits for host work still reading refreshes' buffers
 
   // The global norm and clipping factor, the refreshes due at this step, and the left-side
   // projections P^T G (each a sum over the ranks).
@@ -57,7 +75,13 @@ class GaloreAdamW : public Optimizer {
   // "optim/exp_avg_sq/<name>" of the rest, as AdamW names them.
   std::vector<StateTensor> state_tensors() override;
   nlohmann::json state_values() const override;
+  // pipelined: the refreshes in flight are completed and installed now, so that a checkpoint
+  // holds no half-made projector (the saved run and the resumed one go on alike).
+  void before_save() override;
   void load_state_values(const nlohmann::json& values) override;
+  // galore.profile: {"steps", "refreshes", "refresh_ms", "projection_ms", "moments_ms"}, the
+  // milliseconds per step over the steps since the last call (waits for their work).
+  nlohmann::json take_profile() override;
 
   // This rank's optimizer state, and what AdamW's two moments of the same shards would take.
   struct StateBytes {
@@ -85,15 +109,42 @@ class GaloreAdamW : public Optimizer {
     Tensor projector;            // right: Q [r, n]; left: P [buffer rows, r]
     Tensor projected_grad;       // left: this step's P^T G [r, n], made by begin_step (right:
                                  // G Q^T, made there too under projected_replica_sums)
+    int64_t stages = 0;          // pipelined: steps from a refresh's start to its installation
+  };
+  // A pipelined refresh in flight: its coroutine (holding G_t's snapshot while it needs it), the
+  // projector it writes, and the host work of its current stage running on the worker.
+  struct InFlight {
+    ProjectorRefresh refresh;
+    Tensor new_projector;
+    std::future<void> host;
+    int64_t stages_done = 0;
+    StepCollectives collectives;
   };
 
   // The f32 view of this rank's gradient rows of matrix x (a copy for a bf16 run).
   Tensor gradient_rows(const Matrix& x);
   void refresh(Matrix& x, int64_t t, const StepCollectives& collectives);
+  uint64_t sketch_seed(const Matrix& x, int64_t t) const;
+  // pipelined: begins matrix j's refresh from G_t; advances every refresh in flight one stage
+  // (installing those whose stages are done); hands their host work to the worker; completes
+  // and installs refresh j now.
+  void begin_refresh(size_t j, int64_t t, const StepCollectives& collectives);
+  void advance_refreshes();
+  void submit_host_work();
+  void complete_refresh(size_t j);
+  // The new projector replaces the old (rotating the moments with `project`).
+  void install(Matrix& x, const Tensor& new_projector, const StepCollectives& collectives);
+  bool pipelined(int64_t t) const { return galore_.refresh == GaloreRefresh::pipelined && t > 0; }
   // begin_step when the projected matrices' gradients are not summed over the replicas.
   StepReport begin_step_across_replicas(const StepCollectives& collectives);
   void rotate_moments(Matrix& x, const Tensor& old_projector, const StepCollectives& collectives);
   void update_projected(Matrix& x);
+
+  // galore.profile's spans of device work, by kind.
+  enum class Work { refresh, projection, moments, kinds };
+  ops::TimeMark mark() const;
+  void timed(Work work, const ops::TimeMark& start);
+  ops::MatmulPrecision precision() const;
 
   // Temporaries of host tensors: the optimizer's own, since update(k) may run on a thread of
   // its own beside the main thread's use of the host arena. Declared first, destroyed last.
@@ -104,8 +155,17 @@ class GaloreAdamW : public Optimizer {
   std::vector<Tensor> m_, v_;   // AdamW's moments of the shards not projected (else empty)
   std::vector<int> matrix_of_;  // shard -> index in matrices_, or -1
   std::vector<Matrix> matrices_;
+  std::vector<std::unique_ptr<InFlight>> in_flight_;  // by matrix; null when none
+  std::unique_ptr<HostWorker> worker_;                // pipelined only
   double lr_ = 0, clip_scale_ = 1;
   int64_t step_ = 0;
+  struct Span {
+    Work work;
+    ops::TimeMark start, end;
+  };
+  std::mutex spans_mutex_;  // update(k) may run on threads of their own
+  std::vector<Span> spans_;
+  int64_t profiled_steps_ = 0, profiled_refreshes_ = 0;
 };
 
 }  // namespace frugal

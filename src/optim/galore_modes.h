@@ -28,4 +28,16 @@ inline std::span<const EnumName<MomentsOnRefresh>> enum_names(MomentsOnRefresh) 
   return names;
 }
 
+// galore.refresh: how a refresh's float64 host factorisations meet the step. inline computes the
+// new projector within the step that begins it, the GPU idle while the host factorises (the
+// reference's behaviour); pipelined runs one stage of it per step, the host work on a worker
+// thread beside the rest of the step, and installs the projector of G_t a fixed number of steps
+// later (galore_refresh_stages), the old one serving until then.
+enum class GaloreRefresh { immediate, pipelined };
+inline std::span<const EnumName<GaloreRefresh>> enum_names(GaloreRefresh) {
+  static constexpr EnumName<GaloreRefresh> names[] = {{GaloreRefresh::immediate, "inline"},
+                                                      {GaloreRefresh::pipelined, "pipelined"}};
+  return names;
+}
+
 }  // namespace frugal

@@ -1,14 +1,16 @@
 // GaLore's projector on row shards: the exact top-r singular vectors from the summed Gram
 // matrix, or a randomized range finder whose products are summed over the shards. Big products
 // run through ops (on the gradient's device); the small factorisations run on the host in
-// float64.
+// float64, as host stages of a coroutine (ProjectorRefresh) that a driver completes at once or
+// on a worker thread (galore.refresh = pipelined). The host stages call the CPU kernels on
+// buffers allocated beforehand on the calling thread: no ops, no device, no shared arena.
 #include "optim/galore_projector.h"
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
+#include <memory>
 
-#include "core/random.h"
+#include "kernels/cpu/dense.h"
 #include "ops/ops.h"
 
 namespace frugal {
@@ -47,6 +49,32 @@ namespace {
 using SumInPlace = std::function<void(Tensor&)>;
 const SumInPlace kReplicated = [](Tensor&) {};
 
+// Suspends a refresh on a host stage: its driver completes the work, then resumes it.
+struct HostStage {
+  RefreshHostWork work;
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<ProjectorRefresh::promise_type> h) {
+    h.promise().host_work = std::move(work);
+  }
+  void await_resume() const noexcept {}
+};
+
+// A small f32 matrix's host copy, started beside the compute stream, and its float64 twin
+// that the host work fills (both allocated here, on the calling thread).
+struct Download {
+  Tensor host32, host64;
+  ops::SideCopy copy;
+  Download(const Tensor& device_tensor, Arena& scratch)
+      : host32(Tensor::empty(device_tensor.shape(), DType::f32, scratch)),
+        host64(Tensor::empty(device_tensor.shape(), DType::f64, scratch)),
+        copy(host32, device_tensor) {}
+  void widen() {  // host work: host64 = host32
+    const float* in = host32.data<float>();
+    double* out = host64.data<double>();
+    for (int64_t i = 0; i < host32.numel(); ++i) out[i] = in[i];
+  }
+};
+
 // Flips each row of the host f64 [k, n] so that its largest component (the first of equal
 // ones) is positive: singular vectors are defined up to sign, and a fixed sign keeps the
 // subspace's coordinates, and so moments kept across a refresh, comparable between runs and
@@ -64,92 +92,120 @@ void fix_signs(Tensor& rows) {
   }
 }
 
-// The eigenvectors of the k largest eigenvalues of the symmetric host f64 gram [n, n], as
-// rows [k, n] (largest first, signs fixed), and the square roots of those eigenvalues (the
-// singular values of the matrix whose Gram it is; negative rounding clamped to zero).
+// The eigenvectors of the k largest eigenvalues of a symmetric host f64 gram [n, n], as rows
+// [k, n] (largest first, signs fixed), and the square roots of those eigenvalues (the singular
+// values of the matrix whose Gram it is; negative rounding clamped to zero). Allocated on the
+// calling thread; compute() is host work.
 struct TopSingular {
   Tensor vectors;  // host f64 [k, n]
   std::vector<double> values;
-};
-TopSingular top_singular(Tensor gram, int64_t k) {
-  const int64_t n = gram.size(0);
-  Tensor eigenvalues = Tensor::empty({n}, DType::f64);
-  ops::symmetric_eigen(gram, eigenvalues);  // ascending; row i the vector of value i
-  TopSingular top{Tensor::empty({k, n}, DType::f64), {}};
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t from = n - 1 - i;
-    std::copy_n(gram.data<double>() + from * n, n, top.vectors.data<double>() + i * n);
-    top.values.push_back(std::sqrt(std::max(0.0, eigenvalues.data<double>()[from])));
+  Tensor eigenvalues;  // host f64 [n], work
+  TopSingular(int64_t n, int64_t k, Arena& scratch)
+      : vectors(Tensor::empty({k, n}, DType::f64, scratch)),
+        values(size_t(k)),
+        eigenvalues(Tensor::empty({n}, DType::f64, scratch)) {}
+  void compute(Tensor& gram) {  // gram overwritten
+    const int64_t n = gram.size(0), k = vectors.size(0);
+    cpu::symmetric_eigen(gram.data<double>(), eigenvalues.data<double>(), n);  // ascending
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t from = n - 1 - i;
+      std::copy_n(gram.data<double>() + from * n, n, vectors.data<double>() + i * n);
+      values[size_t(i)] = std::sqrt(std::max(0.0, eigenvalues.data<double>()[from]));
+    }
+    fix_signs(vectors);
   }
-  fix_signs(top.vectors);
-  return top;
-}
+};
 
-// Makes the columns of y [rows, l] orthonormal, y being this rank's rows of a tall matrix
-// (sum_in_place sums its Gram over the ranks), or, with `rows`, the rows of a wide y that every
-// rank holds whole: CholeskyQR2 (Fukaya et al. 2014), y <- y R^-1 (rows: R^-T y) with
-// R^T R = the Gram, twice, since one pass leaves an error of the order of the condition number
-// squared times the rounding. A Gram that is not positive definite in floating point (a sketch
-// of a gradient of lower rank than the sketch) is shifted by a small multiple of its trace
-// first, and one more pass then cleans up what the shift left (shifted CholeskyQR3).
-void orthonormalize(Tensor& y, bool rows, const SumInPlace& sum_in_place, Arena& scratch) {
-  const int64_t l = rows ? y.size(0) : y.size(1);
+// One pass of CholeskyQR (Fukaya et al. 2014) over y [rows, l], this rank's rows of a tall
+// matrix whose columns become orthonormal (sum_in_place sums its Gram over the ranks), or, with
+// `rows`, a wide y [l, n] every rank holds whole whose rows do: y <- y R^-1 (rows: R^-T y) with
+// R^T R = the Gram. Two passes make CholeskyQR2, since one leaves an error of the order of the
+// condition number squared times the rounding. A Gram that is not positive definite in floating
+// point (a sketch of a gradient of lower rank than the sketch) is shifted by a small multiple of
+// its trace first, and one more pass then cleans up what the shift left (shifted CholeskyQR3).
+struct CholeskyPass {
+  Download gram;
+  Tensor r;  // host f64 [l, l]: R, then R^-1
   bool shifted = false;
-  for (int pass = 0; pass < (shifted ? 3 : 2); ++pass) {
-    Tensor gram = galore_scratch(y, {l, l}, scratch);
-    ops::matmul(gram, y, !rows, y, rows);
-    sum_in_place(gram);
-    const Tensor gram64 = host_f64(gram);
+  CholeskyPass(const Tensor& device_gram, Arena& scratch)
+      : gram(device_gram, scratch), r(Tensor::empty(device_gram.shape(), DType::f64, scratch)) {}
+  void factor() {  // host work
+    gram.widen();
+    const int64_t l = r.size(0);
+    const double* g = gram.host64.data<double>();
+    double* rr = r.data<double>();
     double trace = 0;
-    for (int64_t i = 0; i < l; ++i) trace += gram64.data<double>()[i * l + i];
-    Tensor r = gram64.clone();
-    for (double shift = 1e-6 * trace / double(l); !ops::cholesky_upper(r); shift *= 10) {
+    for (int64_t i = 0; i < l; ++i) trace += g[i * l + i];
+    std::copy_n(g, l * l, rr);
+    for (double shift = 1e-6 * trace / double(l); !cpu::cholesky_upper(rr, l); shift *= 10) {
       FRUGAL_CHECK(trace > 0 && std::isfinite(trace) && shift < trace, "CholeskyQR of ", l,
                    " sketch vectors: their Gram is zero or not finite (trace ", trace, ")");
-      r = gram64.clone();
-      for (int64_t i = 0; i < l; ++i) r.data<double>()[i * l + i] += shift;
+      std::copy_n(g, l * l, rr);
+      for (int64_t i = 0; i < l; ++i) rr[i * l + i] += shift;
       shifted = true;
     }
-    ops::invert_upper(r);
-    const Tensor r_inverse = f32_beside(r, y, scratch);
-    Tensor product = galore_scratch(y, y.shape(), scratch);
-    if (rows)
-      ops::matmul(product, r_inverse, true, y, false);
-    else
-      ops::matmul(product, y, false, r_inverse, false);
-    ops::copy(y, product);
+    cpu::invert_upper(rr, l);
   }
+};
+
+// The device half before a pass: the Gram of y, summed, and its host copy started.
+std::unique_ptr<CholeskyPass> start_pass(const Tensor& y, bool rows, const SumInPlace& sum,
+                                         Arena& scratch) {
+  const int64_t l = rows ? y.size(0) : y.size(1);
+  Tensor gram = galore_scratch(y, {l, l}, scratch);
+  ops::matmul(gram, y, !rows, y, rows);
+  sum(gram);
+  return std::make_unique<CholeskyPass>(gram, scratch);
+}
+HostStage host_stage(std::vector<ops::SideCopy> copies, std::function<void()> math) {
+  HostStage stage;
+  stage.work.copies = std::move(copies);
+  stage.work.math = std::move(math);
+  return stage;
+}
+HostStage factor_stage(CholeskyPass& pass) {
+  std::vector<ops::SideCopy> copies;
+  copies.push_back(std::move(pass.gram.copy));
+  return host_stage(std::move(copies), [&pass] { pass.factor(); });
+}
+// The device half after a pass: y <- y R^-1, or R^-T y.
+void finish_pass(Tensor& y, bool rows, const CholeskyPass& pass, Arena& scratch) {
+  const Tensor r_inverse = f32_beside(pass.r, y, scratch);
+  Tensor product = galore_scratch(y, y.shape(), scratch);
+  if (rows)
+    ops::matmul(product, r_inverse, true, y, false);
+  else
+    ops::matmul(product, y, false, r_inverse, false);
+  ops::copy(y, product);
 }
 
-// The sketch's random matrix Omega [n, l]: standard normal entries, each a function of the
-// seed and its (row, column) alone (Box-Muller on a counter-based generator), so every rank and
-// every rank count draws the same one.
-Tensor sketch(int64_t n, int64_t l, uint64_t seed) {
-  Tensor omega = Tensor::empty({n, l}, DType::f64);
-  double* o = omega.data<double>();
-  for (int64_t i = 0; i < n * l; ++i) {
-    uint64_t state = seed ^ (uint64_t(i) * 0xD1B54A32D192ED03ull);
-    const double u1 = 1.0 - uniform01(state), u2 = uniform01(state);  // u1 in (0, 1]
-    o[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-  return omega;
-}
+// CholeskyQR2 (or 3, shifted) of y, one host stage a pass: written out at each use below, since
+// a stage must suspend the refresh itself. (A macro would hide the co_await.)
 
 // Exact: the Gram G^T G [n, n] summed over the row shards, whose top eigenvectors are G's top
 // right singular vectors V. Right side: Q = V^T. Left side: the left singular vectors of this
 // rank's rows, P = G V Sigma^-1 (row-local). A singular value of zero (a gradient of rank
 // below r) gives a zero column of P, where the reference's SVD would pick an arbitrary
 // orthonormal completion: both project nothing of the gradient there.
-void exact_projector(Tensor& projector, const Tensor& g, const Shape& full, int64_t rank,
-                     const StepCollectives& collectives, Arena& scratch) {
+ProjectorRefresh exact_projector(Tensor projector, Tensor g, Shape full, int64_t rank,
+                                 StepCollectives collectives, Arena& scratch) {
   const int64_t n = full[1];
   Tensor gram = galore_scratch(g, {n, n}, scratch);
   ops::matmul(gram, g, true, g, false);
   collectives.sum_in_place(gram);
-  const TopSingular top = top_singular(host_f64(gram), rank);
+  Download gram_host(gram, scratch);
+  TopSingular top(n, rank, scratch);
+  {
+    std::vector<ops::SideCopy> copies;
+    copies.push_back(std::move(gram_host.copy));
+    co_await host_stage(std::move(copies), [&] {
+      gram_host.widen();
+      top.compute(gram_host.host64);
+    });
+  }
   if (galore_side(full) == GaloreSide::right) {
     ops::copy(projector, f32_beside(top.vectors, projector, scratch));
-    return;
+    co_return;
   }
   Tensor v_over_sigma = Tensor::empty({n, rank}, DType::f64);  // V Sigma^-1
   for (int64_t j = 0; j < rank; ++j) {
@@ -165,9 +221,9 @@ void exact_projector(Tensor& projector, const Tensor& g, const Shape& full, int6
 // eigen-decomposition of B B^T [l, l], gives the subspace: with B B^T = W S^2 W^T, G's left
 // singular vectors are about Y W (row-local: the left projector), its right ones the rows of
 // S^-1 W^T B (the right projector, orthonormalized once more against rounding).
-void randomized_projector(Tensor& projector, const Tensor& g, const Shape& full,
-                          const GaloreProjectorSettings& s, uint64_t seed,
-                          const StepCollectives& collectives, Arena& scratch) {
+ProjectorRefresh randomized_projector(Tensor projector, Tensor g, Shape full,
+                                      GaloreProjectorSettings s, uint64_t seed,
+                                      StepCollectives collectives, Arena& scratch) {
   const int64_t rows = g.size(0), n = full[1], rank = s.rank;
   const int64_t l = std::min(rank + s.oversampling, std::min(full[0], full[1]));
   // Under hybrid sharding with G one replica's sum, every product with G is summed over the
@@ -176,46 +232,89 @@ void randomized_projector(Tensor& projector, const Tensor& g, const Shape& full,
   const auto over_replicas = [&](Tensor& t) {
     if (collectives.replica_sum_in_place) collectives.replica_sum_in_place(t);
   };
+  const ops::MatmulPrecision range =
+      s.tf32 ? ops::MatmulPrecision::tf32 : ops::MatmulPrecision::fp32;
+  const SumInPlace& over_shards = collectives.sum_in_place;
   Tensor y = galore_scratch(g, {rows, l}, scratch);
-  ops::matmul(y, g, false, f32_beside(sketch(n, l, seed), g, scratch), false);
+  {
+    Tensor omega = galore_scratch(g, {n, l}, scratch);
+    ops::galore_sketch(omega, seed);  // drawn where G lives: no host work, no upload
+    ops::matmul(y, g, false, omega, false, 1.0f, 0.0f, range);
+  }
   over_replicas(y);
-  orthonormalize(y, false, collectives.sum_in_place, scratch);
+  for (int pass = 0, passes = 2; pass < passes; ++pass) {  // CholeskyQR of Y
+    const auto p = start_pass(y, false, over_shards, scratch);
+    co_await factor_stage(*p);
+    if (p->shifted) passes = 3;
+    finish_pass(y, false, *p, scratch);
+  }
   for (int64_t q = 0; q < s.power_iterations; ++q) {
     Tensor z = galore_scratch(g, {n, l}, scratch);
-    ops::matmul(z, g, true, y, false);
+    ops::matmul(z, g, true, y, false, 1.0f, 0.0f, range);
     collectives.sum_in_place(z);
     over_replicas(z);
-    orthonormalize(z, false, kReplicated, scratch);
-    ops::matmul(y, g, false, z, false);
+    for (int pass = 0, passes = 2; pass < passes; ++pass) {  // CholeskyQR of Z (whole)
+      const auto p = start_pass(z, false, kReplicated, scratch);
+      co_await factor_stage(*p);
+      if (p->shifted) passes = 3;
+      finish_pass(z, false, *p, scratch);
+    }
+    ops::matmul(y, g, false, z, false, 1.0f, 0.0f, range);
     over_replicas(y);
-    orthonormalize(y, false, collectives.sum_in_place, scratch);
+    for (int pass = 0, passes = 2; pass < passes; ++pass) {  // CholeskyQR of Y
+      const auto p = start_pass(y, false, over_shards, scratch);
+      co_await factor_stage(*p);
+      if (p->shifted) passes = 3;
+      finish_pass(y, false, *p, scratch);
+    }
   }
   Tensor b = galore_scratch(g, {l, n}, scratch);
   ops::matmul(b, y, true, g, false);
   collectives.sum_in_place(b);
   over_replicas(b);
-  Tensor bbt = galore_scratch(g, {l, l}, scratch);
+  g = Tensor();  // the gradient's last use: a snapshot of it is freed here
+  Tensor bbt = galore_scratch(b, {l, l}, scratch);
   ops::matmul(bbt, b, false, b, true);
-  const TopSingular top = top_singular(host_f64(bbt), rank);  // rows: columns of W
+  Download bbt_host(bbt, scratch);
+  TopSingular top(l, rank, scratch);  // rows: columns of W
+  {
+    std::vector<ops::SideCopy> copies;
+    copies.push_back(std::move(bbt_host.copy));
+    co_await host_stage(std::move(copies), [&] {
+      bbt_host.widen();
+      top.compute(bbt_host.host64);
+    });
+  }
   if (galore_side(full) == GaloreSide::left) {
     // P = Y W_r: with W_r's columns the rows of top.vectors, Y [rows, l] times top.vectors^T.
     ops::matmul(projector, y, false, f32_beside(top.vectors, y, scratch), true);
-    return;
+    co_return;
   }
   Tensor w_over_s = top.vectors.clone();  // rows S^-1 W^T
   for (int64_t j = 0; j < rank; ++j) {
     const double inverse = top.values[size_t(j)] > 0 ? 1.0 / top.values[size_t(j)] : 0.0;
     for (int64_t i = 0; i < l; ++i) w_over_s.data<double>()[j * l + i] *= inverse;
   }
-  ops::matmul(projector, f32_beside(w_over_s, g, scratch), false, b, false);
-  orthonormalize(projector, true, kReplicated, scratch);
+  ops::matmul(projector, f32_beside(w_over_s, b, scratch), false, b, false);
+  for (int pass = 0, passes = 2; pass < passes; ++pass) {  // CholeskyQR of Q's rows
+    const auto p = start_pass(projector, true, kReplicated, scratch);
+    co_await factor_stage(*p);
+    if (p->shifted) passes = 3;
+    finish_pass(projector, true, *p, scratch);
+  }
 }
 
 }  // namespace
 
-void galore_projector(Tensor& projector, const Tensor& grad_rows, const Shape& full_shape,
-                      const GaloreProjectorSettings& settings, uint64_t sketch_seed,
-                      const StepCollectives& collectives, Arena& scratch) {
+int64_t galore_refresh_stages(const Shape& full_shape, const GaloreProjectorSettings& settings) {
+  if (settings.kind == GaloreProjectorKind::svd) return 1;
+  const int64_t right = galore_side(full_shape) == GaloreSide::right ? 2 : 0;
+  return 2 + 4 * settings.power_iterations + 1 + right;
+}
+
+ProjectorRefresh galore_projector_refresh(Tensor projector, Tensor grad_rows, Shape full_shape,
+                                          GaloreProjectorSettings settings, uint64_t sketch_seed,
+                                          StepCollectives collectives, Arena& scratch) {
   const GaloreSide side = galore_side(full_shape);
   const int64_t m = full_shape[0], n = full_shape[1], r = settings.rank;
   FRUGAL_CHECK(r >= 1 && r <= std::min(m, n), "GaLore rank ", r, " for a ",
@@ -227,11 +326,21 @@ void galore_projector(Tensor& projector, const Tensor& grad_rows, const Shape& f
   FRUGAL_CHECK(projector.shape() == expected && projector.dtype() == DType::f32,
                "GaLore projector ", shape_string(projector.shape()), ", expected ",
                shape_string(expected));
-  if (settings.kind == GaloreProjectorKind::svd)
-    exact_projector(projector, grad_rows, full_shape, r, collectives, scratch);
-  else
-    randomized_projector(projector, grad_rows, full_shape, settings, sketch_seed, collectives,
-                         scratch);
+  ProjectorRefresh refresh =
+      settings.kind == GaloreProjectorKind::svd
+          ? exact_projector(projector, grad_rows, full_shape, r, collectives, scratch)
+          : randomized_projector(projector, grad_rows, full_shape, settings, sketch_seed,
+                                 collectives, scratch);
+  refresh.rethrow();
+  return refresh;
+}
+
+void galore_projector(Tensor& projector, const Tensor& grad_rows, const Shape& full_shape,
+                      const GaloreProjectorSettings& settings, uint64_t sketch_seed,
+                      const StepCollectives& collectives, Arena& scratch) {
+  galore_projector_refresh(projector, grad_rows, full_shape, settings, sketch_seed, collectives,
+                           scratch)
+      .finish();
 }
 
 }  // namespace frugal

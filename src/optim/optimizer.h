@@ -54,6 +54,9 @@ class Optimizer : public Stateful {
   // tensors; after begin_step.
   virtual void update(size_t k) = 0;
   virtual size_t slices() const = 0;
+  // Where the optimizer's device time went since the last call, for the metrics (null when it
+  // does not measure it).
+  virtual nlohmann::json take_profile() { return nullptr; }
 
   // begin_step, then every update, in order.
   StepReport step(double lr, int64_t step, const StepCollectives& collectives) {

@@ -153,6 +153,16 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"galore.stagger", &c.galore.stagger, kAny,
        "spread the refreshes over the gap, a few matrices per step (false: every matrix at "
        "once every update_proj_gap steps, as galore-torch)"},
+      {"galore.refresh", &c.galore.refresh, kAny,
+       "pipelined: a refresh runs one stage a step, its float64 host factorisations on a worker "
+       "thread, and its projector (of the gradient where it began) is installed a few steps "
+       "later; inline: within the step, the GPU idle while the host factorises (galore-torch)"},
+      {"galore.tf32", &c.galore.tf32, kAny,
+       "on a GPU, the projections and the randomized range finder's products with the gradient "
+       "in TF32 on the tensor cores (false: fp32, several times slower; the CPU is always fp32)"},
+      {"galore.profile", &c.galore.profile, kAny,
+       "time GaLore's GPU work with CUDA events: metrics.jsonl's galore_profile holds the "
+       "milliseconds per step of refreshes, projections and moments"},
 
       {"parallel.offload", &c.parallel.offload, kAny,
        "what lives in host memory instead of the device: nothing, the optimizer state, or the "

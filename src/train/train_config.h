@@ -128,6 +128,9 @@ struct GaloreSettings {
   int64_t power_iterations = 1;
   MomentsOnRefresh moments_on_refresh = MomentsOnRefresh::keep;
   bool stagger = true;
+  GaloreRefresh refresh = GaloreRefresh::pipelined;
+  bool tf32 = true;
+  bool profile = false;
 };
 
 struct ParallelConfig {

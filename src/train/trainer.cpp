@@ -298,6 +298,9 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     const bool last = step == c.train.steps;
     if (run.fp8 && (step % c.monitor.log_every == 0 || last))
       record["fp8"] = fp8_rates_record(fp8_tallies(run.fp8->take_counts()));
+    if (step % c.monitor.log_every == 0 || last)
+      if (nlohmann::json profile = run.optimizer->take_profile(); !profile.is_null())
+        record["galore_profile"] = std::move(profile);
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
       summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
       record["val_loss"] = summary.final_val_loss;

@@ -15,7 +15,9 @@ common=(--data.dir="$work/data" --model.hidden_size=40 --model.intermediate_size
         --train.lr=5e-3 --train.warmup_steps=2 --train.eval_batches=2 --train.sample_tokens=4
         --train.steps=16 --train.eval_every=8 --optim.eps=1e-6
         --optim.type=galore_adamw --galore.rank=4 --galore.update_proj_gap=5
-        --galore.moments_on_refresh=project)
+        --galore.moments_on_refresh=project --ckpt.every=8)
+# Every run saves at step 8: a save completes the pipelined refreshes in flight (galore.refresh's
+# default), so the runs compared below must all have saved at the same steps.
 
 "${mpi[@]}" -np 1 "$frugal" train "${common[@]}" --train.micro_batch_size=4 --train.out_dir="$work/one" > "$work/one.log"
 "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.micro_batch_size=2 --train.out_dir="$work/two" > "$work/two.log"
@@ -44,11 +46,11 @@ for resume_ranks in 2 1; do
   dir=$work/re$resume_ranks
   rc=0
   FRUGAL_INJECT_FAULT=exit:1:9 "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --ckpt.async=false \
-    --train.micro_batch_size=2 --ckpt.every=8 --train.out_dir="$dir" >/dev/null 2>&1 || rc=$?
+    --train.micro_batch_size=2 --train.out_dir="$dir" >/dev/null 2>&1 || rc=$?
   [ "$rc" -ne 0 ] || { echo "FAIL: the injected exit did not stop the run"; exit 1; }
   [ "$(cat "$dir/ckpt/LATEST")" = step_00000008 ] || { echo "FAIL: no step-8 checkpoint"; exit 1; }
   "${mpi[@]}" -np $resume_ranks "$frugal" train "${common[@]}" --train.micro_batch_size=$((4 / resume_ranks)) \
-    --ckpt.every=8 --train.resume=true --train.out_dir="$dir" > "$dir.log"
+    --train.resume=true --train.out_dir="$dir" > "$dir.log"
   grep -q "resumed from step 8" "$dir.log" || { echo "FAIL: no resume"; cat "$dir.log"; exit 1; }
   if [ "$resume_ranks" -eq 2 ]; then
     cmp <(losses "$work/two/metrics.jsonl") <(losses "$dir/metrics.jsonl") \

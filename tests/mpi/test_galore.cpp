@@ -108,8 +108,10 @@ struct Weights : Stateful {
   }
 };
 
-GaloreConfig config(GaloreProjectorKind kind, MomentsOnRefresh moments) {
+GaloreConfig config(GaloreProjectorKind kind, MomentsOnRefresh moments,
+                    GaloreRefresh refresh = GaloreRefresh::immediate) {
   GaloreConfig g;
+  g.refresh = refresh;
   g.projector.kind = kind;
   g.projector.rank = kRank;
   g.projector.oversampling = 3;
@@ -152,46 +154,49 @@ TEST_CASE("GaLore on row shards equals GaLore on whole matrices", "[galore][mpi]
   auto comm = make_mpi_world_comm(60);
   const int rank = comm->rank(), ranks = comm->size();
   const StepCollectives collectives = step_collectives(comm.get());
-  for (GaloreProjectorKind kind : {GaloreProjectorKind::svd, GaloreProjectorKind::randomized})
-    for (MomentsOnRefresh moments :
-         {MomentsOnRefresh::keep, MomentsOnRefresh::project, MomentsOnRefresh::reset}) {
-      INFO(enum_name(kind) << ", moments " << enum_name(moments) << ", " << ranks << " ranks");
-      Shards whole_shards(0, 1), sharded(rank, ranks);
-      GaloreAdamW one(whole_shards.shards, adamw(), config(kind, moments));
-      GaloreAdamW many(sharded.shards, adamw(), config(kind, moments));
-      run_steps(one, whole_shards, 1, 10, local_collectives());
-      run_steps(many, sharded, 1, 10, collectives);
-      double worst = 0, moved = 0;
-      for (size_t k = 0; k < kParams.size(); ++k) {
-        const TrainableShard& a = whole_shards.shards[k];
-        const TrainableShard& b = sharded.shards[k];
-        const int64_t local = b.rows.last_row - b.rows.first_row;
-        const int64_t row_len = a.param.numel() / a.param.size(0);
-        const Tensor expected = a.param.rows(b.rows.first_row, b.rows.last_row);
-        const Tensor initial = whole(a.name, a.rows.full_shape, 0);
-        for (int64_t i = 0; i < local * row_len; ++i) {
-          worst = std::max(worst,
-                           double(std::abs(b.param.data<float>()[i] - expected.data<float>()[i])));
-          moved = std::max(moved,
-                           double(std::abs(expected.data<float>()[i] -
-                                           initial.data<float>()[b.rows.first_row * row_len + i])));
+  for (GaloreRefresh refresh : {GaloreRefresh::immediate, GaloreRefresh::pipelined})
+    for (GaloreProjectorKind kind : {GaloreProjectorKind::svd, GaloreProjectorKind::randomized})
+      for (MomentsOnRefresh moments :
+           {MomentsOnRefresh::keep, MomentsOnRefresh::project, MomentsOnRefresh::reset}) {
+        if (refresh == GaloreRefresh::pipelined && moments == MomentsOnRefresh::reset) continue;
+        INFO(enum_name(kind) << ", moments " << enum_name(moments) << ", refresh "
+                             << enum_name(refresh) << ", " << ranks << " ranks");
+        Shards whole_shards(0, 1), sharded(rank, ranks);
+        GaloreAdamW one(whole_shards.shards, adamw(), config(kind, moments, refresh));
+        GaloreAdamW many(sharded.shards, adamw(), config(kind, moments, refresh));
+        run_steps(one, whole_shards, 1, 10, local_collectives());
+        run_steps(many, sharded, 1, 10, collectives);
+        double worst = 0, moved = 0;
+        for (size_t k = 0; k < kParams.size(); ++k) {
+          const TrainableShard& a = whole_shards.shards[k];
+          const TrainableShard& b = sharded.shards[k];
+          const int64_t local = b.rows.last_row - b.rows.first_row;
+          const int64_t row_len = a.param.numel() / a.param.size(0);
+          const Tensor expected = a.param.rows(b.rows.first_row, b.rows.last_row);
+          const Tensor initial = whole(a.name, a.rows.full_shape, 0);
+          for (int64_t i = 0; i < local * row_len; ++i) {
+            worst = std::max(
+                worst, double(std::abs(b.param.data<float>()[i] - expected.data<float>()[i])));
+            moved = std::max(
+                moved, double(std::abs(expected.data<float>()[i] -
+                                       initial.data<float>()[b.rows.first_row * row_len + i])));
+          }
+          // Padding rows of the projected matrices are never written.
+          if (k + 1 < kParams.size())
+            for (int64_t i = local * row_len; i < b.param.numel(); ++i)
+              CHECK(b.param.data<float>()[i] == float(kPadding));
         }
-        // Padding rows of the projected matrices are never written.
-        if (k + 1 < kParams.size())
-          for (int64_t i = local * row_len; i < b.param.numel(); ++i)
-            CHECK(b.param.data<float>()[i] == float(kPadding));
+        worst = comm->all_reduce_max(int64_t(worst * 1e12)) * 1e-12;
+        moved = comm->all_reduce_max(int64_t(moved * 1e12)) * 1e-12;
+        if (rank == 0)
+          std::printf(
+              "galore %s, moments %s, refresh %s, %d rank(s): weights moved up to %.3g, off the "
+              "one-rank run by at most %.3g\n",
+              std::string(enum_name(kind)).c_str(), std::string(enum_name(moments)).c_str(),
+              std::string(enum_name(refresh)).c_str(), ranks, moved, worst);
+        CHECK(moved > 0.05);
+        CHECK(worst < 5e-6);
       }
-      worst = comm->all_reduce_max(int64_t(worst * 1e12)) * 1e-12;
-      moved = comm->all_reduce_max(int64_t(moved * 1e12)) * 1e-12;
-      if (rank == 0)
-        std::printf(
-            "galore %s, moments %s, %d rank(s): weights moved up to %.3g, off the "
-            "one-rank run by at most %.3g\n",
-            std::string(enum_name(kind)).c_str(), std::string(enum_name(moments)).c_str(), ranks,
-            moved, worst);
-      CHECK(moved > 0.05);
-      CHECK(worst < 5e-6);
-    }
 }
 
 TEST_CASE("GaLore's checkpoint: resume bit for bit, and onto another number of ranks",
@@ -218,85 +223,90 @@ TEST_CASE("GaLore's checkpoint: resume bit for bit, and onto another number of r
   }
   root = comm->broadcast_string(root, 0);
 
-  for (GaloreProjectorKind kind : {GaloreProjectorKind::svd, GaloreProjectorKind::randomized}) {
-    INFO(enum_name(kind) << ", " << ranks << " ranks");
-    const GaloreConfig g = config(kind, MomentsOnRefresh::project);
-    const std::string dir = root + "/" + std::string(enum_name(kind));
+  for (GaloreRefresh refresh : {GaloreRefresh::immediate, GaloreRefresh::pipelined})
+    for (GaloreProjectorKind kind : {GaloreProjectorKind::svd, GaloreProjectorKind::randomized}) {
+      INFO(enum_name(kind) << ", refresh " << enum_name(refresh) << ", " << ranks << " ranks");
+      const GaloreConfig g = config(kind, MomentsOnRefresh::project, refresh);
+      const std::string dir =
+          root + "/" + std::string(enum_name(kind)) + "-" + std::string(enum_name(refresh));
 
-    // Straight through, and saved at step 5 then resumed into fresh objects.
-    Shards straight(rank, ranks);
-    GaloreAdamW straight_opt(straight.shards, adamw(), g);
-    run_steps(straight_opt, straight, 1, 10, collectives);
+      // Straight through, and saved at step 5 then resumed into fresh objects. A pipelined run
+      // completes its refreshes in flight when it saves: the straight run does what a save does.
+      Shards straight(rank, ranks);
+      GaloreAdamW straight_opt(straight.shards, adamw(), g);
+      run_steps(straight_opt, straight, 1, 5, collectives);
+      if (refresh == GaloreRefresh::pipelined) straight_opt.before_save();
+      run_steps(straight_opt, straight, 6, 10, collectives);
 
-    Shards first(rank, ranks);
-    GaloreAdamW first_opt(first.shards, adamw(), g);
-    Weights first_weights(first.shards);
-    run_steps(first_opt, first, 1, 5, collectives);
-    manager(dir + "/many", {{"optim", &first_opt}, {"weights", &first_weights}})->save(5);
+      Shards first(rank, ranks);
+      GaloreAdamW first_opt(first.shards, adamw(), g);
+      Weights first_weights(first.shards);
+      run_steps(first_opt, first, 1, 5, collectives);
+      manager(dir + "/many", {{"optim", &first_opt}, {"weights", &first_weights}})->save(5);
 
-    Shards resumed(rank, ranks);
-    GaloreAdamW resumed_opt(resumed.shards, adamw(), g);
-    Weights resumed_weights(resumed.shards);
-    manager(dir + "/many", {{"optim", &resumed_opt}, {"weights", &resumed_weights}})->load(5);
-    CHECK(state_rows(resumed_opt, resumed) == state_rows(first_opt, first));
-    run_steps(resumed_opt, resumed, 6, 10, collectives);
-    CHECK(state_rows(resumed_opt, resumed) == state_rows(straight_opt, straight));
+      Shards resumed(rank, ranks);
+      GaloreAdamW resumed_opt(resumed.shards, adamw(), g);
+      Weights resumed_weights(resumed.shards);
+      manager(dir + "/many", {{"optim", &resumed_opt}, {"weights", &resumed_weights}})->load(5);
+      CHECK(state_rows(resumed_opt, resumed) == state_rows(first_opt, first));
+      run_steps(resumed_opt, resumed, 6, 10, collectives);
+      CHECK(state_rows(resumed_opt, resumed) == state_rows(straight_opt, straight));
 
-    // These ranks' checkpoint on one rank: the whole state, whose rows are each rank's exactly.
-    Shards on_one(0, 1);
-    GaloreAdamW on_one_opt(on_one.shards, adamw(), g);
-    Weights on_one_weights(on_one.shards);
-    CheckpointManager(CheckpointDir(dir + "/many"), 0, 1, alone,
-                      {{"optim", &on_one_opt}, {"weights", &on_one_weights}}, 2)
-        .load(5);
-    const std::vector<StateTensor> whole_state = on_one_opt.state_tensors();
-    const std::vector<StateTensor> my_state = first_opt.state_tensors();
-    REQUIRE(whole_state.size() == my_state.size());
-    for (size_t i = 0; i < my_state.size(); ++i) {
-      const StateTensor& mine = my_state[i];
-      INFO(mine.name);
-      CHECK(whole_state[i].name == mine.name);
-      const int64_t first_row = mine.rows.replicated ? 0 : mine.rows.first_row;
-      const int64_t last_row = mine.rows.replicated ? mine.tensor.size(0) : mine.rows.last_row;
-      const Tensor expected = whole_state[i].tensor.rows(first_row, last_row);
-      const Tensor live = mine.tensor.rows(0, last_row - first_row);
-      CHECK(std::equal(live.data<float>(), live.data<float>() + live.numel(),
-                       expected.data<float>()));
+      // These ranks' checkpoint on one rank: the whole state, whose rows are each rank's exactly.
+      Shards on_one(0, 1);
+      GaloreAdamW on_one_opt(on_one.shards, adamw(), g);
+      Weights on_one_weights(on_one.shards);
+      CheckpointManager(CheckpointDir(dir + "/many"), 0, 1, alone,
+                        {{"optim", &on_one_opt}, {"weights", &on_one_weights}}, 2)
+          .load(5);
+      const std::vector<StateTensor> whole_state = on_one_opt.state_tensors();
+      const std::vector<StateTensor> my_state = first_opt.state_tensors();
+      REQUIRE(whole_state.size() == my_state.size());
+      for (size_t i = 0; i < my_state.size(); ++i) {
+        const StateTensor& mine = my_state[i];
+        INFO(mine.name);
+        CHECK(whole_state[i].name == mine.name);
+        const int64_t first_row = mine.rows.replicated ? 0 : mine.rows.first_row;
+        const int64_t last_row = mine.rows.replicated ? mine.tensor.size(0) : mine.rows.last_row;
+        const Tensor expected = whole_state[i].tensor.rows(first_row, last_row);
+        const Tensor live = mine.tensor.rows(0, last_row - first_row);
+        CHECK(std::equal(live.data<float>(), live.data<float>() + live.numel(),
+                         expected.data<float>()));
+      }
+
+      // One rank's checkpoint (rank 0 saves its whole run at step 5) on these ranks.
+      if (rank == 0) {
+        Shards alone_shards(0, 1);
+        GaloreAdamW alone_opt(alone_shards.shards, adamw(), g);
+        Weights alone_weights(alone_shards.shards);
+        run_steps(alone_opt, alone_shards, 1, 5, local_collectives());
+        CheckpointManager(CheckpointDir(dir + "/one"), 0, 1, alone,
+                          {{"optim", &alone_opt}, {"weights", &alone_weights}}, 2)
+            .save(5);
+      }
+      comm->barrier();
+      Shards from_one(rank, ranks);
+      GaloreAdamW from_one_opt(from_one.shards, adamw(), g);
+      Weights from_one_weights(from_one.shards);
+      manager(dir + "/one", {{"optim", &from_one_opt}, {"weights", &from_one_weights}})->load(5);
+      // ... and trains on as the ranks that never stopped, to the rounding of the sums.
+      run_steps(from_one_opt, from_one, 6, 10, collectives);
+      double worst = 0;
+      for (size_t k = 0; k < kParams.size(); ++k) {
+        const Tensor& a = from_one.shards[k].param;
+        const Tensor& b = straight.shards[k].param;
+        for (int64_t i = 0; i < a.numel(); ++i)
+          worst = std::max(worst, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
+      }
+      worst = comm->all_reduce_max(int64_t(worst * 1e12)) * 1e-12;
+      if (rank == 0)
+        std::printf(
+            "galore %s: resumed from a one-rank checkpoint on %d rank(s), off the ranks "
+            "that never stopped by at most %.3g after 5 more steps\n",
+            std::string(enum_name(kind)).c_str(), ranks, worst);
+      CHECK(worst < 5e-6);
+      comm->barrier();  // every rank has read the checkpoints before the next case
     }
-
-    // One rank's checkpoint (rank 0 saves its whole run at step 5) on these ranks.
-    if (rank == 0) {
-      Shards alone_shards(0, 1);
-      GaloreAdamW alone_opt(alone_shards.shards, adamw(), g);
-      Weights alone_weights(alone_shards.shards);
-      run_steps(alone_opt, alone_shards, 1, 5, local_collectives());
-      CheckpointManager(CheckpointDir(dir + "/one"), 0, 1, alone,
-                        {{"optim", &alone_opt}, {"weights", &alone_weights}}, 2)
-          .save(5);
-    }
-    comm->barrier();
-    Shards from_one(rank, ranks);
-    GaloreAdamW from_one_opt(from_one.shards, adamw(), g);
-    Weights from_one_weights(from_one.shards);
-    manager(dir + "/one", {{"optim", &from_one_opt}, {"weights", &from_one_weights}})->load(5);
-    // ... and trains on as the ranks that never stopped, to the rounding of the sums.
-    run_steps(from_one_opt, from_one, 6, 10, collectives);
-    double worst = 0;
-    for (size_t k = 0; k < kParams.size(); ++k) {
-      const Tensor& a = from_one.shards[k].param;
-      const Tensor& b = straight.shards[k].param;
-      for (int64_t i = 0; i < a.numel(); ++i)
-        worst = std::max(worst, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
-    }
-    worst = comm->all_reduce_max(int64_t(worst * 1e12)) * 1e-12;
-    if (rank == 0)
-      std::printf(
-          "galore %s: resumed from a one-rank checkpoint on %d rank(s), off the ranks "
-          "that never stopped by at most %.3g after 5 more steps\n",
-          std::string(enum_name(kind)).c_str(), ranks, worst);
-    CHECK(worst < 5e-6);
-    comm->barrier();  // every rank has read the checkpoints before the next case
-  }
   comm->barrier();
   if (rank == 0) fs::remove_all(root);
 }
