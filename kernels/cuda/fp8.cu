@@ -6,8 +6,7 @@
 // The cast works on 64 x 64 tiles, 256 threads: each thread loads 8 bf16 (16 bytes) of a row,
 // stores their 8 codes (8 bytes) to the plain copy and to a shared tile, and after a barrier
 // gathers 8 codes down a column of the tile for the transposed copy, so both outputs are written
-// in 8-byte pieces of contiguous rows. A block walks tiles until the matrix is done; its amax and
-// counts go out in one atomic each at the end.
+// in 8-byte pieces of contiguous rows. One block's amax and counts go out in one atomic each.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -85,48 +84,42 @@ __global__ void __launch_bounds__(kThreads)
     // that write computes the same value: the write differs from the old scale only when the
     // amax decides it, and then the old scale is not used.
     scale = scale_from_amax(*s.current_amax, scale, max_value<F>(), s.margin);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
       *s.scale = scale;
       *s.scale_inv = 1.0f / scale;
     }
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0)
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
     atomicAdd(reinterpret_cast<unsigned long long*>(s.counts), (unsigned long long)(rows * cols));
 
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   const int group = threadIdx.x % (kTile / kGroup);     // 8 groups of 8 columns (or rows)
   const int lane_row = threadIdx.x / (kTile / kGroup);  // 0..31
-  const int64_t tiles_across = (cols + kTile - 1) / kTile;
-  const int64_t tiles = tiles_across * ((rows + kTile - 1) / kTile);
   unsigned amax = 0, flushed = 0, saturated = 0;
 
-  // A block walks several tiles (the grid is sized to fill the GPU, not to the matrix) and
-  // publishes once: a tile is only 4096 values, and per-tile barriers and atomics cost as much
-  // as its loads.
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t r0 = (t / tiles_across) * kTile, c0 = (t % tiles_across) * kTile;
 #pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const int r = lane_row + 32 * pass;
-      const int64_t gr = r0 + r, gc = c0 + group * kGroup;
-      if (gr >= rows || gc >= cols) continue;
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + gr * cols + gc);
-      const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
-      uint8_t codes[kGroup];
+  for (int pass = 0; pass < 2; ++pass) {
+    const int r = lane_row + 32 * pass;
+    const int64_t gr = r0 + r, gc = c0 + group * kGroup;
+    if (gr >= rows || gc >= cols) continue;
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + gr * cols + gc);
+    const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    uint8_t codes[kGroup];
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        const float xv = __bfloat162float(v[j]);
-        const float scaled = __fmul_rn(xv, scale);
-        const uint8_t code = encode<F>(scaled);
-        codes[j] = code;
-        amax = max(amax, abs_bits(xv));
-        flushed += xv != 0.0f && !isnan(xv) && (code & 0x7F) == 0;
-        saturated += fabsf(scaled) > max_value<F>();
-      }
-      const uint2 packed = *reinterpret_cast<const uint2*>(codes);
-      if (out) *reinterpret_cast<uint2*>(out + gr * cols + gc) = packed;
-      if (out_t) *reinterpret_cast<uint2*>(tile + r * kTileStride + group * kGroup) = packed;
+    for (int j = 0; j < kGroup; ++j) {
+      const float xv = __bfloat162float(v[j]);
+      const float scaled = __fmul_rn(xv, scale);
+      const uint8_t code = encode<F>(scaled);
+      codes[j] = code;
+      amax = max(amax, abs_bits(xv));
+      flushed += xv != 0.0f && !isnan(xv) && (code & 0x7F) == 0;
+      saturated += fabsf(scaled) > max_value<F>();
     }
-    if (!out_t) continue;
+    const uint2 packed = *reinterpret_cast<const uint2*>(codes);
+    if (out) *reinterpret_cast<uint2*>(out + gr * cols + gc) = packed;
+    *reinterpret_cast<uint2*>(tile + r * kTileStride + group * kGroup) = packed;
+  }
+  if (out_t) {
     __syncthreads();
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
@@ -138,7 +131,6 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kGroup; ++j) codes[j] = tile[(group * kGroup + j) * kTileStride + c];
       *reinterpret_cast<uint2*>(out_t + gc * rows + gr) = *reinterpret_cast<const uint2*>(codes);
     }
-    __syncthreads();  // the tile is read before the next one overwrites it
   }
   publish(amax, flushed, saturated, s);
 }
@@ -215,24 +207,6 @@ __global__ void transpose_codes_kernel(uint8_t* __restrict__ out, const uint8_t*
   }
 }
 
-// As many cast blocks as the current GPU keeps resident at once (every SM full): the grid of a
-// cast, each block walking tiles until the matrix is done.
-int64_t resident_blocks() {
-  thread_local int cached_device = -1;
-  thread_local int64_t cached_blocks = 0;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  if (device != cached_device) {
-    int sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, cast_transpose_kernel<Fp8Format::e4m3>, kThreads, 0));
-    cached_device = device;
-    cached_blocks = int64_t(sms) * std::max(per_sm, 1);
-  }
-  return cached_blocks;
-}
-
 }  // namespace
 
 void fp8_transpose_codes(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols,
@@ -267,14 +241,14 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, in
                    reinterpret_cast<uintptr_t>(out_t) % 16 == 0,
                "fp8 cast: pointers must be 16-byte aligned");
   if (rows == 0 || cols == 0) return;
-  const int64_t tiles = ((cols + kTile - 1) / kTile) * ((rows + kTile - 1) / kTile);
-  const unsigned blocks = unsigned(std::min<int64_t>(tiles, resident_blocks()));
+  const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
+  FRUGAL_CHECK(grid.y <= 65535, "fp8 cast of ", rows, " rows: too many for one grid");
   if (format == Fp8Format::e4m3)
     cast_transpose_kernel<Fp8Format::e4m3>
-        <<<blocks, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
+        <<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
   else
     cast_transpose_kernel<Fp8Format::e5m2>
-        <<<blocks, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
+        <<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -147,9 +147,9 @@ TEST_CASE("cuda fp8 cast + transpose + amax: random data, awkward sizes, both re
     }
 }
 
-// More tiles than the GPU keeps blocks resident (each block walks several, ending partial
-// tiles included), with one output or both: the amax and counts are still every value's.
-TEST_CASE("cuda fp8 cast: blocks that walk many tiles, one output or both", "[gpu][fp8]") {
+// A matrix of thousands of tiles (the last row and column of tiles partial), with one output
+// or both, as training asks for them: the amax and counts are still every value's.
+TEST_CASE("cuda fp8 cast: a large matrix, one output or both", "[gpu][fp8]") {
   SKIP_WITHOUT_GPU();
   const int64_t rows = 4112, cols = 2080;  // 65 x 33 tiles of 64, the last row and column partial
   const std::vector<uint16_t> x = spread_bf16(rows * cols, 77);
