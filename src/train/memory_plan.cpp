@@ -37,9 +37,12 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
       if (p.trainable) {
         plan.params += checked_mul(shard, master, "the parameter shards' bytes");
         plan.grads += shard * master;
-        plan.optimizer += s.galore_rank > 0 && galore_projects(p.name, p.shape)
-                              ? galore_state_bytes(p.shape, shard_rows, s.galore_rank)
-                              : 2 * shard * master;
+        const bool galore = s.galore_rank > 0 && galore_projects(p.name, p.shape);
+        const size_t optimizer = galore ? galore_state_bytes(p.shape, shard_rows, s.galore_rank)
+                                        : 2 * shard * master;
+        plan.optimizer += optimizer;
+        if (s.checkpoint_staging)
+          plan.checkpoint_staging += checkpoint_staging_bytes(shard, optimizer, master, galore);
         if (s.gpu && s.state == StateDType::fp32) plan.copies += shard * 2;
       } else if (encoded) {
         // Two codes a byte and the block scales: NF4's absmax code per 64 (and the whole

@@ -22,6 +22,9 @@ struct MemoryPlan {
   size_t copies = 0;     // GPU: the bf16 copies the ranks gather (4-bit codes of frozen weights)
   size_t gathered = 0;   // two units whole: weights in the compute dtype and fp32 gradients
   size_t activation_inputs = 0;  // train.activation_offload = inputs: the blocks' inputs (host)
+  // ckpt.async: the host fp32 copies of master weights and moments a save stages (pinned on a
+  // GPU). Not in `host`: the run stages only when they fit, else its saves are synchronous.
+  size_t checkpoint_staging = 0;
   // Where they land: host memory (the CPU backend, or offloaded state) and the GPU.
   size_t host = 0, device = 0;
 };
@@ -35,6 +38,7 @@ struct PlanSettings {
   bool four_bit_hqq = false;  // their format: NF4 (false) or HQQ (scale and zero per 64)
   int64_t galore_rank = 0;    // GaLore's rank (0: AdamW on every weight)
   size_t activation_inputs = 0;  // offloaded activations (offloaded_input_bytes), host memory
+  bool checkpoint_staging = false;  // ckpt.async
 };
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);
@@ -50,6 +54,14 @@ size_t offloaded_input_bytes(const TrainConfig& config, int64_t cp, bool gpu);
 // GaLore's fp32 state of one projected matrix on a rank holding shard_rows of its rows (its
 // moments and its projector; see optim/galore_adamw.h for the sides).
 size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank);
+
+// What an asynchronous save stages on the host for one trainable shard of `shard` elements: its
+// master and its optimizer state (`optimizer_bytes` as held, `master_bytes` per element), in
+// fp32 (GaLore's state is fp32 already).
+inline size_t checkpoint_staging_bytes(size_t shard, size_t optimizer_bytes, size_t master_bytes,
+                                       bool galore) {
+  return shard * 4 + (galore ? optimizer_bytes : optimizer_bytes * 4 / master_bytes);
+}
 
 // "parameters 1.20 GiB, gradients ..., optimizer ..." of the non-zero kinds.
 std::string describe(const MemoryPlan& plan);

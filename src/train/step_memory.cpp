@@ -223,13 +223,14 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
         keep(host_state, p.shard * master);  // master
         keep(host_state, p.shard * master);  // gradient shard
         size_t optimizer = 2 * p.shard * master;
-        if (galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape))
+        const bool galore = galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape);
+        if (galore)
           optimizer = galore_state_bytes(p.shape, p.shard / (p.numel / p.rows), galore_rank);
         for (int k = 0; k < 2; ++k) keep(host_state, optimizer / 2);
         if (master == 4) keep(copies_on_host, p.shard * 2);  // the bf16 copy the layers read
         if (host_state && !copies_on_host) out.host_state += p.shard * 2;  // its host staging
-        if (c.ckpt.async)  // the checkpoint's staging: master and moments, widened to fp32
-          out.host_staging += p.shard * 4 + optimizer * 4 / master;
+        if (c.ckpt.async)
+          out.host_staging += checkpoint_staging_bytes(p.shard, optimizer, master, galore);
       } else if (p.encoding != Encoding::none) {
         for (size_t part : encoded_parts(p, p.shard, true)) keep(copies_on_host, part);
       } else {

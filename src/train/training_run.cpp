@@ -336,6 +336,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
     settings.four_bit = projection;
   settings.four_bit_hqq = c.train.type == TrainType::hqq_lora;
   settings.activation_inputs = offloaded_input_bytes(c, mesh().cp_size, use_gpu);
+  settings.checkpoint_staging = c.ckpt.async;
   const MemoryPlan plan = plan_memory(units, settings);
   const std::string advice =
       ": more ranks per replica (ZeRO-3 divides the state among them; parallel.dp_shard = all "
@@ -349,7 +350,12 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   if (world().rank() == 0)
     log_info("memory plan per rank: host ", gib(plan.host), ", ",
              use_gpu ? "GPU " + gib(plan.device) : std::string("no GPU"), " (", describe(plan),
-             ", before activations); this node: ", node_ranks, " rank(s), ",
+             ", before activations)",
+             plan.checkpoint_staging > 0
+                 ? ", and " + gib(plan.checkpoint_staging) +
+                       " of host memory for asynchronous checkpoint copies where it fits"
+                 : std::string(),
+             "; this node: ", node_ranks, " rank(s), ",
              available > 0 ? gib(available) + " of host memory available" : "host memory unknown");
   if (available > 0 && plan.activation_inputs > 0 && plan.host * node_ranks > available)
     fail("config key 'train.activation_offload': inputs needs ", gib(plan.activation_inputs),

@@ -5,12 +5,14 @@
 #include <algorithm>
 
 #include "catch_compat.h"
+#include "ckpt/checkpoint_manager.h"
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "optim/adamw.h"
 #include "optim/galore_adamw.h"
 #include "parallel/comm.h"
 #include "parallel/zero3_parameters.h"
+#include "parallel/zero3_state.h"
 #include "train/memory_plan.h"
 
 using namespace frugal;
@@ -60,6 +62,22 @@ TEST_CASE("memory plan: the bytes ZeRO-3 and AdamW allocate, before they do", "[
     CHECK(plan.gathered == 2 * m.gathered_per_unit);
     CHECK(plan.host == plan.params + plan.grads + plan.optimizer + plan.gathered);
     CHECK(plan.device == 0);
+  }
+  SECTION("an asynchronous save's staging: the master and the moments in fp32") {
+    const std::vector<UnitSpec> units = llama_units(config);
+    settings.checkpoint_staging = true;
+    const MemoryPlan plan = plan_memory(units, settings);
+    Arena params("plan params", Device::cpu), grads("plan grads", Device::cpu),
+        gathered("plan gathered", Device::cpu), optim("plan optim", Device::cpu);
+    Zero3Parameters sharded(units, *comm, {&params, &grads, &gathered}, 5, 0.05f, true, {});
+    AdamW adamw(sharded.trainable(), AdamWConfig{}, optim);
+    Zero3State weights(sharded);
+    const std::vector<CheckpointManager::Part> parts = {{"weights", &weights}, {"optim", &adamw}};
+    CHECK(plan.checkpoint_staging == CheckpointManager::state_bytes(parts, comm->rank()));
+    CHECK(plan.host == plan.params + plan.grads + plan.optimizer + plan.gathered);
+    // bf16 state is staged widened: the same bytes as fp32's.
+    settings.state = StateDType::bf16;
+    CHECK(plan_memory(units, settings).checkpoint_staging == plan.checkpoint_staging);
   }
   SECTION("GaLore: projected moments and projectors, AdamW's moments for the rest") {
     const std::vector<UnitSpec> units = llama_units(config);
