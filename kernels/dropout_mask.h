@@ -5,11 +5,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define FRUGAL_HOST_DEVICE __host__ __device__
-#else
-#define FRUGAL_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace frugal {
 

@@ -5,13 +5,7 @@
 
 #include <cstdint>
 
-#ifndef FRUGAL_HOST_DEVICE
-#ifdef __CUDACC__
-#define FRUGAL_HOST_DEVICE __host__ __device__
-#else
-#define FRUGAL_HOST_DEVICE
-#endif
-#endif
+#include "kernels/host_device.h"
 
 namespace frugal {
 

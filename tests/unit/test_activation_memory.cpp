@@ -6,9 +6,9 @@
 // (measured: relative 1e-9 on the loss); offloaded inputs change no bit, and their host memory
 // is every block's input but the last.
 #include <cmath>
-#include <random>
 
 #include "catch_compat.h"
+#include "model_support.h"
 #include "model/llama_mlp.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
@@ -29,21 +29,6 @@ LlamaConfig awkward_config() {
   c.max_position_embeddings = 64;
   c.rope_theta = 500.0;
   return c;
-}
-
-Batch random_batch(int64_t batch, int64_t seq, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Batch b;
-  b.batch = batch;
-  b.seq = seq;
-  b.tokens = Tensor::empty({batch * seq}, DType::i32);
-  b.targets = Tensor::empty({batch * seq}, DType::i32);
-  for (int64_t i = 0; i < batch * seq; ++i) {
-    b.tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
-    b.targets.data<int32_t>()[i] = i % 5 == 3 ? -100 : static_cast<int32_t>(rng() % vocab);
-  }
-  b.positions = sequence_positions(batch, seq);
-  return b;
 }
 
 struct Run {
@@ -71,7 +56,7 @@ Run run(const Settings& s) {
     units = lora_units(config, *s.lora);
   }
   LocalParameters params(units, 9, 0.1f, true);
-  const Batch b = random_batch(2, 13, config.vocab_size, 5);
+  const Batch b = test::slice_of_random_batch(5, 2, 13, config.vocab_size, 0, 2, 5);
   const float scale = 1.0f / static_cast<float>(counted_targets(b.targets));
   Run r;
   r.loss = model.forward_backward(b, params, scale, s.policy);
@@ -179,7 +164,7 @@ TEST_CASE("the recompute check sees a perturbed recompute of a chunked MLP", "[m
       check.perturb_layer = perturbed;
       model.set_recompute_check(&check);
       LocalParameters params(config, 9, 0.1f, true);
-      const Batch b = random_batch(2, 13, config.vocab_size, 5);
+      const Batch b = test::slice_of_random_batch(5, 2, 13, config.vocab_size, 0, 2, 5);
       model.forward_backward(b, params, 0.01f, policy);
       CHECK(check.blocks_checked == 3);
       REQUIRE(check.mismatches.size() == (perturbed < 0 ? 0u : 1u));

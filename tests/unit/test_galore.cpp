@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "optim_support.h"
 #include "ckpt/safetensors.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -23,6 +24,8 @@
 #include "test_support.h"
 
 namespace {
+
+using frugal::test::whole_shard;
 
 using namespace frugal;
 namespace fs = std::filesystem;
@@ -51,15 +54,6 @@ Tensor low_rank_plus_noise(int64_t m, int64_t n, uint64_t seed, double noise) {
       g.data<float>()[i * n + j] = float(sum + noise * e.data<float>()[i * n + j]);
     }
   return g;
-}
-
-TrainableShard whole_shard(const std::string& name, const Tensor& param) {
-  TrainableShard s;
-  s.name = name;
-  s.param = param;
-  s.grad = Tensor::zeros(param.shape(), DType::f32);
-  s.rows = whole_rows(param.shape(), false);
-  return s;
 }
 
 double max_abs_difference(const Tensor& a, const Tensor& b) {

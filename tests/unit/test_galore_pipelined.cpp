@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "optim_support.h"
 #include "core/random.h"
 #include "ops/ops.h"
 #include "optim/galore_adamw.h"
@@ -17,20 +18,13 @@ using namespace frugal;
 
 namespace {
 
+using frugal::test::whole_shard;
+
 Tensor random_matrix(const Shape& shape, uint64_t seed) {
   Tensor t = Tensor::empty(shape, DType::f32);
   uint64_t state = seed;
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(2.0 * uniform01(state) - 1.0);
   return t;
-}
-
-TrainableShard whole_shard(const std::string& name, const Tensor& param) {
-  TrainableShard s;
-  s.name = name;
-  s.param = param;
-  s.grad = Tensor::zeros(param.shape(), DType::f32);
-  s.rows = whole_rows(param.shape(), false);
-  return s;
 }
 
 Tensor projector_of(GaloreAdamW& optimizer, const std::string& name) {
