@@ -540,16 +540,6 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
 
 namespace frugal::ops {
 
-namespace {
-
-void expect_host_f64_square(const Tensor& a, const char* what) {
-  FRUGAL_CHECK(a.defined() && a.device() == Device::cpu && a.dtype() == DType::f64 &&
-                   a.ndim() == 2 && a.size(0) == a.size(1) && a.size(0) >= 1,
-               what, " needs a square host f64 matrix, got ", shape_string(a.shape()));
-}
-
-}  // namespace
-
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float alpha,
             float beta, MatmulPrecision precision) {
   FRUGAL_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "matmul of ",
@@ -573,24 +563,6 @@ void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool tran
   (void)precision;  // the CPU multiplies in fp32
   cpu::matmul(c.data<float>(), a.data<float>(), trans_a, b.data<float>(), trans_b, m, n, k, alpha,
               beta);
-}
-
-void symmetric_eigen(Tensor& a, Tensor& values) {
-  expect_host_f64_square(a, "symmetric_eigen");
-  FRUGAL_CHECK(
-      values.device() == Device::cpu && values.dtype() == DType::f64 && values.numel() == a.size(0),
-      "symmetric_eigen values ", shape_string(values.shape()));
-  cpu::symmetric_eigen(a.data<double>(), values.data<double>(), a.size(0));
-}
-
-bool cholesky_upper(Tensor& a) {
-  expect_host_f64_square(a, "cholesky_upper");
-  return cpu::cholesky_upper(a.data<double>(), a.size(0));
-}
-
-void invert_upper(Tensor& a) {
-  expect_host_f64_square(a, "invert_upper");
-  cpu::invert_upper(a.data<double>(), a.size(0));
 }
 
 void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps) {

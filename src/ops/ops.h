@@ -217,14 +217,6 @@ enum class MatmulPrecision { fp32, tf32 };
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             float alpha = 1.0f, float beta = 0.0f,
             MatmulPrecision precision = MatmulPrecision::fp32);
-// Small factorisations in float64 on the host (LAPACK), for matrices of the projection rank or
-// one side of a weight. a is a host f64 [n, n] tensor, overwritten:
-// symmetric_eigen: values (host f64 [n]) ascending, row i of a the unit eigenvector of values[i];
-void symmetric_eigen(Tensor& a, Tensor& values);
-// cholesky_upper: the upper-triangular r with a = r^T r; false when a is not positive definite;
-bool cholesky_upper(Tensor& a);
-// invert_upper: the inverse of an upper-triangular a.
-void invert_upper(Tensor& a);
 
 // --- GaLore's elementwise steps (kernels/cpu/galore.h) ------------------------------------------
 // On the projected gradient r (f32, the shape of m and v): Adam's moments, and r replaced by the

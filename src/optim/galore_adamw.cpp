@@ -66,11 +66,7 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
   FRUGAL_CHECK(galore_.refresh == GaloreRefresh::immediate ||
                    galore_.moments_on_refresh != MomentsOnRefresh::reset,
                "GaLore's pipelined refreshes with moments_on_refresh = reset");
-  for (Matrix& x : matrices_) {
-    GaloreProjectorSettings settings = galore_.projector;
-    settings.rank = x.rank;
-    x.stages = galore_refresh_stages({x.rows, x.cols}, settings);
-  }
+  for (Matrix& x : matrices_) x.stages = galore_refresh_stages({x.rows, x.cols}, settings_of(x));
   in_flight_.resize(matrices_.size());
   if (galore_.refresh == GaloreRefresh::pipelined) worker_ = std::make_unique<HostWorker>();
 }
@@ -245,6 +241,12 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
   return report;
 }
 
+GaloreProjectorSettings GaloreAdamW::settings_of(const Matrix& x) const {
+  GaloreProjectorSettings settings = galore_.projector;
+  settings.rank = x.rank;  // the run's rank, or the matrix's smaller side
+  return settings;
+}
+
 uint64_t GaloreAdamW::sketch_seed(const Matrix& x, int64_t t) const {
   // The sketch's seed: the run's, the matrix's name and the iteration (FNV-1a of the name).
   uint64_t seed = 0xCBF29CE484222325ull ^ galore_.seed;
@@ -265,10 +267,8 @@ void GaloreAdamW::begin_refresh(size_t j, int64_t t, const StepCollectives& coll
   const Shape shape =
       x.side == GaloreSide::right ? Shape{x.rank, x.cols} : Shape{x.local_rows, x.rank};
   f->new_projector = galore_scratch(x.projector, shape, scratch_);
-  GaloreProjectorSettings settings = galore_.projector;
-  settings.rank = x.rank;
   f->refresh = galore_projector_refresh(f->new_projector, std::move(snapshot), {x.rows, x.cols},
-                                        settings, sketch_seed(x, t), collectives, scratch_);
+                                        settings_of(x), sketch_seed(x, t), collectives, scratch_);
   in_flight_[j] = std::move(f);
 }
 
@@ -309,35 +309,31 @@ void GaloreAdamW::before_save() {
     if (in_flight_[j]) complete_refresh(j);
 }
 
-void GaloreAdamW::install(Matrix& x, const Tensor& new_projector,
-                          const StepCollectives& collectives) {
-  const bool rotate = galore_.moments_on_refresh == MomentsOnRefresh::project;
-  Tensor old_projector;
-  if (rotate) {
-    old_projector = ops::empty_like(x.projector, x.projector.shape(), x.projector.dtype());
-    ops::copy(old_projector, x.projector);
-  }
-  Tensor target = x.side == GaloreSide::right ? x.projector : x.projector.rows(0, x.local_rows);
-  ops::copy(target, new_projector);
-  if (rotate) rotate_moments(x, old_projector, collectives);
-}
-
-void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectives) {
-  if (galore_.profile) ++profiled_refreshes_;
-  const uint64_t seed = sketch_seed(x, t);
-
-  const bool rotate = t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::project;
+void GaloreAdamW::replace_projector(Matrix& x, bool rotate, const StepCollectives& collectives,
+                                    const std::function<void(Tensor&)>& write) {
   Tensor old_projector;
   if (rotate) {  // (through ops: the projector may live on a GPU)
     old_projector = ops::empty_like(x.projector, x.projector.shape(), x.projector.dtype());
     ops::copy(old_projector, x.projector);
   }
   Tensor target = x.side == GaloreSide::right ? x.projector : x.projector.rows(0, x.local_rows);
-  GaloreProjectorSettings settings = galore_.projector;
-  settings.rank = x.rank;
-  galore_projector(target, gradient_rows(x), {x.rows, x.cols}, settings, seed, collectives,
-                   scratch_);
+  write(target);
   if (rotate) rotate_moments(x, old_projector, collectives);
+}
+
+void GaloreAdamW::install(Matrix& x, const Tensor& new_projector,
+                          const StepCollectives& collectives) {
+  replace_projector(x, galore_.moments_on_refresh == MomentsOnRefresh::project, collectives,
+                    [&](Tensor& target) { ops::copy(target, new_projector); });
+}
+
+void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectives) {
+  if (galore_.profile) ++profiled_refreshes_;
+  replace_projector(x, t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::project,
+                    collectives, [&](Tensor& target) {
+                      galore_projector(target, gradient_rows(x), {x.rows, x.cols}, settings_of(x),
+                                       sketch_seed(x, t), collectives, scratch_);
+                    });
   if (t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::reset) {
     ops::zero(x.exp_avg);
     ops::zero(x.exp_avg_sq);

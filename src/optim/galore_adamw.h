@@ -6,6 +6,7 @@
 // local (it may run on a thread of its own, as AdamW's does under offload).
 #pragma once
 
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -125,6 +126,7 @@ class GaloreAdamW : public Optimizer {
   Tensor gradient_rows(const Matrix& x);
   void refresh(Matrix& x, int64_t t, const StepCollectives& collectives);
   uint64_t sketch_seed(const Matrix& x, int64_t t) const;
+  GaloreProjectorSettings settings_of(const Matrix& x) const;  // the projector's, at x's rank
   // pipelined: begins matrix j's refresh from G_t; advances every refresh in flight one stage
   // (installing those whose stages are done); hands their host work to the worker; completes
   // and installs refresh j now.
@@ -134,6 +136,10 @@ class GaloreAdamW : public Optimizer {
   void complete_refresh(size_t j);
   // The new projector replaces the old (rotating the moments with `project`).
   void install(Matrix& x, const Tensor& new_projector, const StepCollectives& collectives);
+  // x's projector (this rank's rows of P on the left side) rewritten by `write`; with `rotate`
+  // the moments are carried from the old subspace into the new one.
+  void replace_projector(Matrix& x, bool rotate, const StepCollectives& collectives,
+                         const std::function<void(Tensor&)>& write);
   bool pipelined(int64_t t) const { return galore_.refresh == GaloreRefresh::pipelined && t > 0; }
   // begin_step when the projected matrices' gradients are not summed over the replicas.
   StepReport begin_step_across_replicas(const StepCollectives& collectives);

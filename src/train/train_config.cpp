@@ -40,6 +40,12 @@ void TrainConfig::validate() const {
         "config key 'optim.type': galore_adamw trains full weights (train.type = full), and "
         "train.type is ",
         train.type, ": LoRA's adapters are low-rank already, use adamw");
+  if (optim.type == OptimizerType::galore_adamw && galore.refresh == GaloreRefresh::pipelined &&
+      galore.moments_on_refresh == MomentsOnRefresh::reset)
+    fail(
+        "config key 'galore.moments_on_refresh': reset needs galore.refresh = inline (a "
+        "pipelined refresh installs its projector steps after it began, and reset's bias "
+        "correction counts from the refresh step)");
   if (optim.state_dtype == StateDType::bf16 && parallel.device == DeviceChoice::cpu)
     fail(
         "config key 'optim.state_dtype': bf16 needs parallel.device = cuda (the CPU backend "

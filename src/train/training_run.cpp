@@ -272,12 +272,6 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     galore.moments_on_refresh = c.galore.moments_on_refresh;
     galore.stagger = c.galore.stagger;
     galore.refresh = c.galore.refresh;
-    if (galore.refresh == GaloreRefresh::pipelined &&
-        galore.moments_on_refresh == MomentsOnRefresh::reset)
-      fail(
-          "config key 'galore.moments_on_refresh': reset needs galore.refresh = inline (a "
-          "pipelined refresh installs its projector steps after it began, and reset's bias "
-          "correction counts from the refresh step)");
     galore.projector.tf32 = c.galore.tf32;
     galore.profile = c.galore.profile;
     galore.seed = c.train.seed;

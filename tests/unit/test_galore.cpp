@@ -86,7 +86,7 @@ std::vector<double> principal_cosines(const Tensor& a, const Tensor& b) {
     for (int64_t j = 0; j < r; ++j)
       for (int64_t k = 0; k < r; ++k)
         cct.data<double>()[i * r + j] += c[size_t(i * r + k)] * c[size_t(j * r + k)];
-  ops::symmetric_eigen(cct, values);
+  cpu::symmetric_eigen(cct.data<double>(), values.data<double>(), r);
   std::vector<double> cosines;
   for (int64_t i = r - 1; i >= 0; --i)
     cosines.push_back(std::sqrt(std::max(0.0, values.data<double>()[i])));
@@ -134,7 +134,7 @@ TEST_CASE("float64 factorisations: eigen-decomposition, Cholesky, triangular inv
   auto at = [&](const Tensor& t, int64_t i, int64_t j) { return t.data<double>()[i * n + j]; };
 
   Tensor vectors = a0.clone(), values = Tensor::empty({n}, DType::f64);
-  ops::symmetric_eigen(vectors, values);
+  cpu::symmetric_eigen(vectors.data<double>(), values.data<double>(), n);
   for (int64_t e = 0; e < n; ++e) {
     if (e > 0) CHECK(values.data<double>()[e] >= values.data<double>()[e - 1]);
     double norm = 0;
@@ -148,7 +148,7 @@ TEST_CASE("float64 factorisations: eigen-decomposition, Cholesky, triangular inv
   }
 
   Tensor r = a0.clone();
-  REQUIRE(ops::cholesky_upper(r));
+  REQUIRE(cpu::cholesky_upper(r.data<double>(), n));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < n; ++j) {
       if (j < i) CHECK(at(r, i, j) == 0.0);
@@ -157,7 +157,7 @@ TEST_CASE("float64 factorisations: eigen-decomposition, Cholesky, triangular inv
       CHECK(std::abs(rtr - at(a0, i, j)) < 1e-10 * (1 + std::abs(at(a0, i, j))));
     }
   Tensor r_inverse = r.clone();
-  ops::invert_upper(r_inverse);
+  cpu::invert_upper(r_inverse.data<double>(), n);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double product = 0;
@@ -167,7 +167,7 @@ TEST_CASE("float64 factorisations: eigen-decomposition, Cholesky, triangular inv
 
   Tensor indefinite = a0.clone();
   indefinite.data<double>()[0] = -1.0;
-  CHECK_FALSE(ops::cholesky_upper(indefinite));
+  CHECK_FALSE(cpu::cholesky_upper(indefinite.data<double>(), n));
 }
 
 TEST_CASE("GaLore's moments and weight update against float64 formulas", "[galore]") {

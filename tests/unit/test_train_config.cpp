@@ -312,6 +312,14 @@ TEST_CASE("GaLore's keys: checked only with galore_adamw, a rank above a matrix'
   // Above the smallest side (16): that matrix's subspace is all of it, as in galore-torch.
   c.galore.rank = 17;
   CHECK(test::error_of([&] { c.validate(); }).empty());
+  // reset's bias correction counts from the refresh step, which a pipelined refresh moves.
+  c.galore.moments_on_refresh = MomentsOnRefresh::reset;
+  c.galore.refresh = GaloreRefresh::pipelined;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }),
+                       "config key 'galore.moments_on_refresh': reset needs galore.refresh = "
+                       "inline"));
+  c.galore.refresh = GaloreRefresh::immediate;
+  CHECK(test::error_of([&] { c.validate(); }).empty());
   c.train.type = TrainType::qlora;
   CHECK(test::contains(test::error_of([&] { c.validate(); }),
                        "config key 'optim.type': galore_adamw trains full weights"));
