@@ -99,6 +99,27 @@ std::vector<nlohmann::ordered_json> uncommitted_steps(const CheckpointDir& dir,
   return lines;
 }
 
+// Temporary files outside the uncommitted step directories: a LATEST.tmp (or a COMMITTED.tmp
+// of a step since found committed) whose writer was killed between writing it and renaming
+// it. One JSON line each, so that ls accounts for every temporary file the next run removes.
+std::vector<nlohmann::ordered_json> stray_temporary_files(
+    const CheckpointDir& dir, const std::vector<nlohmann::ordered_json>& uncommitted) {
+  std::vector<nlohmann::ordered_json> lines;
+  for (const std::string& file : dir.temporary_files()) {
+    const fs::path parent = fs::path(file).parent_path();
+    const bool in_uncommitted =
+        std::any_of(uncommitted.begin(), uncommitted.end(), [&](const auto& line) {
+          return parent == fs::path(dir.step_dir(line["step"].template get<int64_t>()));
+        });
+    if (!in_uncommitted)
+      lines.push_back({{"temporary_file", file},
+                       {"note",
+                        "left by a writer that stopped before renaming it (not used by resume; "
+                        "the next run removes it)"}});
+  }
+  return lines;
+}
+
 }  // namespace
 
 int cmd_ckpt(const std::vector<std::string>& args) {
@@ -130,7 +151,7 @@ int cmd_ckpt(const std::vector<std::string>& args) {
     std::cout
         << "usage: frugal ckpt ls RUN_DIR       the committed steps, newest first (and any step\n"
            "                                    not committed: a save being written, or\n"
-           "                                    abandoned)\n"
+           "                                    abandoned, and any temporary file left)\n"
            "       frugal ckpt verify RUN_DIR   read every tensor of every rank file back,\n"
            "                                    checking its checksums; exit 1 on damage\n\n"
            "RUN_DIR is a run's out_dir or its ckpt/ directory. One JSON line per step.\n\n"
@@ -166,7 +187,9 @@ int cmd_ckpt(const std::vector<std::string>& args) {
   if (only_step < 0) {
     std::vector<int64_t> known = dir.committed_steps();
     for (const auto& [step, problem] : dir.incomplete_steps()) known.push_back(step);
-    for (const nlohmann::ordered_json& line : uncommitted_steps(dir, known))
+    const std::vector<nlohmann::ordered_json> uncommitted = uncommitted_steps(dir, known);
+    for (const nlohmann::ordered_json& line : uncommitted) std::cout << line.dump() << std::endl;
+    for (const nlohmann::ordered_json& line : stray_temporary_files(dir, uncommitted))
       std::cout << line.dump() << std::endl;
   }
   RankFileChecker checker;
