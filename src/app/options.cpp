@@ -5,8 +5,10 @@
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
+#include "core/log.h"
 #include "train/config_keys.h"
 
 namespace po = boost::program_options;
@@ -192,6 +194,13 @@ TrainOptions parse_train_options(const std::vector<std::string>& raw_args) {
   }
   c.resolve();
   c.validate();
+  // A key given but not read (galore.rank under AdamW): said, since the run trains otherwise
+  // than its author may think. Not an error: one .cfg serves runs of either mode.
+  std::map<std::string, std::string> ignored;  // why -> the keys
+  for (const ConfigKey& key : keys)
+    if (const std::string why = c.unused_because(key.name); !vm[key.name].empty() && !why.empty())
+      ignored[why] += (ignored[why].empty() ? "" : ", ") + key.name;
+  for (const auto& [why, names] : ignored) log_warn("config keys ignored (", why, "): ", names);
   return out;
 }
 

@@ -145,8 +145,9 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "GEMMs on the gradient's device"},
       {"galore.oversampling", &c.galore.oversampling, at_least(0),
        "randomized: sketch columns beyond the rank"},
-      {"galore.power_iterations", &c.galore.power_iterations, at_least(0),
-       "randomized: power iterations that sharpen the sketch"},
+      {"galore.power_iterations", &c.galore.power_iterations, closed(0, 16),
+       "randomized: power iterations that sharpen the sketch (one or two suffice; each is a "
+       "host stage more per refresh)"},
       {"galore.moments_on_refresh", &c.galore.moments_on_refresh, kAny,
        "at a refresh, keep the moments as they are (galore-torch), project them into the new "
        "subspace, or reset them"},

@@ -22,19 +22,21 @@ void TrainConfig::validate_model_dependent() const {
          ", rope scaling ", enum_name(model.rope_scaling.type), ")");
 }
 
+std::string TrainConfig::unused_because(const std::string& name) const {
+  const std::string section = name.substr(0, name.find('.'));
+  if (section == "lora" && train.type == TrainType::full) return "train.type is full";
+  if (section == "galore" && optim.type != OptimizerType::galore_adamw)
+    return detail::concat("optim.type is ", enum_name(optim.type));
+  if (section == "fp8" && name != "fp8.enabled" && !fp8.enabled) return "fp8.enabled is false";
+  return "";
+}
+
 void TrainConfig::validate() const {
   // With model.hf_path the shape comes from config.json: checked once it is read.
   if (model_hf_path.empty()) validate_model_dependent();
   TrainConfig copy = *this;  // config_keys points into a config it may write; check() only reads
-  for (const ConfigKey& key : config_keys(copy)) {
-    // A full run has no adapters: it ignores [lora].
-    if (key.section() == "lora" && train.type == TrainType::full) continue;
-    // AdamW ignores [galore].
-    if (key.section() == "galore" && optim.type != OptimizerType::galore_adamw) continue;
-    // A run without FP8 ignores the rest of [fp8].
-    if (key.section() == "fp8" && !fp8.enabled) continue;
-    key.check();
-  }
+  for (const ConfigKey& key : config_keys(copy))
+    if (unused_because(key.name).empty()) key.check();  // a key the run ignores may hold anything
   if (optim.type == OptimizerType::galore_adamw && train.type != TrainType::full)
     fail(
         "config key 'optim.type': galore_adamw trains full weights (train.type = full), and "

@@ -197,6 +197,10 @@ struct TrainConfig {
 
   void resolve();                         // fills `resolved` from the fields
   void validate() const;                  // throws Error naming the key
+  // Why the run ignores key `name` ("optim.type is adamw" for a [galore] key), or "" when it
+  // reads it: a full run has no adapters ([lora]), AdamW no subspace ([galore]), and a run
+  // without FP8 reads only fp8.enabled of [fp8].
+  std::string unused_because(const std::string& name) const;
   void validate_model_dependent() const;  // the checks that need the model's shape
 };
 

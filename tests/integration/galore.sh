@@ -67,4 +67,10 @@ rc=0
 "$frugal" train "${common[@]}" --train.type=lora --train.out_dir="$work/lora" > "$work/lora.log" 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "config key 'optim.type': galore_adamw trains full weights" "$work/lora.log" \
   || { echo "FAIL: GaLore with LoRA was not refused by key"; cat "$work/lora.log"; exit 1; }
+# [galore] keys given to an AdamW run train nothing of GaLore: said, naming the keys.
+"$frugal" train "${common[@]}" --optim.type=adamw --galore.stagger=false \
+  --train.steps=1 --train.out_dir="$work/adamw" > "$work/adamw.log" 2>&1 \
+  || { echo "FAIL: AdamW with [galore] keys"; cat "$work/adamw.log"; exit 1; }
+grep -q "warning: .*config keys ignored (optim.type is adamw): galore.rank, galore.update_proj_gap, galore.moments_on_refresh, galore.stagger$" "$work/adamw.log" \
+  || { echo "FAIL: the ignored [galore] keys were not named"; cat "$work/adamw.log"; exit 1; }
 echo "integration galore: ok"

@@ -320,9 +320,29 @@ TEST_CASE("GaLore's keys: checked only with galore_adamw, a rank above a matrix'
                        "inline"));
   c.galore.refresh = GaloreRefresh::immediate;
   CHECK(test::error_of([&] { c.validate(); }).empty());
+  // Each power iteration is a host stage more per refresh: a huge count never ends a refresh.
+  c.galore.power_iterations = 17;
+  CHECK(test::error_of([&] { c.validate(); }) ==
+        "config key 'galore.power_iterations': value 17 must lie in [0, 16]");
+  c.galore.power_iterations = 1;
   c.train.type = TrainType::qlora;
   CHECK(test::contains(test::error_of([&] { c.validate(); }),
                        "config key 'optim.type': galore_adamw trains full weights"));
+}
+
+TEST_CASE("the keys a run ignores, and why", "[config]") {
+  TrainConfig c;  // full weights, AdamW, no FP8
+  CHECK(c.unused_because("galore.rank") == "optim.type is adamw");
+  CHECK(c.unused_because("lora.rank") == "train.type is full");
+  CHECK(c.unused_because("fp8.recipe") == "fp8.enabled is false");
+  CHECK(c.unused_because("fp8.enabled").empty());
+  CHECK(c.unused_because("train.lr").empty());
+  c.optim.type = OptimizerType::galore_adamw;
+  c.fp8.enabled = true;
+  CHECK(c.unused_because("galore.rank").empty());
+  CHECK(c.unused_because("fp8.recipe").empty());
+  c.train.type = TrainType::qlora;
+  CHECK(c.unused_because("lora.rank").empty());
 }
 
 TEST_CASE("optim.state_dtype = bf16 asks for GPUs without offload", "[config]") {
