@@ -77,16 +77,20 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       } catch (const std::exception&) {
         used = 0;
       }
-      if (used != text.size() || n < 1 || n > 1000000)
+      if (used != text.size() || n < 1)
         fail("option '", a, "': '", text, "' is not a positive whole number");
+      if (n > 1000000) fail("option '", a, "': ", text, " is more than 1,000,000");
       return int64_t(n);
     };
     auto size = [&](const std::string& text) {
+      size_t bytes = 0;
       try {
-        return parse_bytes(text, a);
+        bytes = parse_bytes(text, a);
       } catch (const Error&) {
         fail("option '", a, "': '", text, "' is not a size (e.g. 24GiB, 128GB)");
       }
+      if (bytes == 0) fail("option '", a, "': a machine of 0 bytes (leave it out: not checked)");
+      return bytes;
     };
     if (a == "--help" || a == "-h") {
       out.help = true;

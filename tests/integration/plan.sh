@@ -53,6 +53,8 @@ expect_error "needs --link-inter" "$cfg" --gpus 2 --nodes 2 --gpu-mem 24GiB --li
 expect_error "option '--gpu-mem': '24 lots'" "$cfg" --gpus 1 --gpu-mem "24 lots"
 expect_error "option '--link-intra': '25 furlongs'" "$cfg" --gpus 2 --gpu-mem 24GiB --link-intra "25 furlongs"
 expect_error "option '--gpus': '0'" "$cfg" --gpus 0 --gpu-mem 24GiB
+expect_error "option '--gpus': 2000000 is more than 1,000,000" "$cfg" --gpus 2000000 --gpu-mem 24GiB
+expect_error "option '--host-mem': a machine of 0 bytes" "$cfg" --gpus 1 --gpu-mem 24GiB --host-mem 0
 expect_error "unknown option '--gpu'" "$cfg" --gpu 1 --gpu-mem 24GiB
 expect_error "unknown config key 'train.nope'" "$cfg" --gpus 1 --gpu-mem 24GiB --train.nope=1
 expect_error "'$work/missing.cfg' does not exist" "$work/missing.cfg" --gpus 1 --gpu-mem 24GiB
