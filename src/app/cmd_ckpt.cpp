@@ -161,7 +161,8 @@ int cmd_ckpt(const std::vector<std::string>& args) {
   if (action != "ls" && action != "verify")
     fail("ckpt: unknown action '", action, "'; expected ls or verify");
   if (path.empty()) fail("ckpt: ", action, " needs a run directory");
-  if (time_limit_s < 0) fail("ckpt: --time-limit ", time_limit_s, " is negative");
+  if (!(time_limit_s >= 0)) fail("ckpt: --time-limit ", time_limit_s, " is not a number of seconds");
+  if (vm.count("step") && only_step < 0) fail("ckpt: --step ", only_step, " is negative");
   CheckpointDir dir(checkpoint_root(path).string());
   dir.set_check_time_limit(time_limit_s);
   std::vector<int64_t> steps = dir.committed_steps();

@@ -107,6 +107,9 @@ std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
   std::vector<std::vector<int32_t>> lines;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (number == 1 && line.rfind("FRUGTOK", 0) == 0)
+      fail("eval: '", path, "' is a token file of `frugal prepare` (binary), not lines of ids: ",
+           "give it as --token-file FILE --seq-len N");
     std::istringstream words(line);
     std::vector<int32_t> ids;
     for (std::string word; words >> word;) {
@@ -118,7 +121,7 @@ std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
         used = 0;
       }
       if (used != word.size() || id < 0 || id > INT32_MAX)
-        fail("eval: '", path, "' line ", number, ": '", word, "' is not a token id");
+        fail("eval: '", path, "' line ", number, ": '", printable(word), "' is not a token id");
       ids.push_back(static_cast<int32_t>(id));
     }
     if (!ids.empty()) lines.push_back(std::move(ids));

@@ -23,6 +23,26 @@ std::string concat(const Parts&... parts) {
 }
 }  // namespace detail
 
+// Text read from a file, fit to quote in a message: bytes outside printable ASCII as \xNN, and
+// cut after `max` bytes with "..." (a binary file's bytes would garble the message, and its
+// first NUL end it).
+inline std::string printable(const std::string& text, size_t max = 40) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < max; ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out += static_cast<char>(byte);
+    } else {
+      out += "\\x";
+      out += digits[byte >> 4];
+      out += digits[byte & 15];
+    }
+  }
+  if (text.size() > max) out += "...";
+  return out;
+}
+
 // fail("config key '", key, "': value '", v, "' is not a number")
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {

@@ -60,4 +60,8 @@ expect_fail() {  # expect_fail MESSAGE ARGS...: the command fails naming the pro
 expect_fail "--logits-out runs on one rank" "${mpi[@]}" -np 2 "$frugal" eval "${args[@]}" --logits-out "$work/l.f32"
 expect_fail "--device 'tpu' is not one of auto, cpu, cuda" "$frugal_binary" eval "${args[@]}" --device tpu
 expect_fail "fewer than one sequence of" "$frugal" eval --ckpt "$work/run" --token-file "$work/data/val.tok" --seq-len 100000000
+expect_fail "is a token file of \`frugal prepare\` (binary), not lines of ids: give it as --token-file" \
+  "$frugal" eval --ckpt "$work/run" --tokens "$work/data/val.tok"
+printf '5 6\n7 x\001\000\377y 8\n' > "$work/garbled.txt"
+expect_fail "line 2: 'x\\x01\\x00\\xffy' is not a token id" "$frugal" eval --ckpt "$work/run" --tokens "$work/garbled.txt"
 echo "integration eval_ranks: ok"

@@ -104,6 +104,11 @@ grep -q '"step":30,.*"latest":true' "$work/ls-e.log" || { echo "FAIL: ckpt ls"; 
 rc=0
 "$frugal" ckpt ls "$work/nowhere" > "$work/ls.log" 2>&1 || rc=$?
 [ "$rc" -eq 1 ] && grep -q "holds no committed checkpoint" "$work/ls.log" || { echo "FAIL: ckpt ls of nothing"; exit 1; }
+for bad in "--step -3:--step -3 is negative" "--time-limit nan:--time-limit nan is not a number of seconds"; do
+  rc=0
+  "$frugal" ckpt verify "$work/e" ${bad%%:*} > "$work/bad.log" 2>&1 || rc=$?
+  [ "$rc" -eq 1 ] && grep -q -- "${bad#*:}" "$work/bad.log" || { echo "FAIL: ckpt verify ${bad%%:*}"; cat "$work/bad.log"; exit 1; }
+done
 
 # LATEST deleted: the committed steps are found from their directories; the resume says
 # LATEST is missing and continues exactly from the newest step.
