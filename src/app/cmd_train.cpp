@@ -20,7 +20,8 @@ int cmd_train(const std::vector<std::string>& args) {
     std::cout << config_keys_markdown();
     return 0;
   }
-  // From here on SIGUSR1 and SIGTERM stop the run after a step, with a checkpoint.
+  // From here on SIGUSR1, SIGTERM and a first SIGINT stop the run after a step, with a
+  // checkpoint.
   const std::atomic<int>& stop_signal = install_stop_signal_handlers();
   // Environment switches are read here, once, into the run's options.
   const TrainSummary summary = run_training(

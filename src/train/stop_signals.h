@@ -1,4 +1,5 @@
-// SIGUSR1 and SIGTERM ask `frugal train` to stop cleanly: the handler only records the signal;
+// SIGUSR1, SIGTERM and a first SIGINT (Ctrl-C) ask `frugal train` to stop cleanly: the handler
+// only records the signal;
 // the loop (trainer.cpp) has every rank agree on the step to stop after, saves that step, and
 // the program exits with kStoppedBySignalExitCode. Installed once at start-up by the app layer.
 #pragma once
@@ -12,15 +13,16 @@ namespace frugal {
 // of sysexits.h, "try again later"): jobs/common.bash requeues the job on it.
 inline constexpr int kStoppedBySignalExitCode = 75;
 
-// Installs the SIGUSR1 and SIGTERM handlers for the rest of the process (calling it again
-// changes nothing) and returns the flag they set: 0 until one of them arrives, then the first
-// one's number. The handler is async-signal-safe: it stores into a lock-free atomic and does
-// nothing else, so a second signal, even one arriving while a checkpoint is written, changes
-// nothing. The handlers stay installed after the run: a signal arriving while MPI finalizes,
+// Installs the SIGUSR1, SIGTERM and SIGINT handlers for the rest of the process (calling it
+// again changes nothing) and returns the flag they set: 0 until one of them arrives, then the
+// first one's number. The handler is async-signal-safe: it stores into a lock-free atomic and
+// does nothing else, so a second SIGUSR1 or SIGTERM, even one arriving while a checkpoint is
+// written, changes nothing; a second SIGINT takes its default action (the process ends: a
+// user pressing Ctrl-C twice means now). The handlers stay installed after the run: a signal arriving while MPI finalizes,
 // the checkpoint committed, must not kill the process and lose its exit status.
 const std::atomic<int>& install_stop_signal_handlers();
 
-// "SIGUSR1", "SIGTERM", or "signal N".
+// "SIGUSR1", "SIGTERM", "SIGINT", or "signal N".
 std::string signal_name(int signal);
 
 }  // namespace frugal

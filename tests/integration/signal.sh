@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SIGUSR1 and SIGTERM stop `frugal train` cleanly, without Slurm: a signal that reaches one rank
+# SIGUSR1 and SIGTERM (and Ctrl-C's SIGINT) stop `frugal train` cleanly, without Slurm: a signal that reaches one rank
 # of `mpirun -np 2` stops both after the same step with a committed checkpoint and exit status
 # 75, even with more signals arriving while it saves; the resumed run's losses are those of an
 # uninterrupted run bit for bit; a finished run resumed says so and exits 0.
@@ -35,6 +35,18 @@ grep -q "stopped by SIGUSR1 at step 12: checkpoint .*step_00000012, resume with 
 grep -q "resumed from step 12" "$work/usr1-resume.log" || { echo "FAIL: no resume"; cat "$work/usr1-resume.log"; exit 1; }
 cmp <(losses "$work/straight/metrics.jsonl") <(losses "$work/usr1/metrics.jsonl") \
   || { echo "FAIL: the stopped and resumed run differs from the straight run"; exit 1; }
+
+# Ctrl-C (SIGINT, here from `timeout` in the foreground, where a script's SIGINT is not
+# ignored): the run stops after a step with a checkpoint and exits 75, as on SIGTERM.
+rc=0
+timeout --preserve-status -s INT 3 "$frugal" train "${common[@]}" --train.steps=100000 \
+  --train.out_dir="$work/int" > "$work/int.log" 2>&1 || rc=$?
+[ "$rc" -eq 75 ] && grep -q "stopped by SIGINT" "$work/int.log" && grep -q "Ctrl-C: stopping after this step" "$work/int.log" \
+  || { echo "FAIL: Ctrl-C gave $rc"; tail -5 "$work/int.log"; exit 1; }
+if grep -q "stopped by SIGINT at step" "$work/int.log"; then
+  "$frugal" ckpt verify "$work/int" > /dev/null || { echo "FAIL: the checkpoint of Ctrl-C does not verify"; exit 1; }
+fi
+echo "Ctrl-C: $(grep -o 'stopped by SIGINT[^:]*' "$work/int.log"), exit 75"
 
 # Resumed once more, the finished run has nothing to train: it says so, changes nothing, exits 0.
 cp "$work/usr1/metrics.jsonl" "$work/finished.jsonl"

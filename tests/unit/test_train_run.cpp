@@ -91,5 +91,25 @@ TEST_CASE("stop signals: recorded by the handler, the first one named", "[train]
   CHECK(received.load() == SIGUSR1);
   CHECK(signal_name(SIGUSR1) == "SIGUSR1");
   CHECK(signal_name(SIGTERM) == "SIGTERM");
-  CHECK(signal_name(SIGINT) == "signal " + std::to_string(SIGINT));
+  CHECK(signal_name(SIGINT) == "SIGINT");
+  CHECK(signal_name(SIGHUP) == "signal " + std::to_string(SIGHUP));
+}
+
+TEST_CASE("Ctrl-C: a first SIGINT asks for a stop, a second one takes the default action",
+          "[train]") {
+  struct sigaction set = {}, now = {};
+  set.sa_handler = SIG_DFL;
+  sigaction(SIGINT, &set, nullptr);
+  const std::atomic<int>& received = install_stop_signal_handlers();
+  const int before = received.load();  // the first signal is named: another test's, if any
+  std::raise(SIGINT);                  // recorded; this process goes on
+  CHECK(received.load() == (before != 0 ? before : SIGINT));
+  sigaction(SIGINT, nullptr, &now);
+  CHECK(now.sa_handler == SIG_DFL);  // so a second Ctrl-C ends the process
+  // Ignored when the program started (a background job of a script): it stays ignored.
+  set.sa_handler = SIG_IGN;
+  sigaction(SIGINT, &set, nullptr);
+  install_stop_signal_handlers();
+  sigaction(SIGINT, nullptr, &now);
+  CHECK(now.sa_handler == SIG_IGN);
 }
