@@ -1,0 +1,226 @@
+// A CUDA injection library that times every kernel, copy and memset of a program with CUPTI's
+// activity records and, at exit, writes where the GPU time went: by kernel family and by
+// kernel. Any CUDA program can be profiled alike, frugal and PyTorch, in the same way:
+//
+//   CUDA_INJECTION64_PATH=build-cuda/libfrugal_kernel_profile.so
+//   FRUGAL_KERNEL_PROFILE=profile.json [FRUGAL_KERNEL_PROFILE_SKIP_S=20] PROGRAM ...
+//
+// (tools/bench/train_vs_torch PROFILE=DIR runs frugal and transformers so.) Without
+// FRUGAL_KERNEL_PROFILE the JSON goes to stderr; under mpirun rank N > 0 writes PATH.rankN.
+//
+// The driver loads the library named by CUDA_INJECTION64_PATH when the program initialises
+// CUDA and calls its InitializeInjection. Kernels that start within SKIP_S seconds of the first
+// one are left out (start-up, warm-up steps). Nsight Systems is not on the GPU machine and ncu
+// reads counters on only one of its runtimes; CUPTI's activity records (what PyTorch's own
+// profiler uses) work on both.
+//
+// Families are matched on the demangled name, first rule first (kFamilies); a name that
+// matches none counts as "other", and the JSON lists the kernels by time so that a rule can be
+// added where "other" is large.
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Family {
+  const char* name;
+  std::vector<const char*> substrings;  // any of them, in the demangled name, lower case
+};
+
+// What frugal's kernels (kernels/cuda/) and PyTorch's are called, by what they do.
+const std::vector<Family> kFamilies = {
+    {"attention", {"flash", "attention", "attn", "fmha", "sdpa"}},
+    {"nccl", {"nccl"}},
+    {"gemm", {"gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "matmul", "wgmma"}},
+    {"norm", {"rmsnorm", "rms_norm", "layer_norm", "norm_kernel"}},
+    {"loss", {"cross_entropy", "log_softmax", "softmax", "nll_loss"}},
+    {"optimizer", {"adam", "galore", "foreach", "multi_tensor"}},
+    {"fp8", {"fp8", "e4m3", "e5m2", "amax", "float8"}},
+    {"quant", {"nf4", "hqq", "dequant", "quant"}},
+    {"rope", {"rope", "rotary"}},
+    {"swiglu", {"swiglu", "silu"}},
+    {"embedding", {"embedding", "gather", "index_select"}},
+    {"reduce", {"reduce", "sum_squares", "norm_sq"}},
+    {"elementwise", {"elementwise", "vectorized", "unrolled", "add", "copy", "convert", "cast",
+                     "scale", "fill", "zero", "mul"}},
+};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+const char* family_of(const std::string& name) {
+  const std::string low = lower(name);
+  for (const Family& f : kFamilies)
+    for (const char* part : f.substrings)
+      if (low.find(part) != std::string::npos) return f.name;
+  return "other";
+}
+
+std::string demangled(const char* name) {
+  if (!name) return "(unnamed)";
+  int status = 0;
+  char* plain = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string out = status == 0 && plain ? plain : name;
+  std::free(plain);
+  // Template arguments make names long and say little here: cut at the first '<' or '('.
+  const size_t cut = out.find_first_of("<(");
+  if (cut != std::string::npos && cut > 0) out.resize(cut);
+  return out;
+}
+
+struct Totals {
+  uint64_t count = 0, ns = 0;
+};
+
+struct Profile {
+  std::mutex mutex;
+  std::map<std::string, Totals> kernels;  // by demangled name
+  Totals memcpy_h2d, memcpy_d2h, memcpy_other, memset;
+  uint64_t first_start = 0, window_start = 0, window_end = 0, skip_ns = 0;
+  uint64_t dropped = 0;
+};
+Profile& profile() {
+  static Profile* p = new Profile;  // never destroyed: the exit handler reads it
+  return *p;
+}
+
+// Whether a record that starts at `start` counts; widens the window to [.., end].
+bool counts(Profile& p, uint64_t start, uint64_t end) {
+  if (p.first_start == 0 || start < p.first_start) p.first_start = start;
+  if (start < p.first_start + p.skip_ns) return false;
+  if (p.window_start == 0 || start < p.window_start) p.window_start = start;
+  p.window_end = std::max(p.window_end, end);
+  return true;
+}
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  constexpr size_t kBytes = 8 << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBytes));
+  *size = *buffer ? kBytes : 0;
+  *max_records = 0;  // as many as fit
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ||
+        record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      if (!counts(p, k->start, k->end)) continue;
+      Totals& t = p.kernels[demangled(k->name)];
+      ++t.count;
+      t.ns += k->end - k->start;
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      if (!counts(p, m->start, m->end)) continue;
+      Totals& t = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? p.memcpy_h2d
+                  : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? p.memcpy_d2h
+                                                                   : p.memcpy_other;
+      ++t.count;
+      t.ns += m->end - m->start;
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      if (!counts(p, m->start, m->end)) continue;
+      ++p.memset.count;
+      p.memset.ns += m->end - m->start;
+    }
+  }
+  size_t dropped = 0;
+  if (cuptiActivityGetNumDroppedRecords(nullptr, stream, &dropped) == CUPTI_SUCCESS)
+    p.dropped += dropped;
+  std::free(buffer);
+}
+
+void write_json(FILE* out, const char* key, const Totals& t, bool comma = true) {
+  std::fprintf(out, "  \"%s\": {\"count\": %llu, \"ms\": %.3f}%s\n", key,
+               static_cast<unsigned long long>(t.count), t.ns * 1e-6, comma ? "," : "");
+}
+
+void write_profile() {
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  // Under mpirun every rank has its own file: rank 0 the one named, rank N PATH.rankN.
+  std::string path = std::getenv("FRUGAL_KERNEL_PROFILE") ? std::getenv("FRUGAL_KERNEL_PROFILE") : "";
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!path.empty() && rank && std::atoi(rank) > 0) path += std::string(".rank") + rank;
+  FILE* out = path.empty() ? stderr : std::fopen(path.c_str(), "w");
+  if (!out) {
+    std::fprintf(stderr, "kernel_profile: cannot write '%s'\n", path.c_str());
+    return;
+  }
+  std::map<std::string, Totals> families;
+  uint64_t kernel_ns = 0;
+  for (const auto& [name, t] : p.kernels) {
+    Totals& f = families[family_of(name)];
+    f.count += t.count;
+    f.ns += t.ns;
+    kernel_ns += t.ns;
+  }
+  std::vector<std::pair<std::string, Totals>> by_time(p.kernels.begin(), p.kernels.end());
+  std::sort(by_time.begin(), by_time.end(),
+            [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  std::fprintf(out, "{\n  \"window_ms\": %.3f,\n  \"kernel_ms\": %.3f,\n  \"dropped\": %llu,\n",
+               (p.window_end - p.window_start) * 1e-6, kernel_ns * 1e-6,
+               static_cast<unsigned long long>(p.dropped));
+  write_json(out, "memcpy_h2d", p.memcpy_h2d);
+  write_json(out, "memcpy_d2h", p.memcpy_d2h);
+  write_json(out, "memcpy_other", p.memcpy_other);
+  write_json(out, "memset", p.memset);
+  std::fprintf(out, "  \"families\": {\n");
+  size_t i = 0;
+  for (const auto& [name, t] : families)
+    std::fprintf(out, "    \"%s\": {\"count\": %llu, \"ms\": %.3f, \"share\": %.4f}%s\n",
+                 name.c_str(), static_cast<unsigned long long>(t.count), t.ns * 1e-6,
+                 kernel_ns ? double(t.ns) / double(kernel_ns) : 0.0,
+                 ++i < families.size() ? "," : "");
+  std::fprintf(out, "  },\n  \"kernels\": [\n");
+  for (size_t k = 0; k < by_time.size(); ++k) {
+    std::string name = by_time[k].first;
+    for (char& c : name)
+      if (c == '"' || c == '\\') c = '\'';
+    std::fprintf(out, "    {\"name\": \"%s\", \"family\": \"%s\", \"count\": %llu, \"ms\": %.3f}%s\n",
+                 name.c_str(), family_of(by_time[k].first),
+                 static_cast<unsigned long long>(by_time[k].second.count),
+                 by_time[k].second.ns * 1e-6, k + 1 < by_time.size() ? "," : "");
+  }
+  std::fprintf(out, "  ]\n}\n");
+  if (out != stderr) std::fclose(out);
+}
+
+bool check(CUptiResult result, const char* what) {
+  if (result == CUPTI_SUCCESS) return true;
+  const char* text = nullptr;
+  cuptiGetResultString(result, &text);
+  std::fprintf(stderr, "kernel_profile: %s: %s (no profile)\n", what, text ? text : "?");
+  return false;
+}
+
+}  // namespace
+
+extern "C" int InitializeInjection(void) {
+  if (const char* skip = std::getenv("FRUGAL_KERNEL_PROFILE_SKIP_S"))
+    profile().skip_ns = uint64_t(std::max(0.0, std::atof(skip)) * 1e9);
+  if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
+             "cuptiActivityRegisterCallbacks"))
+    return 1;
+  bool ok = check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
+                  "enabling kernel records");
+  ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enabling copy records");
+  ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enabling memset records");
+  if (ok) std::atexit(write_profile);
+  return 1;
+}
