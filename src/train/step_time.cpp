@@ -119,9 +119,13 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
   const double projected = embed.projected + blocks.projected + head.projected;
   const double all_reduce = 2 * (replicas - 1) / replicas * 2 * projected / shard;
 
-  const double shard_link = mesh.shard_spans_nodes ? std::min(cluster.link_intra_bytes_per_s,
-                                                              cluster.link_inter_bytes_per_s)
-                                                   : cluster.link_intra_bytes_per_s;
+  // A flat group over several nodes runs at its slowest link: the network, or the GPUs' link
+  // within a node where that is slower (there is none with one GPU a node).
+  const double shard_link =
+      !mesh.shard_spans_nodes       ? cluster.link_intra_bytes_per_s
+      : cluster.gpus_per_node > 1 ? std::min(cluster.link_intra_bytes_per_s,
+                                             cluster.link_inter_bytes_per_s)
+                                  : cluster.link_inter_bytes_per_s;
   auto over = [](double bytes, double per_s) { return bytes > 0 ? bytes / per_s : 0.0; };
   const double accum = double(c.train.grad_accum_steps);
   const double group_bytes =

@@ -242,3 +242,24 @@ TEST_CASE("plan: two-GPU step times within 25 % over NVLink, PCIe-like and Ether
       CHECK(std::abs(error) <= 0.25);
   }
 }
+
+TEST_CASE("plan: a flat mesh over one-GPU nodes runs at the network's bandwidth", "[plan]") {
+  // Two nodes of one GPU each have no link within a node (--link-intra is not asked for): the
+  // flat group's collectives cross the network alone, so the step is what one node of two
+  // GPUs would take over a link of the network's bandwidth, with the bytes counted across
+  // nodes instead (it was infinite: the unset link within a node was taken as the slower).
+  const TrainConfig c = tinyllama(CheckpointPolicy::selective, StateDType::fp32);
+  Cluster two_nodes;
+  two_nodes.gpus_per_node = 1;
+  two_nodes.nodes = 2;
+  two_nodes.link_inter_bytes_per_s = 2.8e9;
+  Cluster one_node;
+  one_node.gpus_per_node = 2;
+  one_node.link_intra_bytes_per_s = 2.8e9;
+  const StepTime across = estimate_step_time(c, mesh_shape(two_nodes, MeshKind::flat, 1), two_nodes);
+  const StepTime within = estimate_step_time(c, mesh_shape(one_node, MeshKind::flat, 1), one_node);
+  CHECK(std::isfinite(across.step_s));
+  CHECK(across.step_s == Approx(within.step_s).epsilon(1e-12));
+  CHECK(across.bytes.inter_node == Approx(within.bytes.intra_node).epsilon(1e-12));
+  CHECK(across.bytes.intra_node == 0);
+}
