@@ -263,3 +263,33 @@ TEST_CASE("plan: a flat mesh over one-GPU nodes runs at the network's bandwidth"
   CHECK(across.bytes.inter_node == Approx(within.bytes.intra_node).epsilon(1e-12));
   CHECK(across.bytes.intra_node == 0);
 }
+
+TEST_CASE("plan: FP8 weight gathers move one byte a projection weight", "[plan]") {
+  // TinyLlama's projections per layer: q and o 2048 x 2048, k and v 256 x 2048, gate and up
+  // 5632 x 2048, down 2048 x 5632. Gathered as E4M3 codes instead of bf16, each weight moves a
+  // byte less, in the forward's gather and the backward's: (shard - 1) / shard of it per rank.
+  const double q = 2048.0 * 2048, kv = 256.0 * 2048, mlp = 5632.0 * 2048, layers = 22;
+  const double all = layers * (2 * q + 2 * kv + 3 * mlp);
+  auto bytes = [](const TrainConfig& c, int64_t gpus) {
+    Cluster cluster;
+    cluster.gpus_per_node = gpus;
+    cluster.link_intra_bytes_per_s = 25e9;
+    return estimate_step_time(c, mesh_shape(cluster, MeshKind::flat, 1), cluster).bytes.intra_node;
+  };
+  TrainConfig bf16 = tinyllama(CheckpointPolicy::selective, StateDType::fp32);
+  TrainConfig fp8 = bf16;
+  fp8.fp8.enabled = true;
+  CHECK(bytes(bf16, 2) - bytes(fp8, 2) == Approx(0.5 * 2 * all).epsilon(1e-12));
+  fp8.fp8.linears = "q_proj,down_proj";
+  CHECK(bytes(bf16, 2) - bytes(fp8, 2) == Approx(0.5 * 2 * layers * (q + mlp)).epsilon(1e-12));
+  // Shards of 2048 / 4 rows are multiples of 16, of 2048 / 3 (683 rows) not: those stay bf16.
+  fp8.fp8.linears = "all";
+  CHECK(bytes(bf16, 4) - bytes(fp8, 4) == Approx(0.75 * 2 * all).epsilon(1e-12));
+  CHECK(bytes(bf16, 3) == Approx(bytes(fp8, 3)).epsilon(1e-12));
+  // Not under current scaling (its cast needs the whole tensor's amax), nor with gathers off.
+  fp8.fp8.recipe = Fp8Recipe::current;
+  CHECK(bytes(bf16, 2) == Approx(bytes(fp8, 2)).epsilon(1e-12));
+  fp8.fp8.recipe = Fp8Recipe::delayed;
+  fp8.fp8.gather_weights = false;
+  CHECK(bytes(bf16, 2) == Approx(bytes(fp8, 2)).epsilon(1e-12));
+}
