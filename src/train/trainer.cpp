@@ -96,6 +96,7 @@ void stop_after_signal(TrainingRun& run, int signal, int64_t step, int64_t saved
 }
 
 std::string fixed(double v, int digits) {
+  if (std::isnan(v)) return "nan";  // printf says "-nan" for some NaNs: the sign means nothing
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;

@@ -47,6 +47,10 @@ r=$(record nan 7)
 grep -q '"skipped":true' <<< "$r" && grep -q '"first_nonfinite_unit":"layers.0"' <<< "$r" \
   || fail "nan: step 7's record: $r"
 grep -q 'steps skipped (non-finite gradients)  *1$' "$work/nan.log" || fail "nan: not counted"
+# On a step line (the last step always has one) a NaN norm reads "nan", never printf's "-nan"
+# (which the default NaN of x86 arithmetic, sign bit set, printed: here from weights gone inf).
+train nanlast "" --train.steps=4 --train.lr=1e30 --train.warmup_steps=0
+grep -q '^step 4/4 | .* | grad nan | ' "$work/nanlast.log" || fail "nanlast: $(grep '^step 4/4' "$work/nanlast.log")"
 
 # A loss spike (rank 0's update of step 22 at 1000 x the LR): warn goes on, skip_batch drops it.
 train warn spike:0:22 --train.steps=30 --monitor.on_divergence=warn
