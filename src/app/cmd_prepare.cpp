@@ -14,6 +14,7 @@
 #include "app/options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/corpus.h"
 #include "data/shuffle.h"
 #include "data/token_file.h"
@@ -52,13 +53,14 @@ std::string fixed(double value, int digits) {
 // Encodes the documents (OpenMP: SentencePiece encoding is thread-safe) and writes them, in
 // order, as one token file. Returns the file's header.
 TokenFileHeader write_split(const Tokenizer& tokenizer, const std::vector<std::string>& docs,
-                            const std::string& path) {
+                            const std::string& path, Progress& progress) {
   std::vector<std::vector<int32_t>> ids(docs.size());
   std::string error;
 #pragma omp parallel for schedule(dynamic, 64)
   for (int64_t i = 0; i < static_cast<int64_t>(docs.size()); ++i) {
     try {
       ids[static_cast<size_t>(i)] = tokenizer.encode(docs[static_cast<size_t>(i)]);
+      progress.advance(int64_t(docs[static_cast<size_t>(i)].size()));
     } catch (const std::exception& e) {
 #pragma omp critical
       if (error.empty()) error = e.what();
@@ -229,8 +231,13 @@ int cmd_prepare(const std::vector<std::string>& args) {
   const auto t_encode = std::chrono::steady_clock::now();
   const std::string train_path = (fs::path(opt.out_dir) / "train.tok").string();
   const std::string val_path = (fs::path(opt.out_dir) / "val.tok").string();
-  const TokenFileHeader train = write_split(tokenizer, train_docs, train_path);
-  const TokenFileHeader val = write_split(tokenizer, val_docs, val_path);
+  int64_t text_bytes = 0;
+  for (const auto* docs : {&train_docs, &val_docs})
+    for (const std::string& doc : *docs) text_bytes += int64_t(doc.size());
+  Progress progress("prepare: encoded", text_bytes,
+                    [](int64_t bytes) { return fixed(double(bytes) / 1e6, 2) + " MB"; });
+  const TokenFileHeader train = write_split(tokenizer, train_docs, train_path, progress);
+  const TokenFileHeader val = write_split(tokenizer, val_docs, val_path, progress);
   log_info("prepare: wrote ", train.num_tokens, " train tokens (", train.num_documents,
            " documents) and ", val.num_tokens, " val tokens (", val.num_documents,
            " documents) in ", fixed(seconds_since(t_encode), 2), " s");
