@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/log.h"
+#include "core/progress.h"
 #include "parallel/hqq_encoding.h"
 #include "parallel/nf4_encoding.h"
 
@@ -49,17 +50,14 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
       replica_summed_(units_.size(), false) {
   const int rank = comm_.rank(), ranks = comm_.size();
   const EncodingContext encoding_context{comm_, *arenas_.gathered, placement_.encoded_store()};
-  // A 70B model takes minutes to initialise and quantize: a progress line every 15 s.
+  // A 70B model takes minutes to load and quantize: a progress line every 15 s.
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
-  auto last_report = start;
+  const bool quantized = init_from.nf4 || init_from.hqq || init_from.encoding;
+  Progress progress(quantized ? "parameters: units initialised and quantized"
+                              : "parameters: units initialised",
+                    int64_t(units_.size()), [](int64_t n) { return std::to_string(n); }, 15);
   for (const UnitSpec& unit : units_) {
-    if (clock::now() - last_report > std::chrono::seconds(15)) {
-      last_report = clock::now();
-      log_info("parameters: ", layouts_.size(), " of ", units_.size(), " units initialised",
-               init_from.nf4 || init_from.hqq || init_from.encoding ? " and quantized" : "", " (",
-               std::lround(std::chrono::duration<double>(last_report - start).count()), " s)");
-    }
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;
     std::vector<std::unique_ptr<WeightEncoding>> encoded;
@@ -107,13 +105,13 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     grad_shards_.push_back(std::move(grads));
     encoded_.push_back(std::move(encoded));
     fp8_slots_.push_back(std::move(fp8_slots));
+    progress.advance(1);
   }
   // The total, for a slow one (benchmarks read it: tools/bench/qlora_70b_one_gpu).
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
   if (seconds >= 5)
-    log_info("parameters: ", units_.size(), " units initialised",
-             init_from.nf4 || init_from.hqq || init_from.encoding ? " and quantized" : "", " in ",
-             std::lround(seconds * 10) / 10.0, " s");
+    log_info("parameters: ", units_.size(), " units initialised", quantized ? " and quantized" : "",
+             " in ", std::lround(seconds * 10) / 10.0, " s");
   refresh_copies();
   // On a GPU a frozen weight needs only its bf16 copy (or its host staging copy): its fp32
   // master would never change, so it goes (4 bytes per frozen weight).
