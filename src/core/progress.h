@@ -1,6 +1,7 @@
-// A progress line for work that takes minutes (tokenizing a large corpus): at most one line
-// every `interval_s` seconds, "prepare: encoded 1.21 GiB of 9.80 GiB (12 %) in 41 s, about
-// 4 min 50 s left", through log_info (rank 0 prints). Thread-safe: OpenMP loops call advance.
+// A progress line for work that takes minutes (tokenizing a large corpus, loading a 70B
+// model): at most one line every `interval_s` seconds, "prepare: encoded 1210.33 MB of 9800.00
+// MB (12 %) in 41 s, about 4 min 50 s left", through log_line (rank 0 prints). Thread-safe:
+// OpenMP loops call advance.
 #pragma once
 
 #include <atomic>
@@ -18,7 +19,8 @@ class Progress {
   using Sink = std::function<void(const std::string&)>;
   using Format = std::function<std::string(int64_t)>;
 
-  // "prepare: encoded" of `total` amounts, shown by `format` (format_bytes, a count...).
+  // "prepare: encoded" of `total` amounts, each shown by `format` (as MB, as a count...); the
+  // sink and the clock are log_line and steady_clock unless a test gives its own.
   Progress(std::string what, int64_t total, Format format, double interval_s = 10,
            Sink sink = nullptr, Clock clock = nullptr);
   // Adds `amount` done; says so when interval_s has passed since the last line (or the start).

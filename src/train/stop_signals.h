@@ -1,7 +1,7 @@
 // SIGUSR1, SIGTERM and a first SIGINT (Ctrl-C) ask `frugal train` to stop cleanly: the handler
-// only records the signal;
-// the loop (trainer.cpp) has every rank agree on the step to stop after, saves that step, and
-// the program exits with kStoppedBySignalExitCode. Installed once at start-up by the app layer.
+// only records the signal; the loop (trainer.cpp) has every rank agree on the step to stop
+// after, saves that step, and the program exits with kStoppedBySignalExitCode. Installed once
+// at start-up by the app layer.
 #pragma once
 
 #include <atomic>
@@ -18,8 +18,9 @@ inline constexpr int kStoppedBySignalExitCode = 75;
 // first one's number. The handler is async-signal-safe: it stores into a lock-free atomic and
 // does nothing else, so a second SIGUSR1 or SIGTERM, even one arriving while a checkpoint is
 // written, changes nothing; a second SIGINT takes its default action (the process ends: a
-// user pressing Ctrl-C twice means now). The handlers stay installed after the run: a signal arriving while MPI finalizes,
-// the checkpoint committed, must not kill the process and lose its exit status.
+// user pressing Ctrl-C twice means now). The handlers stay installed after the run: a signal
+// arriving while MPI finalizes, the checkpoint committed, must not kill the process and lose
+// its exit status.
 const std::atomic<int>& install_stop_signal_handlers();
 
 // "SIGUSR1", "SIGTERM", "SIGINT", or "signal N".
