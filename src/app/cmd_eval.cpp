@@ -12,7 +12,6 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "app/commands.h"
 #include "app/options.h"
@@ -110,20 +109,8 @@ std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
     if (number == 1 && line.rfind("FRUGTOK", 0) == 0)
       fail("eval: '", path, "' is a token file of `frugal prepare` (binary), not lines of ids: ",
            "give it as --token-file FILE --seq-len N");
-    std::istringstream words(line);
-    std::vector<int32_t> ids;
-    for (std::string word; words >> word;) {
-      size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(word, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != word.size() || id < 0 || id > INT32_MAX)
-        fail("eval: '", path, "' line ", number, ": '", printable(word), "' is not a token id");
-      ids.push_back(static_cast<int32_t>(id));
-    }
+    std::vector<int32_t> ids =
+        parse_token_ids(line, detail::concat("eval: '", path, "' line ", number));
     if (!ids.empty()) lines.push_back(std::move(ids));
   }
   return lines;

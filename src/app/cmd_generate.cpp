@@ -4,7 +4,6 @@
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <iostream>
-#include <sstream>
 
 #include "app/commands.h"
 #include "app/options.h"
@@ -35,24 +34,6 @@ struct GenerateOptions {
   bool ignore_eos = false;
   bool no_cache = false;
 };
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::istringstream words(text);
-  std::vector<int32_t> ids;
-  for (std::string word; words >> word;) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != word.size() || id < 0 || id > INT32_MAX)
-      fail("generate: --prompt-ids: '", word, "' is not a token id");
-    ids.push_back(static_cast<int32_t>(id));
-  }
-  return ids;
-}
 
 }  // namespace
 
@@ -157,7 +138,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     const std::vector<int32_t> ids = tokenizer->encode(opt.prompt);
     prompt.insert(prompt.end(), ids.begin(), ids.end());
   } else {
-    prompt = parse_ids(opt.prompt_ids);
+    prompt = parse_token_ids(opt.prompt_ids, "generate: --prompt-ids");
   }
   if (prompt.empty()) fail("generate: the prompt is empty (give text, or keep the bos)");
   for (int32_t id : prompt)

@@ -3,6 +3,7 @@
 #include "app/options.h"
 
 #include <boost/program_options.hpp>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -202,6 +203,24 @@ TrainOptions parse_train_options(const std::vector<std::string>& raw_args) {
       ignored[why] += (ignored[why].empty() ? "" : ", ") + key.name;
   for (const auto& [why, names] : ignored) log_warn("config keys ignored (", why, "): ", names);
   return out;
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text, const std::string& where) {
+  std::istringstream words(text);
+  std::vector<int32_t> ids;
+  for (std::string word; words >> word;) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || id < 0 || id > INT32_MAX)
+      fail(where, ": '", printable(word), "' is not a token id");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
 }
 
 std::string train_options_help() {

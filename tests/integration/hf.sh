@@ -167,6 +167,7 @@ expect_error "does not exist" eval --hf-model "$work/nowhere" --tokens "$toks"
 expect_error "unrecognised option\|unrecognized option" eval --hf-model "$gqa" --tokens "$toks" --bogus
 expect_error "exactly one of --prompt TEXT or --prompt-ids" generate --hf-model "$gqa"
 expect_error "prompt token id 999 is outside" generate --hf-model "$gqa" --prompt-ids "1 999" --ids
+expect_error "generate: --prompt-ids: '-1' is not a token id" generate --hf-model "$gqa" --prompt-ids "1 -1" --ids
 expect_error "top-p 0 is not in (0, 1\]" generate --hf-model "$gqa" --prompt-ids "1" --ids --top-p 0
 expect_error "has no tokenizer.model or tokenizer.json, needed for --prompt" generate --hf-model "$gqa" --prompt "hi"
 expect_error "dtype 'f16' is not one of: f32, bf16" export --ckpt "$work/run" --out "$work/x" --dtype f16
