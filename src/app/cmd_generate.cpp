@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "data/text_stream.h"
 #include "data/tokenizer.h"
 #include "model/kv_cache.h"
 #include "model/llama_model.h"
@@ -158,6 +159,24 @@ int cmd_generate(const std::vector<std::string>& args) {
     sampling.agree = [&world](int32_t token) {
       return static_cast<int32_t>(world.all_reduce_max(world.rank() == 0 ? token : -1));
     };
+  // Rank 0 prints the sequence as it grows: the prompt, then each token as it is chosen.
+  TextStream text([&](const std::vector<int32_t>& ids) { return tokenizer->decode(ids); }, prompt);
+  std::vector<int32_t> streamed = prompt;  // --ids
+  if (world.rank() == 0) {
+    if (opt.print_ids)
+      for (size_t i = 0; i < prompt.size(); ++i) std::cout << (i ? " " : "") << prompt[i];
+    else
+      std::cout << text.start();
+    std::cout << std::flush;
+    sampling.on_token = [&](int32_t token) {
+      if (opt.print_ids) {
+        streamed.push_back(token);
+        std::cout << " " << token << std::flush;
+      } else {
+        std::cout << text.push(token) << std::flush;
+      }
+    };
+  }
   std::vector<int32_t> tokens;
   if (opt.no_cache) {
     LlamaModel llama(c);
@@ -166,13 +185,10 @@ int cmd_generate(const std::vector<std::string>& args) {
     tokens = generate_cached(c, model.params(), prompt, sampling);
   }
   if (world.rank() != 0) return 0;
-
-  if (opt.print_ids) {
-    for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];
-    std::cout << std::endl;
-  } else {
-    std::cout << tokenizer->decode(tokens) << std::endl;
-  }
+  FRUGAL_CHECK((opt.print_ids ? streamed : text.tokens()) == tokens,
+               "generate: the printed tokens differ from the sequence");
+  if (!opt.print_ids) std::cout << text.finish();
+  std::cout << std::endl;
   return 0;
 }
 

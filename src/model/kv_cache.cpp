@@ -161,6 +161,7 @@ std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvide
     int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
     if (options.agree) next = options.agree(next);
     tokens.push_back(next);
+    if (options.on_token) options.on_token(next);
     if (next == options.stop_token) break;
   }
   return tokens;

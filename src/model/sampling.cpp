@@ -45,6 +45,7 @@ std::vector<int32_t> generate(LlamaModel& model, ParameterProvider& params,
     int32_t next = sample_token(logits.data<float>(), logits.size(1), options, rng_state);
     if (options.agree) next = options.agree(next);
     tokens.push_back(next);
+    if (options.on_token) options.on_token(next);
     if (next == options.stop_token) break;
   }
   return tokens;

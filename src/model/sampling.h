@@ -20,6 +20,9 @@ struct SamplingOptions {
   // same on every rank (e.g. rank 0's), so that a rounding difference cannot make their
   // sequences, and so their collectives, part. Null: the sampled token.
   std::function<int32_t(int32_t)> agree;
+  // Called with each token as it is chosen (the stop token too), before the next one is
+  // computed: a command prints as the model writes. Null: nothing.
+  std::function<void(int32_t)> on_token;
 };
 
 // Picks the next token from one row of logits.
