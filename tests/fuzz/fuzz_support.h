@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +21,22 @@
 
 #include "core/log.h"
 
+// Where tools/fuzz closes the code's stderr, a sanitizer's report still reaches libFuzzer's log:
+// a target's own finding goes the same way (weak: the replay build has no sanitizer).
+extern "C" __attribute__((weak)) void __sanitizer_report_error_summary(const char* summary);
+
 namespace frugal::fuzz {
+
+// A finding of the target's own (a wrong answer rather than a crash): said where the log shows
+// it, then abort() (libFuzzer saves the input).
+[[noreturn]] inline void finding(const std::string& what) {
+  const std::string line = "finding: " + what;
+  if (__sanitizer_report_error_summary)
+    __sanitizer_report_error_summary(line.c_str());
+  else
+    std::fprintf(stderr, "%s\n", line.c_str());
+  abort();
+}
 
 // This process's scratch directory (made on first use, removed at exit).
 inline const std::string& scratch_dir() {
