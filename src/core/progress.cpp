@@ -1,10 +1,9 @@
 #include "core/progress.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <utility>
 
+#include "core/duration.h"
 #include "core/log.h"
 
 namespace frugal {
@@ -16,11 +15,7 @@ Progress::Progress(std::string what, int64_t total, Format format, double interv
       format_(std::move(format)),
       interval_s_(interval_s),
       sink_(sink ? std::move(sink) : Sink([](const std::string& line) { log_line(line); })),
-      clock_(clock ? std::move(clock) : Clock([] {
-        return std::chrono::duration<double>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-            .count();
-      })) {
+      clock_(clock ? std::move(clock) : Clock(now_seconds)) {
   start_ = last_line_ = clock_();
 }
 
@@ -35,25 +30,11 @@ void Progress::advance(int64_t amount) {
   const double fraction = total_ > 0 ? double(done) / double(total_) : 0;
   std::string line = what_ + " " + format_(done) + " of " + format_(total_) + " (" +
                      std::to_string(int(std::floor(100 * fraction))) + " %) in " +
-                     duration_text(elapsed);
-  if (fraction > 0) line += ", about " + duration_text(elapsed * (1 - fraction) / fraction) + " left";
+                     format_duration(elapsed);
+  if (fraction > 0) line += ", about " + format_duration(elapsed * (1 - fraction) / fraction) + " left";
   sink_(line);
 }
 
 int64_t Progress::done() const { return done_; }
-
-std::string Progress::duration_text(double seconds) {
-  const auto s = int64_t(std::llround(std::max(0.0, seconds)));
-  char buf[64];
-  if (s < 60)
-    std::snprintf(buf, sizeof buf, "%lld s", static_cast<long long>(s));
-  else if (s < 3600)
-    std::snprintf(buf, sizeof buf, "%lld min %lld s", static_cast<long long>(s / 60),
-                  static_cast<long long>(s % 60));
-  else
-    std::snprintf(buf, sizeof buf, "%lld h %lld min", static_cast<long long>(s / 3600),
-                  static_cast<long long>(s % 3600 / 60));
-  return buf;
-}
 
 }  // namespace frugal

@@ -1,11 +1,10 @@
 // A progress line for work that takes minutes (tokenizing a large corpus, loading a 70B
 // model): at most one line every `interval_s` seconds, "prepare: encoded 1210.33 MB of 9800.00
-// MB (12 %) in 41 s, about 4 min 50 s left", through log_line (rank 0 prints). Thread-safe:
-// OpenMP loops call advance.
+// MB (12 %) in 41s, about 4m50s left" (core/duration.h's format, as the training's ETA), through
+// log_line (rank 0 prints). Thread-safe: OpenMP loops call advance.
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -26,9 +25,6 @@ class Progress {
   // Adds `amount` done; says so when interval_s has passed since the last line (or the start).
   void advance(int64_t amount);
   int64_t done() const;
-
-  // "4 min 50 s", "2 h 3 min", "12 s".
-  static std::string duration_text(double seconds);
 
  private:
   std::string what_;

@@ -1,7 +1,10 @@
 // A sequence's text printed while it grows (`frugal generate`): after each token, the text of
 // the whole sequence decoded so far, less what is out already. A token's text can depend on the
 // tokens after it (a byte-fallback character takes several, and decodes as U+FFFD while
-// incomplete), so text ending in U+FFFD is held back until the next token or the end.
+// incomplete), so text ending in U+FFFD is held back until the next token or the end. Each
+// token decodes the whole sequence again, quadratic in its length (its cost beside a forward
+// pass not measured); a generation of hundreds of thousands of tokens would want a decoding of
+// the tail alone.
 #pragma once
 
 #include <cstdint>

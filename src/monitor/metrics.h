@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/duration.h"  // format_duration, now_seconds: the metrics' durations
+
 namespace frugal {
 
 class MetricsWriter {
@@ -29,12 +31,6 @@ class MetricsWriter {
 // checkpoint left some), so every step appears once. Lines that are not JSON (a record cut by
 // the crash) go too; a missing file is left missing.
 void truncate_metrics(const std::string& path, int64_t step);
-
-// "1h02m", "3m07s", "12s"
-std::string format_duration(double seconds);
-
-// Wall-clock seconds since an arbitrary epoch (steady).
-double now_seconds();
 
 // The most host memory this process has had resident since it started (the kernel's count:
 // pinned buffers, the heap, the libraries), in bytes.

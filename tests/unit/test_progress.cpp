@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "core/duration.h"
 #include "core/progress.h"
 
 using namespace frugal;
@@ -22,24 +23,24 @@ TEST_CASE("progress: a line per interval, the share done and the time left at th
   now = 112;
   progress.advance(10);  // 30 of 100 in 12 s: 70 more at 2.5 a second
   REQUIRE(lines.size() == 1);
-  CHECK(lines[0] == "encoded 30 B of 100 B (30 %) in 12 s, about 28 s left");
+  CHECK(lines[0] == "encoded 30 B of 100 B (30 %) in 12s, about 28s left");
   now = 115;
   progress.advance(30);
   CHECK(lines.size() == 1);  // 3 s after the last line
   now = 123;
   progress.advance(20);  // 80 of 100 in 23 s
   REQUIRE(lines.size() == 2);
-  CHECK(lines[1] == "encoded 80 B of 100 B (80 %) in 23 s, about 6 s left");
+  CHECK(lines[1] == "encoded 80 B of 100 B (80 %) in 23s, about 6s left");
   now = 200;
   progress.advance(20);  // all of it: the caller's own line says so
   CHECK(lines.size() == 2);
   CHECK(progress.done() == 100);
 }
 
-TEST_CASE("progress: durations read as seconds, minutes and hours", "[core]") {
-  CHECK(Progress::duration_text(0.4) == "0 s");
-  CHECK(Progress::duration_text(59.4) == "59 s");
-  CHECK(Progress::duration_text(61) == "1 min 1 s");
-  CHECK(Progress::duration_text(7380) == "2 h 3 min");
-  CHECK(Progress::duration_text(-3) == "0 s");
+TEST_CASE("durations in messages: seconds, minutes and hours, as the training's ETA", "[core]") {
+  CHECK(format_duration(0.4) == "0s");
+  CHECK(format_duration(59.4) == "59s");
+  CHECK(format_duration(61) == "1m01s");
+  CHECK(format_duration(7380) == "2h03m");
+  CHECK(format_duration(-3) == "?");
 }
