@@ -166,13 +166,23 @@ Zero3Parameters::Gathered& Zero3Parameters::post_gather(int64_t unit) {
   // (likewise: offload = params keeps them in pinned host memory; the gathers follow the
   // uploads on the same stream).
   std::vector<Tensor> source(n);
-  for (size_t i = 0; i < n; ++i)
-    if (!encoded_[unit][i])
-      source[i] = placement_.gather_source(unit, i, shards_[unit][i], g.uploads);
-  // Weights gathered as FP8: this rank's rows cast to E4M3 first (the casts read the uploads).
   g.fp8.resize(n);
-  for (size_t i = 0; i < n; ++i)
-    if (gathered_as_fp8(unit, i)) source[i] = fp8_rows(unit, i, source[i], g);
+  for (size_t i = 0; i < n; ++i) {
+    if (encoded_[unit][i]) continue;
+    // Alone, an FP8 weight gathered before in this step is its kept codes (fp8_whole below).
+    auto kept = step_fp8_codes_.find({unit, i});
+    if (kept != step_fp8_codes_.end() && gathered_as_fp8(unit, i)) {
+      source[i] = kept->second;
+      g.fp8[i] = ops::Fp8Matrix{};
+      continue;
+    }
+    source[i] = placement_.gather_source(unit, i, shards_[unit][i], g.uploads);
+    // Weights gathered as FP8: this rank's rows cast to E4M3 first (the casts read the uploads).
+    if (gathered_as_fp8(unit, i)) {
+      source[i] = fp8_rows(unit, i, source[i], g);
+      if (alone()) step_fp8_codes_[{unit, i}] = source[i];
+    }
+  }
   auto local_parts = [&](size_t i) {
     std::vector<Tensor> parts;
     for (const EncodedPart& part : encoded_[unit][i]->parts())
@@ -295,6 +305,7 @@ std::optional<ops::Fp8Matrix> Zero3Parameters::fp8_weight(int64_t unit, size_t i
 }
 
 void Zero3Parameters::set_fp8_gathers(bool on) {
+  step_fp8_codes_.clear();
   if (on == fp8_gathers_) return;
   for (const auto& [unit, g] : gathered_)
     for (const std::optional<ops::Fp8Slot>& slot : fp8_slots_[size_t(unit)])

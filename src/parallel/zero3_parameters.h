@@ -85,7 +85,8 @@ class Zero3Parameters : public ParameterProvider {
   std::optional<ops::Fp8Matrix> fp8_weight(int64_t unit, size_t i) override;
   // FP8 weight gathers on (a training step's forward and backward, whose GEMMs read E4M3) or
   // off (evaluation and anything else that wants the weights as they are). Switched only
-  // between steps: no unit with such a weight may be gathered then.
+  // between steps: no unit with such a weight may be gathered then. On one rank, the codes kept
+  // for the step are dropped at either switch.
   void set_fp8_gathers(bool on);
   // Whether any weight is gathered as FP8 while set_fp8_gathers(true) holds.
   bool has_fp8_gathers() const;
@@ -169,6 +170,12 @@ class Zero3Parameters : public ParameterProvider {
   // The scaling slots of the weights gathered as FP8 while fp8_gathers_ (none for the others).
   std::vector<std::vector<std::optional<ops::Fp8Slot>>> fp8_slots_;
   bool fp8_gathers_ = false;
+  // One rank alone: each FP8 weight's codes, cast at its first gather of a step and kept until
+  // FP8 gathers end (the step's end). A weight and its delayed scale change only between steps,
+  // so the backward's gather, and every micro-batch's, would cast the same codes again (3 bytes
+  // of traffic a weight) or send them nowhere. Costs one byte a weight for the step
+  // (MemoryPlan::fp8_codes). By unit, then parameter.
+  std::map<std::pair<int64_t, size_t>, Tensor> step_fp8_codes_;
   Zero3Placement placement_;
   std::map<int64_t, Gathered> gathered_;
   std::map<int64_t, std::vector<Tensor>> full_grads_;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/checked.h"
+#include "model/lora.h"
 #include "optim/galore_adamw.h"
 
 namespace frugal {
@@ -44,6 +45,7 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
         if (s.checkpoint_staging)
           plan.checkpoint_staging += checkpoint_staging_bytes(shard, optimizer, master, galore);
         if (s.gpu && s.state == StateDType::fp32) plan.copies += shard * 2;
+        if (ranks == 1 && s.fp8_gathered && s.fp8_gathered(p)) plan.fp8_codes += shard;
       } else if (encoded) {
         // Two codes a byte and the block scales: NF4's absmax code per 64 (and the whole
         // tensor's second-level scale per 256 blocks, on every rank), HQQ's scale and zero.
@@ -65,7 +67,8 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   plan.gathered = 2 * largest_unit;
   plan.activation_inputs = s.activation_inputs;
   if (!s.gpu) {
-    plan.host = plan.params + plan.grads + plan.optimizer + plan.gathered + plan.activation_inputs;
+    plan.host = plan.params + plan.grads + plan.optimizer + plan.gathered + plan.fp8_codes +
+                plan.activation_inputs;
     return plan;
   }
   plan.host += plan.activation_inputs;
@@ -75,8 +78,25 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   const size_t state = plan.params + plan.grads + plan.optimizer;
   (host_state ? plan.host : plan.device) += state;
   (s.offload == Offload::params ? plan.host : plan.device) += plan.copies;
-  plan.device += plan.gathered;
+  plan.device += plan.gathered + plan.fp8_codes;
   return plan;
+}
+
+std::function<bool(const ParamSpec&)> fp8_gathered_weights(const TrainConfig& c,
+                                                           int64_t shard_ranks, bool gpu) {
+  if (!c.fp8.enabled || !c.fp8.gather_weights || c.train.type != TrainType::full ||
+      c.fp8.recipe != Fp8Recipe::delayed)
+    return nullptr;
+  const std::vector<int> linears = projections_from_names(c.fp8.linears, "fp8.linears");
+  shard_ranks = std::max<int64_t>(1, shard_ranks);
+  return [linears, shard_ranks, gpu](const ParamSpec& p) {
+    const int index = block_projection_index(p.name);
+    if (!p.trainable || p.shape.size() != 2 || index < 0 ||
+        std::find(linears.begin(), linears.end(), index) == linears.end())
+      return false;
+    const int64_t shard_rows = (p.shape[0] + shard_ranks - 1) / shard_ranks;
+    return !gpu || (shard_rows % 16 == 0 && p.shape[1] % 16 == 0);
+  };
 }
 
 int64_t local_tokens(const TrainConfig& c, int64_t cp) {
@@ -112,6 +132,7 @@ std::string describe(const MemoryPlan& plan) {
   add("optimizer", plan.optimizer);
   add("weight copies", plan.copies);
   add("two gathered units", plan.gathered);
+  add("FP8 weight codes of the step", plan.fp8_codes);
   add("offloaded activations", plan.activation_inputs);
   return out;
 }

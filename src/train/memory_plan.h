@@ -22,6 +22,9 @@ struct MemoryPlan {
   size_t copies = 0;     // GPU: the bf16 copies the ranks gather (4-bit codes of frozen weights)
   size_t gathered = 0;   // two units whole: weights in the compute dtype and fp32 gradients
   size_t activation_inputs = 0;  // train.activation_offload = inputs: the blocks' inputs (host)
+  // One rank with FP8 weight gathers: every such weight's E4M3 codes, kept for the step (one
+  // byte each; Zero3Parameters casts them once a step).
+  size_t fp8_codes = 0;
   // ckpt.async: the host fp32 copies of master weights and moments a save stages (pinned on a
   // GPU). Not in `host`: the run stages only when they fit, else its saves are synchronous.
   size_t checkpoint_staging = 0;
@@ -36,6 +39,7 @@ struct PlanSettings {
   StateDType state = StateDType::fp32;
   std::function<bool(const ParamSpec&)> four_bit;  // frozen weights stored in 4 bits (QLoRA)
   bool four_bit_hqq = false;  // their format: NF4 (false) or HQQ (scale and zero per 64)
+  std::function<bool(const ParamSpec&)> fp8_gathered;  // trained weights gathered as E4M3 codes
   int64_t galore_rank = 0;    // GaLore's rank (0: AdamW on every weight)
   size_t activation_inputs = 0;  // offloaded activations (offloaded_input_bytes), host memory
   bool checkpoint_staging = false;  // ckpt.async
@@ -50,6 +54,13 @@ int64_t local_tokens(const TrainConfig& config, int64_t cp);
 // every block's input but the last, [local tokens, hidden] in the compute dtype (bf16 on a GPU,
 // f32 on the CPU); 0 without it.
 size_t offloaded_input_bytes(const TrainConfig& config, int64_t cp, bool gpu);
+
+// The trained weights a run gathers as E4M3 codes (FP8 weight gathers, zero3_parameters.h): in
+// full training under delayed scaling, the block projections fp8.linears names, whose shard of
+// ceil(rows / shard_ranks) rows has rows and columns in multiples of 16 on a GPU (cuBLASLt's
+// FP8 layouts; the others are gathered in bf16). Null without FP8 weight gathers.
+std::function<bool(const ParamSpec&)> fp8_gathered_weights(const TrainConfig& config,
+                                                           int64_t shard_ranks, bool gpu);
 
 // GaLore's fp32 state of one projected matrix on a rank holding shard_rows of its rows (its
 // moments and its projector; see optim/galore_adamw.h for the sides).

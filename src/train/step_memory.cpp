@@ -189,6 +189,9 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   // One rank with fp32 state on the GPU: the backward adds into the gradient shards themselves.
   const bool direct_grads = ranks == 1 && !host_state && master == 4;
   const int64_t galore_rank = c.optim.type == OptimizerType::galore_adamw ? c.galore.rank : 0;
+  // One rank keeps its FP8 weights' codes for the whole step (cast once a step).
+  const std::function<bool(const ParamSpec&)> fp8_codes_kept =
+      ranks == 1 ? fp8_gathered_weights(c, 1, /*gpu=*/true) : nullptr;
 
   std::vector<std::vector<ParamLayout>> layout(units.size());
   for (size_t u = 0; u < units.size(); ++u)
@@ -219,6 +222,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   for (size_t u = 0; u < units.size(); ++u)
     for (size_t i = 0; i < units[u].params.size(); ++i) {
       const ParamLayout& p = layout[u][i];
+      if (fp8_codes_kept && fp8_codes_kept(units[u].params[i])) keep(false, p.shard);
       if (p.trainable) {
         keep(host_state, p.shard * master);  // master
         keep(host_state, p.shard * master);  // gradient shard

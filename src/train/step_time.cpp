@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "model/lora.h"
+#include "train/memory_plan.h"
 #include "optim/galore_adamw.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
@@ -41,23 +42,10 @@ StepTime estimate_step_time(const TrainConfig& c, const MeshShape& mesh, const C
   const std::vector<UnitSpec> units = lora ? lora_units(m, lora_config) : llama_units(m);
   const bool four_bit = c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora;
   const int64_t galore_rank = c.optim.type == OptimizerType::galore_adamw ? c.galore.rank : 0;
-  // FP8 weight gathers (training_run.cpp, zero3_parameters.cpp): full training under delayed
-  // scaling gathers the trained projections that the FP8 GEMMs read as E4M3 codes, one byte a
-  // weight, where the shard's rows and columns are multiples of 16 (else bf16, as a GPU's cast
-  // needs).
-  const bool fp8_gathers = c.fp8.enabled && c.fp8.gather_weights && !lora &&
-                           c.fp8.recipe == Fp8Recipe::delayed;
-  const std::vector<int> fp8_linears =
-      fp8_gathers ? projections_from_names(c.fp8.linears, "fp8.linears") : std::vector<int>{};
-  const int64_t shard_ranks = std::max<int64_t>(1, mesh.shard);
-  const auto gathered_as_fp8 = [&](const ParamSpec& p) {
-    const int index = block_projection_index(p.name);
-    if (!fp8_gathers || !p.trainable || p.shape.size() != 2 || index < 0 ||
-        std::find(fp8_linears.begin(), fp8_linears.end(), index) == fp8_linears.end())
-      return false;
-    const int64_t shard_rows = (p.shape[0] + shard_ranks - 1) / shard_ranks;
-    return shard_rows % 16 == 0 && p.shape[1] % 16 == 0;
-  };
+  // FP8 weight gathers: the trained projections the FP8 GEMMs read, one byte a weight.
+  const std::function<bool(const ParamSpec&)> fp8_gathered =
+      fp8_gathered_weights(c, mesh.shard, /*gpu=*/true);
+  const auto gathered_as_fp8 = [&](const ParamSpec& p) { return fp8_gathered && fp8_gathered(p); };
 
   // embed, blocks (all of them), head
   UnitSums embed, blocks, head;

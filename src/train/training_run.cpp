@@ -329,6 +329,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
     settings.four_bit = projection;
   settings.four_bit_hqq = c.train.type == TrainType::hqq_lora;
+  if (fp8) settings.fp8_gathered = fp8_gathered_weights(c, settings.ranks, use_gpu);
   settings.activation_inputs = offloaded_input_bytes(c, mesh().cp_size, use_gpu);
   settings.checkpoint_staging = c.ckpt.async;
   const MemoryPlan plan = plan_memory(units, settings);

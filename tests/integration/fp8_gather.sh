@@ -61,6 +61,24 @@ for n in 1 2 4; do
   fi
 done
 
+# One rank keeps each weight's codes for the step, cast at its first gather: the backward's
+# gathers, full checkpointing's recomputing forward and the second micro-batch read them instead
+# of casting again, and the next step casts anew (a stale code would change the losses).
+for g in true false; do
+  "${mpi[@]}" -np 1 "$frugal" train "${common[@]}" --train.micro_batch_size=2 \
+    --train.grad_accum_steps=2 --train.activation_checkpointing=full --fp8.gather_weights=$g \
+    --train.out_dir="$work/accum-$g" > "$work/accum-$g.log" 2>&1
+done
+if ! diff <(losses "$work/accum-true/metrics.jsonl"; val_losses "$work/accum-true/metrics.jsonl") \
+          <(losses "$work/accum-false/metrics.jsonl"; val_losses "$work/accum-false/metrics.jsonl") >/dev/null; then
+  echo "FAIL: one rank, 2 micro-batches, full checkpointing: kept FP8 codes change the losses"
+  exit 1
+fi
+# The plan counts them: the seven projections of 2 blocks, 24,960 bytes (0.02 MiB).
+grep -q 'FP8 weight codes of the step 0.02 MiB' "$work/accum-true.log" \
+  || { echo "FAIL: the memory plan does not count the kept FP8 codes"; grep 'memory plan' "$work/accum-true.log"; exit 1; }
+echo "one rank, 2 micro-batches, full checkpointing: kept FP8 codes, losses equal bit for bit"
+
 # Evaluation reads the weights as they are: the validation losses equal those without FP8
 # gathers (checked above) and the switch back after each step holds.
 echo "integration fp8_gather: ok"

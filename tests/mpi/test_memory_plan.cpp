@@ -155,3 +155,32 @@ TEST_CASE("memory plan: where the state lands on a GPU", "[plan]") {
   CHECK(bf16.params * 2 == none.params);
   CHECK(bf16.copies == 0);  // a bf16 master is its own copy
 }
+
+TEST_CASE("memory plan: one rank keeps its FP8 weight codes for the step", "[plan]") {
+  const std::vector<UnitSpec> units = llama_units(odd_config());
+  // odd_config's projections by shape: q, o [128, 128]; k, v [64, 128] (2 KV heads of 32);
+  // gate, up [192, 128]; down [128, 192]; 3 blocks. One byte a weight.
+  const size_t q = 128 * 128, kv = 64 * 128, mlp = 192 * 128;
+  TrainConfig c;
+  c.fp8.enabled = true;
+  PlanSettings gpu;
+  gpu.gpu = true;
+  const MemoryPlan bf16 = plan_memory(units, gpu);
+  gpu.fp8_gathered = fp8_gathered_weights(c, 1, true);
+  const MemoryPlan fp8 = plan_memory(units, gpu);
+  CHECK(fp8.fp8_codes == 3 * (2 * q + 2 * kv + 3 * mlp));
+  CHECK(fp8.device == bf16.device + fp8.fp8_codes);
+  c.fp8.linears = "q_proj,down_proj";
+  gpu.fp8_gathered = fp8_gathered_weights(c, 1, true);
+  CHECK(plan_memory(units, gpu).fp8_codes == 3 * (q + mlp));
+  // On two ranks each gather moves the codes: none kept.
+  gpu.ranks = 2;
+  gpu.fp8_gathered = fp8_gathered_weights(c, 2, true);
+  CHECK(plan_memory(units, gpu).fp8_codes == 0);
+  // No FP8 weight gathers: under current scaling, or with LoRA's frozen base.
+  c.fp8.recipe = Fp8Recipe::current;
+  CHECK(!fp8_gathered_weights(c, 1, true));
+  c.fp8.recipe = Fp8Recipe::delayed;
+  c.train.type = TrainType::lora;
+  CHECK(!fp8_gathered_weights(c, 1, true));
+}
