@@ -4,10 +4,10 @@
 #include <algorithm>
 
 #include "model/lora.h"
-#include "train/memory_plan.h"
 #include "optim/galore_adamw.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
+#include "train/memory_plan.h"
 
 namespace frugal {
 
