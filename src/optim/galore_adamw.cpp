@@ -11,7 +11,9 @@
 #include "optim/galore_adamw.h"
 
 #include <cmath>
+#include <string>
 
+#include "core/progress.h"
 #include "model/lora.h"
 #include "ops/ops.h"
 
@@ -76,6 +78,16 @@ GaloreAdamW::~GaloreAdamW() {
     if (f && f->host.valid()) f->host.wait();
 }
 
+GaloreAdamW::InlineProgress GaloreAdamW::inline_progress(int64_t t) const {
+  if (pipelined(t)) return nullptr;
+  int64_t due = 0;
+  for (size_t j = 0; j < matrices_.size(); ++j) due += refresh_due(j, t) ? 1 : 0;
+  if (due == 0) return nullptr;
+  return std::make_unique<Progress>(
+      "galore: projectors of step " + std::to_string(t + 1) + " computed", due,
+      [](int64_t n) { return std::to_string(n); }, 15);
+}
+
 bool GaloreAdamW::refresh_due(size_t j, int64_t t) const {
   return t == 0 || t % galore_.update_proj_gap == matrices_[j].phase;
 }
@@ -121,12 +133,15 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   if (galore_.profile) ++profiled_steps_;
   const ops::TimeMark refresh_start = mark();
   advance_refreshes();
+  InlineProgress progress = inline_progress(t);
   for (size_t j = 0; j < matrices_.size(); ++j) {
     if (!refresh_due(j, t)) continue;
-    if (pipelined(t))
+    if (pipelined(t)) {
       begin_refresh(j, t, summed);
-    else
+    } else {
       refresh(matrices_[j], t, summed);
+      if (progress) progress->advance(1);
+    }
   }
   submit_host_work();
   timed(Work::refresh, refresh_start);
@@ -164,6 +179,7 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
   if (galore_.profile) ++profiled_steps_;
   const ops::TimeMark refresh_start = mark();
   advance_refreshes();
+  InlineProgress progress = inline_progress(t);
   for (size_t j = 0; j < matrices_.size(); ++j) {
     if (!refresh_due(j, t)) continue;
     Matrix& x = matrices_[j];
@@ -172,10 +188,12 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
       collectives.replica_sum_in_place(rows);
       whole[j] = true;
     }
-    if (pipelined(t))
+    if (pipelined(t)) {
       begin_refresh(j, t, whole[j] ? summed : collectives);
-    else
+    } else {
       refresh(x, t, whole[j] ? summed : collectives);
+      if (progress) progress->advance(1);
+    }
   }
   submit_host_work();
   timed(Work::refresh, refresh_start);

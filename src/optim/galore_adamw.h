@@ -22,6 +22,8 @@
 
 namespace frugal {
 
+class Progress;  // core/progress.h
+
 struct GaloreConfig {
   GaloreProjectorSettings projector;
   int64_t update_proj_gap = 200;
@@ -141,6 +143,11 @@ class GaloreAdamW : public Optimizer {
   void replace_projector(Matrix& x, bool rotate, const StepCollectives& collectives,
                          const std::function<void(Tensor&)>& write);
   bool pipelined(int64_t t) const { return galore_.refresh == GaloreRefresh::pipelined && t > 0; }
+  // The refreshes step t computes inline (the first projectors; every refresh with refresh =
+  // inline) take minutes on a large model (a 7B's 224 matrices at rank 1024, on the host with
+  // offload): a progress line every 15 s while they run. Null when none is inline.
+  using InlineProgress = std::unique_ptr<Progress>;
+  InlineProgress inline_progress(int64_t t) const;
   // begin_step when the projected matrices' gradients are not summed over the replicas.
   StepReport begin_step_across_replicas(const StepCollectives& collectives);
   void rotate_moments(Matrix& x, const Tensor& old_projector, const StepCollectives& collectives);
