@@ -15,12 +15,13 @@ inline constexpr int kStoppedBySignalExitCode = 75;
 
 // Installs the SIGUSR1, SIGTERM and SIGINT handlers for the rest of the process (calling it
 // again changes nothing) and returns the flag they set: 0 until one of them arrives, then the
-// first one's number. The handler is async-signal-safe: it stores into a lock-free atomic and
-// does nothing else, so a second SIGUSR1 or SIGTERM, even one arriving while a checkpoint is
-// written, changes nothing; a second SIGINT takes its default action (the process ends: a
-// user pressing Ctrl-C twice means now). The handlers stay installed after the run: a signal
-// arriving while MPI finalizes, the checkpoint committed, must not kill the process and lose
-// its exit status.
+// first one's number. The handler is async-signal-safe (lock-free atomics, write, clock_gettime,
+// sigaction, raise): a second SIGUSR1 or SIGTERM, even one arriving while a checkpoint is
+// written, changes nothing. A SIGINT at least half a second after the first takes its default
+// action (the process ends: a user pressing Ctrl-C twice means now); one sooner is the same
+// Ctrl-C delivered twice (to the process and to its group, as `timeout` and `srun` do). The
+// handlers stay installed after the run: a signal arriving while MPI finalizes, the checkpoint
+// committed, must not kill the process and lose its exit status.
 const std::atomic<int>& install_stop_signal_handlers();
 
 // "SIGUSR1", "SIGTERM", "SIGINT", or "signal N".

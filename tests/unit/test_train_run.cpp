@@ -1,6 +1,9 @@
 // The trainer's small decisions as functions: which configuration keys differ between ranks,
 // which metrics.jsonl records a resumed run keeps, the fault-injection switch, and the stop
 // signals.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -95,21 +98,49 @@ TEST_CASE("stop signals: recorded by the handler, the first one named", "[train]
   CHECK(signal_name(SIGHUP) == "signal " + std::to_string(SIGHUP));
 }
 
-TEST_CASE("Ctrl-C: a first SIGINT asks for a stop, a second one takes the default action",
+TEST_CASE("Ctrl-C: a first SIGINT asks for a stop, the same one delivered twice changes nothing, "
+          "a second press ends the process",
           "[train]") {
-  struct sigaction set = {}, now = {};
-  set.sa_handler = SIG_DFL;
-  sigaction(SIGINT, &set, nullptr);
-  const std::atomic<int>& received = install_stop_signal_handlers();
-  const int before = received.load();  // the first signal is named: another test's, if any
-  std::raise(SIGINT);                  // recorded; this process goes on
-  CHECK(received.load() == (before != 0 ? before : SIGINT));
-  sigaction(SIGINT, nullptr, &now);
-  CHECK(now.sa_handler == SIG_DFL);  // so a second Ctrl-C ends the process
+  // In a child process: the last SIGINT must end it, and the handler's state is per process.
+  // The child writes to `survived` once the duplicate has left it running.
+  int survived[2];
+  REQUIRE(pipe(survived) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(survived[0]);
+    struct sigaction set = {}, now = {};
+    set.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &set, nullptr);
+    const std::atomic<int>& received = install_stop_signal_handlers();
+    const int before = received.load();  // the first signal is named: an earlier test's, if any
+    std::raise(SIGINT);                  // recorded; this process goes on
+    if (received.load() != (before != 0 ? before : SIGINT)) _exit(1);
+    std::raise(SIGINT);  // the same Ctrl-C again at once (to the process, then to its group)
+    sigaction(SIGINT, nullptr, &now);
+    if (now.sa_handler == SIG_DFL) _exit(2);
+    if (write(survived[1], "d", 1) != 1) _exit(4);
+    usleep(700'000);     // a person pressing Ctrl-C again
+    std::raise(SIGINT);  // ends the process
+    _exit(3);
+  }
+  close(survived[1]);
+  char mark = 0;
+  const ssize_t got = read(survived[0], &mark, 1);
+  close(survived[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(got == 1);  // the process outlived the same Ctrl-C delivered twice
+  INFO("child exit status " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+  CHECK(WIFSIGNALED(status));
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGINT));
   // Ignored when the program started (a background job of a script): it stays ignored.
+  struct sigaction set = {}, now = {};
   set.sa_handler = SIG_IGN;
   sigaction(SIGINT, &set, nullptr);
   install_stop_signal_handlers();
   sigaction(SIGINT, nullptr, &now);
   CHECK(now.sa_handler == SIG_IGN);
+  set.sa_handler = SIG_DFL;
+  sigaction(SIGINT, &set, nullptr);
 }
