@@ -7,13 +7,19 @@
 // stores their 8 codes (8 bytes) to the plain copy and to a shared tile, and after a barrier
 // gathers 8 codes down a column of the tile for the transposed copy, so both outputs are written
 // in 8-byte pieces of contiguous rows. One block's amax and counts go out in one atomic each.
+//
+// What the cast reads is a type (Bf16Rows, or a 4-bit weight: Nf4Rows, HqqRows): the 4-bit ones
+// expand their codes as the dequantization does (four_bit.cuh) and round to bf16, so the codes of
+// a 4-bit weight are those of its bf16 dequantization, without writing and reading that matrix.
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cfloat>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/four_bit.cuh"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/pack16.cuh"
 
 namespace frugal::cuda {
 
@@ -21,7 +27,7 @@ namespace {
 
 constexpr int kTile = 64;
 constexpr int kThreads = 256;
-constexpr int kGroup = 8;               // elements per thread and load
+static_assert(kGroup == 8 && kFourBitGroup == kGroup);  // elements per thread and load
 constexpr int kTileStride = kTile + 8;  // shared tile row: 8-byte aligned, fewer bank conflicts
 constexpr int kWarps = kThreads / 32;
 
@@ -44,6 +50,35 @@ __device__ __forceinline__ float scale_from_amax(float amax, float previous, flo
 }
 
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+// What a cast reads: load(v, first) puts the bf16 values first .. first + 7 of the row-major
+// matrix into v as floats (first a multiple of 8).
+struct Bf16Rows {
+  const __nv_bfloat16* x;
+  __device__ __forceinline__ void load(float* v, int64_t first) const { load_pack(v, x + first); }
+};
+
+__device__ __forceinline__ void round_to_bf16(float* v) {
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k) v[k] = __bfloat162float(__float2bfloat16_rn(v[k]));
+}
+
+struct Nf4Rows {
+  Nf4Device w;
+  Nf4Tables tables;
+  __device__ __forceinline__ void load(float* v, int64_t first) const {
+    nf4_eight(v, w, tables, first);
+    round_to_bf16(v);
+  }
+};
+
+struct HqqRows {
+  HqqDevice w;
+  __device__ __forceinline__ void load(float* v, int64_t first) const {
+    hqq_eight(v, w, first);
+    round_to_bf16(v);
+  }
+};
 
 // The block's max of `amax` and sums of the counts, then one atomic each (thread 0).
 __device__ __forceinline__ void publish(unsigned amax, unsigned flushed, unsigned saturated,
@@ -72,10 +107,10 @@ __device__ __forceinline__ void publish(unsigned amax, unsigned flushed, unsigne
   if (sat) atomicAdd(counts + 2, sat);
 }
 
-template <Fp8Format F>
+template <Fp8Format F, class Source>
 __global__ void __launch_bounds__(kThreads)
     cast_transpose_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                          const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
+                          const __grid_constant__ Source x, int64_t rows, int64_t cols,
                           Fp8CastState s) {
   __shared__ __align__(8) uint8_t tile[kTile * kTileStride];
   float scale = *s.scale;
@@ -102,12 +137,12 @@ __global__ void __launch_bounds__(kThreads)
     const int r = lane_row + 32 * pass;
     const int64_t gr = r0 + r, gc = c0 + group * kGroup;
     if (gr >= rows || gc >= cols) continue;
-    const uint4 raw = *reinterpret_cast<const uint4*>(x + gr * cols + gc);
-    const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    float v[kGroup];
+    x.load(v, gr * cols + gc);
     uint8_t codes[kGroup];
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) {
-      const float xv = __bfloat162float(v[j]);
+      const float xv = v[j];
       const float scaled = __fmul_rn(xv, scale);
       const uint8_t code = encode<F>(scaled);
       codes[j] = code;
@@ -135,15 +170,16 @@ __global__ void __launch_bounds__(kThreads)
   publish(amax, flushed, saturated, s);
 }
 
+template <class Source>
 __global__ void __launch_bounds__(kThreads)
-    amax_kernel(float* amax_out, const __nv_bfloat16* __restrict__ x, int64_t groups) {
+    amax_kernel(float* amax_out, const __grid_constant__ Source x, int64_t groups) {
   unsigned amax = 0;
   for (int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x; g < groups;
        g += int64_t(gridDim.x) * kThreads) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(x + g * kGroup);
-    const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    float v[kGroup];
+    x.load(v, g * kGroup);
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) amax = max(amax, abs_bits(__bfloat162float(v[j])));
+    for (int j = 0; j < kGroup; ++j) amax = max(amax, abs_bits(v[j]));
   }
   __shared__ unsigned warp_amax[kWarps];
   amax = __reduce_max_sync(0xffffffffu, amax);
@@ -231,36 +267,81 @@ void fp8_dequantize(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Fp8Form
   CUDA_CHECK_LAUNCH();
 }
 
-void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, int64_t rows,
-                        int64_t cols, Fp8Format format, const Fp8CastState& state,
-                        cudaStream_t stream) {
+namespace {
+
+template <class Source>
+void cast_transpose(uint8_t* out, uint8_t* out_t, const Source& x, int64_t rows, int64_t cols,
+                    Fp8Format format, const Fp8CastState& state, cudaStream_t stream) {
   FRUGAL_CHECK(rows % 16 == 0 && cols % 16 == 0, "fp8 cast of [", rows, ", ", cols,
                "]: rows and columns must be multiples of 16");
-  FRUGAL_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+  FRUGAL_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out_t) % 16 == 0,
                "fp8 cast: pointers must be 16-byte aligned");
   if (rows == 0 || cols == 0) return;
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
   FRUGAL_CHECK(grid.y <= 65535, "fp8 cast of ", rows, " rows: too many for one grid");
   if (format == Fp8Format::e4m3)
-    cast_transpose_kernel<Fp8Format::e4m3>
+    cast_transpose_kernel<Fp8Format::e4m3, Source>
         <<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
   else
-    cast_transpose_kernel<Fp8Format::e5m2>
+    cast_transpose_kernel<Fp8Format::e5m2, Source>
         <<<grid, kThreads, 0, stream>>>(out, out_t, x, rows, cols, state);
   CUDA_CHECK_LAUNCH();
 }
 
-void fp8_amax(float* amax, const __nv_bfloat16* x, int64_t n, cudaStream_t stream) {
-  FRUGAL_CHECK(n % kGroup == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0, "fp8 amax of ", n,
-               " elements: a multiple of 8, 16-byte aligned, expected");
+template <class Source>
+void amax_of(float* amax, const Source& x, int64_t n, cudaStream_t stream) {
+  FRUGAL_CHECK(n % kGroup == 0, "fp8 amax of ", n, " elements: a multiple of 8 expected");
   CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   const int64_t groups = n / kGroup;
   if (groups == 0) return;
   const int64_t blocks = std::min<int64_t>((groups + kThreads - 1) / kThreads, 1024);
-  amax_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(amax, x, groups);
+  amax_kernel<Source><<<unsigned(blocks), kThreads, 0, stream>>>(amax, x, groups);
   CUDA_CHECK_LAUNCH();
+}
+
+void check_four_bit(int64_t n, const char* what) {
+  FRUGAL_CHECK(n % kFourBitBlock == 0, what, " of ", n, " values: a multiple of ", kFourBitBlock,
+               " expected");
+}
+
+}  // namespace
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, int64_t rows,
+                        int64_t cols, Fp8Format format, const Fp8CastState& state,
+                        cudaStream_t stream) {
+  FRUGAL_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "fp8 cast: x must be 16-byte aligned");
+  cast_transpose(out, out_t, Bf16Rows{x}, rows, cols, format, state, stream);
+}
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const Nf4Device& w, int64_t rows,
+                        int64_t cols, Fp8Format format, const Fp8CastState& state,
+                        cudaStream_t stream) {
+  check_four_bit(rows * cols, "fp8 cast of an nf4 weight");
+  cast_transpose(out, out_t, Nf4Rows{w, nf4_tables(w.nf4_table, w.absmax_map)}, rows, cols, format,
+                 state, stream);
+}
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const HqqDevice& w, int64_t rows,
+                        int64_t cols, Fp8Format format, const Fp8CastState& state,
+                        cudaStream_t stream) {
+  check_four_bit(rows * cols, "fp8 cast of an hqq weight");
+  cast_transpose(out, out_t, HqqRows{w}, rows, cols, format, state, stream);
+}
+
+void fp8_amax(float* amax, const __nv_bfloat16* x, int64_t n, cudaStream_t stream) {
+  FRUGAL_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "fp8 amax: x must be 16-byte aligned");
+  amax_of(amax, Bf16Rows{x}, n, stream);
+}
+
+void fp8_amax(float* amax, const Nf4Device& w, int64_t n, cudaStream_t stream) {
+  check_four_bit(n, "fp8 amax of an nf4 weight");
+  amax_of(amax, Nf4Rows{w, nf4_tables(w.nf4_table, w.absmax_map)}, n, stream);
+}
+
+void fp8_amax(float* amax, const HqqDevice& w, int64_t n, cudaStream_t stream) {
+  check_four_bit(n, "fp8 amax of an hqq weight");
+  amax_of(amax, HqqRows{w}, n, stream);
 }
 
 void fp8_delayed_update(float* history, float* scale, float* scale_inv, const float* max_values,

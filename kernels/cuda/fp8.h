@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/fp8.h"
+#include "kernels/cuda/quant.h"
 
 namespace frugal::cuda {
 
@@ -30,8 +31,21 @@ struct Fp8CastState {
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const __nv_bfloat16* x, int64_t rows,
                         int64_t cols, Fp8Format format, const Fp8CastState& state,
                         cudaStream_t stream);
+// The cast of a 4-bit weight [rows, cols] (row-major, n = rows * cols a multiple of 64), read
+// from its codes: the codes, amax and counts that fp8_cast_transpose gives of nf4_dequantize's
+// (hqq_dequantize's) bf16 output, bit for bit, without that matrix: QLoRA's frozen base straight
+// into an FP8 GEMM.
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const Nf4Device& w, int64_t rows,
+                        int64_t cols, Fp8Format format, const Fp8CastState& state,
+                        cudaStream_t stream);
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, const HqqDevice& w, int64_t rows,
+                        int64_t cols, Fp8Format format, const Fp8CastState& state,
+                        cudaStream_t stream);
 // *amax = max |x| over n elements (n a multiple of 8, x 16-byte aligned); NaN wins.
 void fp8_amax(float* amax, const __nv_bfloat16* x, int64_t n, cudaStream_t stream);
+// The same of a 4-bit weight's bf16 dequantization, from its codes (n a multiple of 64).
+void fp8_amax(float* amax, const Nf4Device& w, int64_t n, cudaStream_t stream);
+void fp8_amax(float* amax, const HqqDevice& w, int64_t n, cudaStream_t stream);
 // out[i] = bf16(decode(codes[i]) * *scale_inv): an FP8-gathered weight in the compute dtype.
 void fp8_dequantize(__nv_bfloat16* out, const uint8_t* codes, int64_t n, Fp8Format format,
                     const float* scale_inv, cudaStream_t stream);

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/four_bit.cuh"
 #include "kernels/cuda/pack16.cuh"
 #include "kernels/cuda/quant.h"
 
@@ -19,14 +20,8 @@ namespace frugal::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kBlockSize = 64;         // elements per absmax block / HQQ group
-constexpr int64_t kAbsmaxBlockSize = 256;  // absmax values per second-level scale
 using bf16 = __nv_bfloat16;
-
-struct Nf4Tables {
-  float nf4[16];
-  float absmax_map[256];
-};
+static_assert(kGroup == kFourBitGroup);
 
 template <bool kVec>
 __device__ __forceinline__ void store_eight(bf16* out, const float* v) {
@@ -39,45 +34,25 @@ __device__ __forceinline__ void store_eight(bf16* out, const float* v) {
 }
 
 template <bool kVec>
-__global__ void nf4_dequantize_kernel(bf16* out, const uint8_t* codes, const uint8_t* absmax_codes,
-                                      const float* absmax_scales, float absmax_offset,
+__global__ void nf4_dequantize_kernel(bf16* out, const Nf4Device w,
                                       const __grid_constant__ Nf4Tables tables, int64_t groups) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < groups;
        q += stride) {
-    const int64_t first = q * kGroup;
-    const int64_t b = first / kBlockSize;
-    const float centered =
-        __fmul_rn(tables.absmax_map[absmax_codes[b]], absmax_scales[b / kAbsmaxBlockSize]);
-    const float absmax = __fadd_rn(centered, absmax_offset);
     float v[kGroup];
-#pragma unroll
-    for (int k = 0; k < kGroup / 2; ++k) {
-      const uint8_t byte = codes[first / 2 + k];
-      v[2 * k] = __fmul_rn(tables.nf4[byte >> 4], absmax);
-      v[2 * k + 1] = __fmul_rn(tables.nf4[byte & 0xF], absmax);
-    }
-    store_eight<kVec>(out + first, v);
+    nf4_eight(v, w, tables, q * kGroup);
+    store_eight<kVec>(out + q * kGroup, v);
   }
 }
 
 template <bool kVec>
-__global__ void hqq_dequantize_kernel(bf16* out, const uint8_t* codes, const float* scales,
-                                      const float* zeros, int64_t groups) {
+__global__ void hqq_dequantize_kernel(bf16* out, const HqqDevice w, int64_t groups) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < groups;
        q += stride) {
-    const int64_t first = q * kGroup;
-    const int64_t g = first / kBlockSize;
-    const float scale = scales[g], zero = zeros[g];
     float v[kGroup];
-#pragma unroll
-    for (int k = 0; k < kGroup / 2; ++k) {
-      const uint8_t byte = codes[first / 2 + k];
-      v[2 * k] = __fmul_rn(__fsub_rn(static_cast<float>(byte >> 4), zero), scale);
-      v[2 * k + 1] = __fmul_rn(__fsub_rn(static_cast<float>(byte & 0xF), zero), scale);
-    }
-    store_eight<kVec>(out + first, v);
+    hqq_eight(v, w, q * kGroup);
+    store_eight<kVec>(out + q * kGroup, v);
   }
 }
 
@@ -94,7 +69,7 @@ __global__ void nf4_quantize_kernel(uint8_t* codes, float* absmax, const float* 
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; b < blocks;
        b += warps) {
-    const float2 x = reinterpret_cast<const float2*>(w + b * kBlockSize)[lane];
+    const float2 x = reinterpret_cast<const float2*>(w + b * kFourBitBlock)[lane];
     const bool finite = isfinite(x.x) && isfinite(x.y);
     float amax = fmaxf(fabsf(x.x), fabsf(x.y));
     for (int offset = 16; offset > 0; offset /= 2)
@@ -113,33 +88,34 @@ __global__ void nf4_quantize_kernel(uint8_t* codes, float* absmax, const float* 
       hi += mid.at[k] < even;
       lo += mid.at[k] < odd;
     }
-    codes[b * kBlockSize / 2 + lane] = static_cast<uint8_t>(hi << 4 | lo);
+    codes[b * kFourBitBlock / 2 + lane] = static_cast<uint8_t>(hi << 4 | lo);
   }
 }
 
 void check_size(int64_t n, const char* what) {
-  if (n % kBlockSize != 0)
-    ::frugal::fail(what, ": ", n, " elements is not a multiple of the block size ", kBlockSize);
+  if (n % kFourBitBlock != 0)
+    ::frugal::fail(what, ": ", n, " elements is not a multiple of the block size ", kFourBitBlock);
 }
 
 }  // namespace
 
-void nf4_dequantize(bf16* out, const uint8_t* codes, const uint8_t* absmax_codes,
-                    const float* absmax_scales, float absmax_offset, const float* nf4_table,
-                    const float* absmax_map, int64_t n, cudaStream_t stream) {
-  check_size(n, "cuda nf4_dequantize");
-  if (n <= 0) return;
+Nf4Tables nf4_tables(const float* nf4_table, const float* absmax_map) {
   Nf4Tables tables;
   std::memcpy(tables.nf4, nf4_table, sizeof(tables.nf4));
   std::memcpy(tables.absmax_map, absmax_map, sizeof(tables.absmax_map));
+  return tables;
+}
+
+void nf4_dequantize(bf16* out, const Nf4Device& w, int64_t n, cudaStream_t stream) {
+  check_size(n, "cuda nf4_dequantize");
+  if (n <= 0) return;
+  const Nf4Tables tables = nf4_tables(w.nf4_table, w.absmax_map);
   const int64_t groups = n / kGroup;
   const unsigned blocks = grid_stride_blocks(groups, kThreads);
   if (aligned16(out))
-    nf4_dequantize_kernel<true><<<blocks, kThreads, 0, stream>>>(
-        out, codes, absmax_codes, absmax_scales, absmax_offset, tables, groups);
+    nf4_dequantize_kernel<true><<<blocks, kThreads, 0, stream>>>(out, w, tables, groups);
   else
-    nf4_dequantize_kernel<false><<<blocks, kThreads, 0, stream>>>(
-        out, codes, absmax_codes, absmax_scales, absmax_offset, tables, groups);
+    nf4_dequantize_kernel<false><<<blocks, kThreads, 0, stream>>>(out, w, tables, groups);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -155,17 +131,15 @@ void nf4_quantize_blocks(uint8_t* codes, float* absmax, const float* w, int64_t 
   CUDA_CHECK_LAUNCH();
 }
 
-void hqq_dequantize(bf16* out, const uint8_t* codes, const float* scales, const float* zeros,
-                    int64_t n, cudaStream_t stream) {
+void hqq_dequantize(bf16* out, const HqqDevice& w, int64_t n, cudaStream_t stream) {
   check_size(n, "cuda hqq_dequantize");
   if (n <= 0) return;
   const int64_t groups = n / kGroup;
   const unsigned blocks = grid_stride_blocks(groups, kThreads);
   if (aligned16(out))
-    hqq_dequantize_kernel<true><<<blocks, kThreads, 0, stream>>>(out, codes, scales, zeros, groups);
+    hqq_dequantize_kernel<true><<<blocks, kThreads, 0, stream>>>(out, w, groups);
   else
-    hqq_dequantize_kernel<false>
-        <<<blocks, kThreads, 0, stream>>>(out, codes, scales, zeros, groups);
+    hqq_dequantize_kernel<false><<<blocks, kThreads, 0, stream>>>(out, w, groups);
   CUDA_CHECK_LAUNCH();
 }
 

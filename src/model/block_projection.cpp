@@ -29,9 +29,12 @@ Tensor adapter_input(const Tensor& x, const BlockContext& ctx, int p) {
 
 bool in_fp8(const BlockContext& ctx, int p) { return ctx.fp8 && ctx.fp8->covers(p); }
 Fp8Linear fp8_linear_of(const BlockContext& ctx, int p) { return {ctx.fp8, ctx.layer, p}; }
-// The weight an FP8 linear reads: the codes the provider gathered, else the weight to cast.
-Fp8Weight fp8_weight_of(const BlockWeights& w, int p) {
-  std::optional<ops::Fp8Matrix> codes = w.fp8_projection(p);
+// The weight an FP8 linear reads, as the forward (W) or the dgrad (W^T, `transposed`) needs it:
+// codes from the provider (gathered as FP8, or 4-bit decoded straight to E4M3), else the weight
+// to cast.
+Fp8Weight fp8_weight_of(const BlockWeights& w, const BlockContext& ctx, int p, bool transposed) {
+  std::optional<ops::Fp8Matrix> codes =
+      w.fp8_projection(p, ctx.fp8->weight(ctx.layer, p), transposed);
   return codes ? Fp8Weight(std::move(*codes)) : Fp8Weight(w.projection(p));
 }
 
@@ -47,7 +50,7 @@ Tensor adapter_t(const Tensor& x, const BlockWeights& w, int p, const BlockConte
 
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
                BlockActivations& a, Fp8InputCasts& casts) {
-  Tensor y = in_fp8(ctx, p) ? fp8_linear(x, fp8_weight_of(w, p), fp8_linear_of(ctx, p), casts)
+  Tensor y = in_fp8(ctx, p) ? fp8_linear(x, fp8_weight_of(w, ctx, p, false), fp8_linear_of(ctx, p), casts)
                             : ops::linear(x, w.projection(p));
   if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
   if (!w.lora_a[p].defined()) return y;
@@ -59,7 +62,7 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
                         int p, const BlockContext& ctx, const BlockActivations& a,
                         Fp8InputCasts& casts) {
-  Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, fp8_weight_of(w, p), g.at(p),
+  Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, fp8_weight_of(w, ctx, p, true), g.at(p),
                                                    fp8_linear_of(ctx, p), casts)
                              : ops::linear_backward(dy, x, w.projection(p), g.at(p));
   if (g.bias[p].defined()) ops::bias_backward(dy, g.bias[p]);  // not frozen

@@ -27,8 +27,9 @@ struct Fp8Linear {
   int p = 0;
 };
 
-// The weight of a linear: in the compute dtype (cast here), or already E4M3 codes [N, K] with
-// the weight slot's scale (gathered as FP8 under ZeRO-3: used as it came, no cast).
+// The weight of a linear: in the compute dtype (cast here), or already E4M3 codes with the weight
+// slot's scale (gathered as FP8 under ZeRO-3, or a 4-bit base decoded straight to E4M3: used as
+// they came, no cast), [N, K] for fp8_linear and W^T's [K, N] for fp8_linear_backward.
 struct Fp8Weight {
   Fp8Weight(Tensor weight) : w(std::move(weight)) {}  // NOLINT: a weight is a weight to cast
   Fp8Weight(ops::Fp8Matrix cast) : codes(std::move(cast)) {}  // NOLINT
@@ -39,8 +40,7 @@ struct Fp8Weight {
 // y [T, N] = x [T, K] . w [N, K]^T in the compute dtype.
 Tensor fp8_linear(const Tensor& x, const Fp8Weight& w, const Fp8Linear& l, Fp8InputCasts& inputs);
 // Returns dx = dy w; dw (f32, may be undefined for a frozen weight) += dy^T x. `inputs` keeps the
-// transposed input casts of the backward pass.
-// dx needs W^T's codes: a cast of w, or the transpose of codes that came cast.
+// transposed input casts of the backward pass. dx needs W^T's codes: a cast of w, or w's codes.
 Tensor fp8_linear_backward(const Tensor& dy, const Tensor& x, const Fp8Weight& w, Tensor& dw,
                            const Fp8Linear& l, Fp8InputCasts& inputs);
 

@@ -59,9 +59,10 @@ Tensor BlockWeights::projection(int p) const {
   return provider->materialize(unit, static_cast<size_t>(p));
 }
 
-std::optional<ops::Fp8Matrix> BlockWeights::fp8_projection(int p) const {
+std::optional<ops::Fp8Matrix> BlockWeights::fp8_projection(int p, const ops::Fp8Slot& slot,
+                                                           bool transposed) const {
   if (at(p).defined() || !provider) return std::nullopt;
-  return provider->fp8_weight(unit, static_cast<size_t>(p));
+  return provider->fp8_weight(unit, static_cast<size_t>(p), slot, transposed);
 }
 
 namespace {

@@ -37,9 +37,11 @@ struct BlockWeights {
   // Projection p's weight, made from its 4-bit bytes if that is how it came: the caller holds
   // it only while it multiplies (one bf16 matrix at a time).
   Tensor projection(int p) const;
-  // Projection p's E4M3 codes where the provider gathered it as FP8 (ZeRO-3's FP8 weight
-  // gathers), else none: the FP8 GEMMs use them as they came.
-  std::optional<ops::Fp8Matrix> fp8_projection(int p) const;
+  // Projection p's E4M3 codes ([out, in], or [in, out] if transposed) where the provider has
+  // them without a copy in the compute dtype: gathered as FP8 (ZeRO-3's FP8 weight gathers), or
+  // 4-bit decoded straight to E4M3 with `slot`'s scale; else none (the caller casts projection(p)).
+  std::optional<ops::Fp8Matrix> fp8_projection(int p, const ops::Fp8Slot& slot,
+                                               bool transposed) const;
   // A unit's tensors: the 9 base ones, the q/k/v biases if the model has them, then the
   // adapters `lora` places (lora.h).
   static BlockWeights from_unit(const std::vector<Tensor>& unit, const LoraConfig* lora = nullptr);

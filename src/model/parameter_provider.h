@@ -40,10 +40,15 @@ class ParameterProvider {
   // instead of seven. Providers that compress nothing give gather's weights.
   virtual std::vector<Tensor> gather_compressed(int64_t unit) { return gather(unit); }
   virtual Tensor materialize(int64_t unit, size_t i);
-  // A weight gather_compressed left undefined because it came as E4M3 codes (ZeRO-3's FP8
-  // weight gathers): its codes [rows, cols] and inverse scale, for the FP8 GEMMs to use as they
-  // are; none for any other weight (materialize makes those).
-  virtual std::optional<ops::Fp8Matrix> fp8_weight(int64_t /*unit*/, size_t /*i*/) {
+  // A weight gather_compressed left undefined, as the E4M3 codes an FP8 GEMM reads: [rows, cols],
+  // or [cols, rows] if `transposed` (the dgrad operand), with their inverse scale. A weight that
+  // came as E4M3 codes (ZeRO-3's FP8 weight gathers) comes as it is, with its own scale, the
+  // same as `slot`'s; a 4-bit one is decoded straight to E4M3 with `slot`'s scale, raising its
+  // amax (WeightEncoding::decode_fp8). None for any other weight: materialize makes those, and
+  // the caller casts.
+  virtual std::optional<ops::Fp8Matrix> fp8_weight(int64_t /*unit*/, size_t /*i*/,
+                                                   const ops::Fp8Slot& /*slot*/,
+                                                   bool /*transposed*/) {
     return std::nullopt;
   }
   virtual void release(int64_t unit) = 0;

@@ -43,6 +43,27 @@ struct Fp8Cast {
 // On a GPU rows and cols must be multiples of 16 (cuBLASLt's FP8 layouts).
 Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed);
 
+// A frozen 4-bit weight of n values as stored, its tensors on one device: ops.h's
+// dequantize_nf4 / dequantize_hqq inputs (quant/nf4.h's and quant/hqq.h's formats).
+struct Nf4Parts {
+  Tensor codes, absmax_codes, scales;  // u8 [n / 2], u8 [n / 64], f32 [ceil(n / 64 / 256)]
+  float offset = 0;
+  const float* nf4_table = nullptr;   // nf4_values()
+  const float* absmax_map = nullptr;  // dynamic_map_values()
+};
+struct HqqParts {
+  Tensor codes, scales, zeros;  // u8 [n / 2], f32 [n / 64] each
+};
+
+// The cast of a 4-bit weight [rows, cols]: fp8_cast of its dequantization into the compute dtype
+// (dequantize_nf4 / dequantize_hqq), bit for bit (codes, amax, counts), without that copy: a GPU
+// reads the 4-bit codes and writes FP8 codes in one pass (QLoRA's frozen base straight into an
+// FP8 GEMM). The CPU, the reference, dequantizes and casts.
+Fp8Cast fp8_cast(const Nf4Parts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                 bool transposed);
+Fp8Cast fp8_cast(const HqqParts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                 bool transposed);
+
 // a [m, k] . b [n, k]^T over the operands' values (codes times scale_inv), fp32 accumulation, in
 // the compute dtype. fast_accumulation: the GPU may accumulate in its faster, less exact FP8
 // mode (the forward's GEMM); the gradients' GEMMs keep it off.

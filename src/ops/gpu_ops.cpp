@@ -62,6 +62,12 @@ cuda::GemmContext& gemm() { return *device().gemm; }
 
 __nv_bfloat16* bf(const Tensor& t) { return static_cast<__nv_bfloat16*>(t.raw()); }
 float* f32(const Tensor& t) { return static_cast<float*>(t.raw()); }
+const uint8_t* u8(const Tensor& t) { return static_cast<const uint8_t*>(t.raw()); }
+
+cuda::Nf4Device nf4_device(const Nf4Parts& w) {
+  return {u8(w.codes), u8(w.absmax_codes), f32(w.scales), w.offset, w.nf4_table, w.absmax_map};
+}
+cuda::HqqDevice hqq_device(const HqqParts& w) { return {u8(w.codes), f32(w.scales), f32(w.zeros)}; }
 int32_t* i32(const Tensor& t) { return static_cast<int32_t*>(t.raw()); }
 
 void expect(const Tensor& t, DType dtype, const char* what) {
@@ -400,15 +406,13 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                     const Tensor& scales, float offset, const float* nf4_table,
                     const float* absmax_map) {
   expect(out, DType::bf16, "dequantized weight");
-  cuda::nf4_dequantize(bf(out), static_cast<const uint8_t*>(codes.raw()),
-                       static_cast<const uint8_t*>(absmax_codes.raw()), f32(scales), offset,
-                       nf4_table, absmax_map, out.numel(), stream());
+  cuda::nf4_dequantize(bf(out), nf4_device({codes, absmax_codes, scales, offset, nf4_table, absmax_map}),
+                       out.numel(), stream());
 }
 
 void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, const Tensor& zeros) {
   expect(out, DType::bf16, "dequantized weight");
-  cuda::hqq_dequantize(bf(out), static_cast<const uint8_t*>(codes.raw()), f32(scales), f32(zeros),
-                       out.numel(), stream());
+  cuda::hqq_dequantize(bf(out), hqq_device({codes, scales, zeros}), out.numel(), stream());
 }
 
 double sum_squares(const std::vector<Tensor>& xs) {
@@ -493,15 +497,19 @@ cudaDataType_t fp8_type(Fp8Format f) {
 }
 }  // namespace
 
-Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed) {
-  expect(x, DType::bf16, "fp8 cast input");
-  const int64_t rows = x.size(0), cols = x.size(1);
+namespace {
+
+// The cast of [rows, cols] values that `source` (a bf16 pointer, cuda::Nf4Device or
+// cuda::HqqDevice) gives the kernels.
+template <class Source>
+Fp8Cast cast_from(const Source& source, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                  bool transposed) {
   Fp8Cast out;
   out.plain = {Tensor(), slot.scale_inv, slot.format};
   out.transposed = {Tensor(), slot.scale_inv, slot.format};
   if (plain) out.plain.codes = empty({rows, cols}, DType::u8);
   if (transposed) out.transposed.codes = empty({cols, rows}, DType::u8);
-  if (slot.current) cuda::fp8_amax(f32(slot.amax), bf(x), x.numel(), stream());
+  if (slot.current) cuda::fp8_amax(f32(slot.amax), source, rows * cols, stream());
   const cuda::Fp8CastState state{f32(slot.scale),
                                  f32(slot.scale_inv),
                                  slot.current ? nullptr : f32(slot.amax),
@@ -510,8 +518,26 @@ Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transpos
                                  slot.margin};
   cuda::fp8_cast_transpose(plain ? static_cast<uint8_t*>(out.plain.codes.raw()) : nullptr,
                            transposed ? static_cast<uint8_t*>(out.transposed.codes.raw()) : nullptr,
-                           bf(x), rows, cols, slot.format, state, stream());
+                           source, rows, cols, slot.format, state, stream());
   return out;
+}
+
+}  // namespace
+
+Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed) {
+  expect(x, DType::bf16, "fp8 cast input");
+  return cast_from(static_cast<const __nv_bfloat16*>(bf(x)), x.size(0), x.size(1), slot, plain,
+                   transposed);
+}
+
+Fp8Cast fp8_cast(const Nf4Parts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                 bool transposed) {
+  return cast_from(nf4_device(w), rows, cols, slot, plain, transposed);
+}
+
+Fp8Cast fp8_cast(const HqqParts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                 bool transposed) {
+  return cast_from(hqq_device(w), rows, cols, slot, plain, transposed);
 }
 
 Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation) {

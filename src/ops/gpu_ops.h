@@ -74,6 +74,10 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                   Tensor& param_copy);
 
 Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed);
+Fp8Cast fp8_cast(const Nf4Parts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                 bool transposed);
+Fp8Cast fp8_cast(const HqqParts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                 bool transposed);
 Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation);
 void fp8_gemm_accumulate(Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
                          bool fast_accumulation);

@@ -43,4 +43,12 @@ void HqqEncoding::decode(const std::vector<Tensor>& whole, Tensor& out) const {
   ops::dequantize_hqq(out, whole[0], whole[1], whole[2]);
 }
 
+std::optional<ops::Fp8Cast> HqqEncoding::decode_fp8(const std::vector<Tensor>& whole, int64_t rows,
+                                                    int64_t cols, const ops::Fp8Slot& slot,
+                                                    bool plain, bool transposed) const {
+  FRUGAL_CHECK(whole.size() == 3, "hqq decode of ", whole.size(), " parts (codes, scales, zeros)");
+  return ops::fp8_cast(ops::HqqParts{whole[0], whole[1], whole[2]}, rows, cols, slot, plain,
+                       transposed);
+}
+
 }  // namespace frugal

@@ -14,6 +14,9 @@ class HqqEncoding : public WeightEncoding {
   void encode(const ShardLayout& l, const Tensor& rows, const EncodingContext& context) override;
   std::vector<EncodedPart> parts() const override;
   void decode(const std::vector<Tensor>& whole, Tensor& out) const override;
+  std::optional<ops::Fp8Cast> decode_fp8(const std::vector<Tensor>& whole, int64_t rows,
+                                         int64_t cols, const ops::Fp8Slot& slot, bool plain,
+                                         bool transposed) const override;
 
  private:
   Tensor codes_;   // u8 [shard_rows * row_len / 2]

@@ -109,4 +109,14 @@ void Nf4Encoding::decode(const std::vector<Tensor>& whole, Tensor& out) const {
                       dynamic_map_values().data());
 }
 
+std::optional<ops::Fp8Cast> Nf4Encoding::decode_fp8(const std::vector<Tensor>& whole, int64_t rows,
+                                                    int64_t cols, const ops::Fp8Slot& slot,
+                                                    bool plain, bool transposed) const {
+  FRUGAL_CHECK(whole.size() == 3, "nf4 decode of ", whole.size(),
+               " parts (codes, absmax codes, scales)");
+  const ops::Nf4Parts parts{whole[0], whole[1], whole[2], offset_, nf4_values().data(),
+                            dynamic_map_values().data()};
+  return ops::fp8_cast(parts, rows, cols, slot, plain, transposed);
+}
+
 }  // namespace frugal

@@ -19,6 +19,9 @@ class Nf4Encoding : public WeightEncoding {
                      const EncodingContext& context) override;
   std::vector<EncodedPart> parts() const override;
   void decode(const std::vector<Tensor>& whole, Tensor& out) const override;
+  std::optional<ops::Fp8Cast> decode_fp8(const std::vector<Tensor>& whole, int64_t rows,
+                                         int64_t cols, const ops::Fp8Slot& slot, bool plain,
+                                         bool transposed) const override;
 
  private:
   // The second level from this rank's first (codes [shard_rows * row_len / 2] and absmax

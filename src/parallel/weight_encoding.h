@@ -16,9 +16,11 @@
 // the placement (zero3_placement.h), and they need no decode pass.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/fp8.h"
 #include "parallel/comm.h"
 #include "parallel/shard_layout.h"
 
@@ -80,6 +82,16 @@ class WeightEncoding {
   // `whole`: parts()'s tensors in parts()'s order on out's device, each row-sharded one gathered
   // from every rank (padding rows last), each replicated one as this rank holds it.
   virtual void decode(const std::vector<Tensor>& whole, Tensor& out) const = 0;
+  // The FP8 cast of the decoded weight [rows, cols] (plain and/or transposed) from `whole` as
+  // decode takes it: the codes, amax and counts of ops::fp8_cast of decode's output, bit for
+  // bit, made without that copy in the compute dtype (a frozen 4-bit base straight into an FP8
+  // GEMM). None where the encoding has no such path: the caller decodes and casts.
+  virtual std::optional<ops::Fp8Cast> decode_fp8(const std::vector<Tensor>& whole, int64_t rows,
+                                                 int64_t cols, const ops::Fp8Slot& slot, bool plain,
+                                                 bool transposed) const {
+    (void)whole, (void)rows, (void)cols, (void)slot, (void)plain, (void)transposed;
+    return std::nullopt;
+  }
 };
 
 }  // namespace frugal

@@ -297,11 +297,20 @@ std::vector<Tensor> Zero3Parameters::gather(int64_t unit) {
   return unpadded(unit, g.full);
 }
 
-std::optional<ops::Fp8Matrix> Zero3Parameters::fp8_weight(int64_t unit, size_t i) {
+std::optional<ops::Fp8Matrix> Zero3Parameters::fp8_weight(int64_t unit, size_t i,
+                                                          const ops::Fp8Slot& slot,
+                                                          bool transposed) {
   auto it = gathered_.find(unit);
-  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0, "fp8 weight ", i, " of unit ", unit,
-               ", which is not gathered");
-  return i < it->second.fp8.size() ? it->second.fp8[i] : std::nullopt;
+  FRUGAL_CHECK(it != gathered_.end() && it->second.users > 0 && i < encoded_[unit].size(),
+               "fp8 weight ", i, " of unit ", unit, ", which is not gathered");
+  const Gathered& g = it->second;
+  if (g.fp8[i]) return transposed ? ops::fp8_transposed(*g.fp8[i]) : *g.fp8[i];
+  if (!encoded_[unit][i]) return std::nullopt;
+  const ShardLayout& l = layouts_[unit][i];
+  std::optional<ops::Fp8Cast> cast =
+      encoded_[unit][i]->decode_fp8(g.parts[i], l.rows, l.row_len, slot, !transposed, transposed);
+  if (!cast) return std::nullopt;
+  return transposed ? cast->transposed : cast->plain;
 }
 
 void Zero3Parameters::set_fp8_gathers(bool on) {

@@ -81,8 +81,10 @@ class Zero3Parameters : public ParameterProvider {
   // stay until release).
   std::vector<Tensor> gather_compressed(int64_t unit) override;
   Tensor materialize(int64_t unit, size_t i) override;
-  // The codes of a weight gathered as FP8 (gather_compressed leaves it undefined).
-  std::optional<ops::Fp8Matrix> fp8_weight(int64_t unit, size_t i) override;
+  // The codes of a weight gathered as FP8 or of an encoded one whose encoding decodes straight to
+  // E4M3 (gather_compressed leaves both undefined).
+  std::optional<ops::Fp8Matrix> fp8_weight(int64_t unit, size_t i, const ops::Fp8Slot& slot,
+                                           bool transposed) override;
   // FP8 weight gathers on (a training step's forward and backward, whose GEMMs read E4M3) or
   // off (evaluation and anything else that wants the weights as they are). Switched only
   // between steps: no unit with such a weight may be gathered then. On one rank, the codes kept

@@ -3,7 +3,7 @@
 # of the bf16 run and of the CPU backend's FP8 emulation, writes per-layer underflow/overflow
 # rates, gathers its trained weights as FP8 with the same losses as without (and, on 2 GPUs,
 # half the bytes), resumes a killed run exactly (the delayed scales are checkpointed), trains a LoRA base
-# gathered as FP8, and refuses a shape cuBLASLt's FP8 GEMMs cannot take, naming it.
+# gathered as FP8 and QLoRA/HQQ bases decoded straight to E4M3, and refuses a shape cuBLASLt's FP8 GEMMs cannot take, naming it.
 # Skips itself (exit 0, with a message) on a machine without a GPU.
 # usage: gpu_fp8.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
@@ -87,6 +87,25 @@ echo "GPU FP8 resume: largest relative loss difference $rel"
 "${gpu[@]}" "${common[@]}" --fp8.enabled=true --train.type=lora --train.out_dir="$work/lora" \
   > /dev/null || { echo "FAIL: LoRA with FP8"; exit 1; }
 echo "GPU FP8 LoRA: final validation $(val_losses "$work/lora/metrics.jsonl" | tail -n 1)"
+
+# QLoRA and HQQ-LoRA with FP8: the 4-bit base is decoded straight to E4M3 (no bf16 copy; the
+# kernels' codes equal the cast of the bf16 dequantization bit for bit: gpu_test_cuda_quant).
+# They learn, and stay within a few percent of the CPU backend's FP8 emulation (intermediate
+# 704: NF4 and HQQ rows are multiples of 64).
+for type in qlora hqq_lora; do
+  "${gpu[@]}" "${common[@]}" --fp8.enabled=true --train.type=$type --train.lr=1e-2 --model.intermediate_size=704 \
+    --train.out_dir="$work/$type" > /dev/null || { echo "FAIL: $type with FP8"; exit 1; }
+  "$frugal" train "${common[@]}" --fp8.enabled=true --train.type=$type --train.lr=1e-2 --model.intermediate_size=704 \
+    --train.out_dir="$work/$type-cpu" > /dev/null || { echo "FAIL: $type with FP8 on the CPU"; exit 1; }
+  first=$(val_losses "$work/$type/metrics.jsonl" | head -n 1)
+  last=$(val_losses "$work/$type/metrics.jsonl" | tail -n 1)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < 0.95 * a) }' \
+    || { echo "FAIL: $type with FP8: validation loss $first -> $last"; exit 1; }
+  rel=$(max_rel "$work/$type/metrics.jsonl" "$work/$type-cpu/metrics.jsonl")
+  awk -v r="$rel" 'BEGIN { exit !(r < 5e-2) }' \
+    || { echo "FAIL: $type with FP8: GPU vs CPU losses differ by $rel"; exit 1; }
+  echo "GPU FP8 $type: validation loss $first -> $last; GPU vs CPU largest relative loss difference $rel"
+done
 
 # A shape the FP8 GEMMs cannot take: named before any step.
 rc=0

@@ -36,8 +36,8 @@ LlamaConfig odd_config(bool tied) {
   return c;
 }
 
-// The global batch: 4 sequences, or one per rank beyond 4 ranks (mpiexec -n 8).
-int64_t global_batch(int ranks) { return std::max<int64_t>(4, ranks); }
+// The global batch: at least 4 sequences, split evenly over the ranks (3 ranks: 6; 8 ranks: 8).
+int64_t global_batch(int ranks) { return ranks * ((4 + ranks - 1) / ranks); }
 
 // Sequences [first, first + count) of the step's global batch of `global` sequences of 13 tokens.
 Batch slice_of_global_batch(int64_t first, int64_t count, int64_t step, int64_t micro,
@@ -195,6 +195,20 @@ TEST_CASE("ZeRO-3 with LoRA adapters equals one rank", "[zero3][lora][mpi]") {
 // nf4_dequantize(nf4_quantize(W)) of the same initialisation.
 namespace {
 
+// A delayed-scaling E4M3 slot in host memory whose scale makes the 4-bit base's codes spread
+// over the format: scale 64, amax and counts zero.
+ops::Fp8Slot fp8_test_slot() {
+  ops::Fp8Slot slot;
+  slot.format = ops::Fp8Format::e4m3;
+  slot.scale = Tensor::zeros({1});
+  slot.scale_inv = Tensor::zeros({1});
+  slot.amax = Tensor::zeros({1});
+  slot.counts = Tensor::zeros({3}, DType::i64);
+  slot.scale.data<float>()[0] = 64.0f;
+  slot.scale_inv.data<float>()[0] = 1.0f / 64.0f;
+  return slot;
+}
+
 // How the test picks the base's encoding: Zero3Init::nf4, Zero3Init::hqq, or an Nf4Encoding
 // handed out by Zero3Init::encoding (the way any other encoding is picked).
 enum class BasePick { nf4, hqq, nf4_by_encoding };
@@ -294,6 +308,27 @@ void check_quantized_base(BasePick pick) {
       CHECK(std::equal(expected[size_t(p)].begin(), expected[size_t(p)].end(), w.data<float>()));
     }
     CHECK(gathered_arena.stats().in_use_bytes == bytes_gathered);
+    // FP8 training reads the base as E4M3 codes decoded straight from the 4 bits (HQQ, NF4):
+    // those of the cast of the materialized weight, in either orientation, with the same amax
+    // and counts.
+    for (bool transposed : {false, true}) {
+      INFO("fp8, transposed " << transposed);
+      const ops::Fp8Slot direct = fp8_test_slot(), two_pass = fp8_test_slot();
+      const std::optional<ops::Fp8Matrix> codes =
+          sharded.fp8_weight(unit, size_t(p), direct, transposed);
+      REQUIRE(codes);
+      const ops::Fp8Cast cast =
+          ops::fp8_cast(sharded.materialize(unit, size_t(p)), two_pass, !transposed, transposed);
+      const Tensor& want = transposed ? cast.transposed.codes : cast.plain.codes;
+      CHECK(codes->codes.shape() == want.shape());
+      CHECK(std::equal(want.data<uint8_t>(), want.data<uint8_t>() + want.numel(),
+                       codes->codes.data<uint8_t>()));
+      CHECK(codes->scale_inv.data<float>()[0] == direct.scale_inv.data<float>()[0]);
+      CHECK(direct.amax.data<float>()[0] == two_pass.amax.data<float>()[0]);
+      CHECK(direct.amax.data<float>()[0] > 0.0f);
+      for (int k = 0; k < 3; ++k)
+        CHECK(direct.counts.data<int64_t>()[k] == two_pass.counts.data<int64_t>()[k]);
+    }
   }
   lazy.clear();
   sharded.release(unit);
