@@ -19,6 +19,10 @@
 
 namespace frugal {
 
+int64_t galore_refresh_phase(int64_t j, int64_t count, const GaloreConfig& config) {
+  return config.stagger && count > 0 ? j * config.update_proj_gap / count : 0;
+}
+
 bool galore_projects(const std::string& name, const Shape& shape) {
   return shape.size() == 2 && is_block_projection(name);
 }
@@ -61,10 +65,10 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
     v_.emplace_back();
     matrices_.push_back(std::move(x));
   }
-  // The refresh phases: spread evenly over the gap, in the shards' (forward) order.
-  const int64_t count = static_cast<int64_t>(matrices_.size()), gap = galore_.update_proj_gap;
+  // The refresh phases, in the shards' (forward) order.
+  const int64_t count = static_cast<int64_t>(matrices_.size());
   for (int64_t j = 0; j < count; ++j)
-    matrices_[size_t(j)].phase = galore_.stagger ? j * gap / count : 0;
+    matrices_[size_t(j)].phase = galore_refresh_phase(j, count, galore_);
   FRUGAL_CHECK(galore_.refresh == GaloreRefresh::immediate ||
                    galore_.moments_on_refresh != MomentsOnRefresh::reset,
                "GaLore's pipelined refreshes with moments_on_refresh = reset");

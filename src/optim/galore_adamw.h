@@ -55,6 +55,10 @@ struct GaloreConfig {
   bool profile = false;
 };
 
+// The step (mod update_proj_gap) at which the j-th of `count` projected matrices refreshes:
+// spread evenly over the gap with stagger, else all at 0.
+int64_t galore_refresh_phase(int64_t j, int64_t count, const GaloreConfig& config);
+
 // Whether GaLore projects a parameter: the blocks' attention and MLP matrices (q, k, v, o, gate,
 // up, down projections), as the reference's training script selects them.
 bool galore_projects(const std::string& name, const Shape& shape);
@@ -94,6 +98,9 @@ class GaloreAdamW : public Optimizer {
   };
   StateBytes state_bytes() const;
   size_t projected_matrices() const { return matrices_.size(); }
+  // Where its temporaries of host tensors go (all of them on the CPU backend): tests compare its
+  // peak with galore_working_bytes.
+  const Arena& scratch() const { return scratch_; }
 
   // Whether matrix j (0-based among the projected ones) refreshes its projector at 0-based
   // iteration t, and the last iteration <= t at which it did.

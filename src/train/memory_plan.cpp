@@ -7,6 +7,7 @@
 #include "core/checked.h"
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
+#include "optim/galore_memory.h"
 
 namespace frugal {
 
@@ -25,6 +26,7 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   const size_t master = s.state == StateDType::bf16 ? 2 : 4;  // bytes per element
   const size_t compute = s.gpu ? 2 : 4;                       // gathered weights
   size_t largest_unit = 0;
+  std::vector<GaloreMatrixRows> projected;  // GaLore's matrices, in the optimizer's order
   for (const UnitSpec& unit : units) {
     size_t unit_bytes = 0;
     for (const ParamSpec& p : unit.params) {
@@ -38,9 +40,11 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
       if (p.trainable) {
         plan.params += checked_mul(shard, master, "the parameter shards' bytes");
         plan.grads += shard * master;
-        const bool galore = s.galore_rank > 0 && galore_projects(p.name, p.shape);
-        const size_t optimizer = galore ? galore_state_bytes(p.shape, shard_rows, s.galore_rank)
-                                        : 2 * shard * master;
+        const bool galore = s.galore && galore_projects(p.name, p.shape);
+        const size_t optimizer =
+            galore ? galore_state_bytes(p.shape, shard_rows, s.galore->projector.rank)
+                   : 2 * shard * master;
+        if (galore) projected.push_back({p.shape, int64_t(shard_rows)});
         plan.optimizer += optimizer;
         if (s.checkpoint_staging)
           plan.checkpoint_staging += checkpoint_staging_bytes(shard, optimizer, master, galore);
@@ -66,18 +70,26 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   }
   plan.gathered = 2 * largest_unit;
   plan.activation_inputs = s.activation_inputs;
+  if (s.galore) {
+    // The gradients GaLore reads are bf16 with bf16 state (widened to f32 as it reads them).
+    const GaloreWorkingBytes working =
+        galore_working_bytes(projected, *s.galore, s.state == StateDType::bf16);
+    plan.galore_working = working.device;
+    plan.galore_host = working.host;
+  }
   if (!s.gpu) {
     plan.host = plan.params + plan.grads + plan.optimizer + plan.gathered + plan.fp8_codes +
-                plan.activation_inputs;
+                plan.activation_inputs + plan.galore_working + plan.galore_host;
     return plan;
   }
-  plan.host += plan.activation_inputs;
+  plan.host += plan.activation_inputs + plan.galore_host;
   // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory; with
   // `params` the bf16 copies too.
   const bool host_state = s.offload != Offload::none;
   const size_t state = plan.params + plan.grads + plan.optimizer;
   (host_state ? plan.host : plan.device) += state;
   (s.offload == Offload::params ? plan.host : plan.device) += plan.copies;
+  (host_state ? plan.host : plan.device) += plan.galore_working;  // beside the gradients
   plan.device += plan.gathered + plan.fp8_codes;
   return plan;
 }
@@ -97,6 +109,23 @@ std::function<bool(const ParamSpec&)> fp8_gathered_weights(const TrainConfig& c,
     const int64_t shard_rows = (p.shape[0] + shard_ranks - 1) / shard_ranks;
     return !gpu || (shard_rows % 16 == 0 && p.shape[1] % 16 == 0);
   };
+}
+
+GaloreConfig galore_config(const TrainConfig& c) {
+  GaloreConfig galore;
+  galore.projector.kind = c.galore.projector;
+  galore.projector.rank = c.galore.rank;
+  galore.projector.oversampling = c.galore.oversampling;
+  galore.projector.power_iterations = c.galore.power_iterations;
+  galore.update_proj_gap = c.galore.update_proj_gap;
+  galore.scale = c.galore.scale;
+  galore.moments_on_refresh = c.galore.moments_on_refresh;
+  galore.stagger = c.galore.stagger;
+  galore.refresh = c.galore.refresh;
+  galore.projector.tf32 = c.galore.tf32;
+  galore.profile = c.galore.profile;
+  galore.seed = c.train.seed;
+  return galore;
 }
 
 int64_t local_tokens(const TrainConfig& c, int64_t cp) {
@@ -133,6 +162,8 @@ std::string describe(const MemoryPlan& plan) {
   add("weight copies", plan.copies);
   add("two gathered units", plan.gathered);
   add("FP8 weight codes of the step", plan.fp8_codes);
+  add("GaLore temporaries", plan.galore_working);
+  add("GaLore host factorisations", plan.galore_host);
   add("offloaded activations", plan.activation_inputs);
   return out;
 }

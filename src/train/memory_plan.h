@@ -6,10 +6,12 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/llama_config.h"
+#include "optim/galore_adamw.h"
 #include "train/train_config.h"
 
 namespace frugal {
@@ -25,6 +27,9 @@ struct MemoryPlan {
   // One rank with FP8 weight gathers: every such weight's E4M3 codes, kept for the step (one
   // byte each; Zero3Parameters casts them once a step).
   size_t fp8_codes = 0;
+  // GaLore: what its temporaries hold at once where the gradients are (the GPU without offload,
+  // else the host), and the float64 host copies its refreshes factorise (optim/galore_memory.h).
+  size_t galore_working = 0, galore_host = 0;
   // ckpt.async: the host fp32 copies of master weights and moments a save stages (pinned on a
   // GPU). Not in `host`: the run stages only when they fit, else its saves are synchronous.
   size_t checkpoint_staging = 0;
@@ -40,12 +45,16 @@ struct PlanSettings {
   std::function<bool(const ParamSpec&)> four_bit;  // frozen weights stored in 4 bits (QLoRA)
   bool four_bit_hqq = false;  // their format: NF4 (false) or HQQ (scale and zero per 64)
   std::function<bool(const ParamSpec&)> fp8_gathered;  // trained weights gathered as E4M3 codes
-  int64_t galore_rank = 0;    // GaLore's rank (0: AdamW on every weight)
+  std::optional<GaloreConfig> galore;  // GaLore's settings (none: AdamW on every weight)
   size_t activation_inputs = 0;  // offloaded activations (offloaded_input_bytes), host memory
   bool checkpoint_staging = false;  // ckpt.async
 };
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);
+
+// GaLore's settings from the config's [galore] keys: what the run's optimizer gets and what the
+// plans count its memory by.
+GaloreConfig galore_config(const TrainConfig& config);
 
 // The rows of one micro-batch on a rank of `cp` context-parallel ranks: its share of each
 // sequence, padded to 2 cp chunks (ring_attention.h's zigzag layout).

@@ -9,6 +9,7 @@
 #include "model/llama_mlp.h"
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
+#include "optim/galore_memory.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
 #include "train/memory_plan.h"
@@ -31,6 +32,8 @@ const char* memory_part_name(MemoryPart part) {
       return "loss";
     case MemoryPart::ring:
       return "ring";
+    case MemoryPart::galore:
+      return "galore";
     case MemoryPart::start_up:
       return "start_up";
     case MemoryPart::count:
@@ -188,7 +191,9 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   const size_t master = c.optim.state_dtype == StateDType::bf16 ? 2 : 4;
   // One rank with fp32 state on the GPU: the backward adds into the gradient shards themselves.
   const bool direct_grads = ranks == 1 && !host_state && master == 4;
-  const int64_t galore_rank = c.optim.type == OptimizerType::galore_adamw ? c.galore.rank : 0;
+  const bool galore_on = c.optim.type == OptimizerType::galore_adamw;
+  const int64_t galore_rank = galore_on ? c.galore.rank : 0;
+  std::vector<GaloreMatrixRows> projected;  // in the optimizer's order
   // One rank keeps its FP8 weights' codes for the whole step (cast once a step).
   const std::function<bool(const ParamSpec&)> fp8_codes_kept =
       ranks == 1 ? fp8_gathered_weights(c, 1, /*gpu=*/true) : nullptr;
@@ -228,8 +233,10 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
         keep(host_state, p.shard * master);  // gradient shard
         size_t optimizer = 2 * p.shard * master;
         const bool galore = galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape);
-        if (galore)
+        if (galore) {
           optimizer = galore_state_bytes(p.shape, p.shard / (p.numel / p.rows), galore_rank);
+          projected.push_back({p.shape, int64_t(p.shard / (p.numel / p.rows))});
+        }
         for (int k = 0; k < 2; ++k) keep(host_state, optimizer / 2);
         if (master == 4) keep(copies_on_host, p.shard * 2);  // the bf16 copy the layers read
         if (host_state && !copies_on_host) out.host_state += p.shard * 2;  // its host staging
@@ -362,6 +369,21 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
     add_full_grads(p, embed);
     add_in_flight(p, block);
     phases.push_back(p);
+  }
+
+  if (galore_on && !projected.empty()) {
+    // The optimizer's step: GaLore's temporaries beside the state, where the gradients are
+    // (host memory with offload). Counted as one block: they come and go within the step.
+    const GaloreWorkingBytes working =
+        galore_working_bytes(projected, galore_config(c), master == 2);
+    if (host_state) {
+      out.host_state += working.device + working.host;
+    } else {
+      out.host_state += working.host;
+      Phase p = with_state(Phase());
+      p.add(MemoryPart::galore, working.device);
+      phases.push_back(p);
+    }
   }
 
   // The allocator's reservation: each size class at its most blocks in any phase.

@@ -32,6 +32,7 @@ enum class MemoryPart {
   loss,         // the head's chunks of logits and their gradients
   ring,         // ring attention's K/V buffers and dK/dV accumulators (cp > 1)
   start_up,     // frozen fp32 masters of start-up, cached by the allocator
+  galore,       // GaLore's temporaries in the optimizer's step (optim/galore_memory.h)
   count
 };
 const char* memory_part_name(MemoryPart part);

@@ -108,6 +108,7 @@ void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
   fs::remove(probe, ec);
 }
 
+
 }  // namespace
 
 TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
@@ -261,20 +262,8 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                                  c.optim.grad_clip};
   if (galore_on) {
-    GaloreConfig galore;
+    GaloreConfig galore = galore_config(c);
     galore.projected_replica_sums = projected_replica_sums;
-    galore.projector.kind = c.galore.projector;
-    galore.projector.rank = c.galore.rank;
-    galore.projector.oversampling = c.galore.oversampling;
-    galore.projector.power_iterations = c.galore.power_iterations;
-    galore.update_proj_gap = c.galore.update_proj_gap;
-    galore.scale = c.galore.scale;
-    galore.moments_on_refresh = c.galore.moments_on_refresh;
-    galore.stagger = c.galore.stagger;
-    galore.refresh = c.galore.refresh;
-    galore.projector.tf32 = c.galore.tf32;
-    galore.profile = c.galore.profile;
-    galore.seed = c.train.seed;
     optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, galore,
                                               *memory->optimizer);
   } else {
@@ -325,7 +314,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   settings.gpu = use_gpu;
   settings.offload = c.parallel.offload;
   settings.state = c.optim.state_dtype;
-  if (c.optim.type == OptimizerType::galore_adamw) settings.galore_rank = c.galore.rank;
+  if (c.optim.type == OptimizerType::galore_adamw) settings.galore = galore_config(c);
   if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
     settings.four_bit = projection;
   settings.four_bit_hqq = c.train.type == TrainType::hqq_lora;

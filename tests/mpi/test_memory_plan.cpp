@@ -81,7 +81,8 @@ TEST_CASE("memory plan: the bytes ZeRO-3 and AdamW allocate, before they do", "[
   }
   SECTION("GaLore: projected moments and projectors, AdamW's moments for the rest") {
     const std::vector<UnitSpec> units = llama_units(config);
-    settings.galore_rank = 24;  // below the k, v projections' 64 rows
+    settings.galore = GaloreConfig();
+    settings.galore->projector.rank = 24;  // below the k, v projections' 64 rows
     const MemoryPlan plan = plan_memory(units, settings);
     Arena params("plan params", Device::cpu), grads("plan grads", Device::cpu),
         gathered("plan gathered", Device::cpu), optim("plan optim", Device::cpu);
@@ -91,12 +92,29 @@ TEST_CASE("memory plan: the bytes ZeRO-3 and AdamW allocate, before they do", "[
     GaloreAdamW optimizer(sharded.trainable(), AdamWConfig{}, galore, optim);
     CHECK(plan.optimizer == optim.stats().in_use_bytes);
     CHECK(plan.optimizer == optimizer.state_bytes().total());
+    // Its temporaries (optim/galore_memory.h: tested against the optimizer's own peak in
+    // test_galore_memory) come on top, where the gradients are; their float64 host copies on the
+    // host.
+    CHECK(plan.galore_working > 0);
+    CHECK(plan.galore_host > 0);
+    CHECK(plan.host == plan.params + plan.grads + plan.optimizer + plan.gathered +
+                           plan.galore_working + plan.galore_host);
+    PlanSettings gpu = settings;
+    gpu.gpu = true;
+    const MemoryPlan on_gpu = plan_memory(units, gpu);
+    CHECK(on_gpu.host == on_gpu.galore_host);
+    CHECK(on_gpu.device == on_gpu.params + on_gpu.grads + on_gpu.optimizer + on_gpu.copies +
+                               on_gpu.gathered + on_gpu.galore_working);
+    gpu.offload = Offload::optimizer;
+    const MemoryPlan offloaded = plan_memory(units, gpu);
+    CHECK(offloaded.host == offloaded.params + offloaded.grads + offloaded.optimizer +
+                                offloaded.galore_working + offloaded.galore_host);
     // On one rank GaLore's state is below AdamW's. Its replicated parts (the right side's Q,
     // the left side's moments) do not shrink with the ranks, so on many ranks and matrices this
     // small it may not be.
     PlanSettings one_rank;
     const size_t adamw_one = plan_memory(units, one_rank).optimizer;
-    one_rank.galore_rank = 24;
+    one_rank.galore = settings.galore;
     CHECK(plan_memory(units, one_rank).optimizer < adamw_one);
   }
   SECTION("LoRA: a frozen fp32 base, adapters with gradients and moments") {
