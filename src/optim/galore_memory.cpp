@@ -81,14 +81,17 @@ int64_t galore_refreshes_in_flight(const std::vector<GaloreMatrixRows>& matrices
 GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& matrices,
                                         const GaloreConfig& config, bool widened_gradients) {
   if (matrices.empty()) return {};
-  size_t left_projections = 0;  // P^T G [r, n] of every left-side matrix, one buffer a step
+  // One buffer a step: P^T G [r, n] of every left-side matrix; under hybrid sharding's projected
+  // replica sums every right-side R [rows, r] too (begin_step_across_replicas).
+  size_t projections = 0;
   Elements update;              // the largest of one update's or one installation's temporaries
   Elements inline_refresh, pipelined_refresh;  // the largest refresh of each kind
   for (const GaloreMatrixRows& x : matrices) {
     const size_t n = size_t(x.full[1]), rows = size_t(x.rows);
     const size_t r = size_t(galore_rank_of(x.full, config.projector.rank));
     const bool right = galore_side(x.full) == GaloreSide::right;
-    if (!right) left_projections += r * n;
+    if (!right) projections += r * n;
+    if (right && config.projected_replica_sums) projections += rows * r;
     const size_t widened = widened_gradients ? rows * n : 0;
     // update_projected: R [rows, r] (right), the step back [rows, n], the widened gradient.
     update.device = std::max(update.device, (right ? rows * r : 0) + rows * n + widened);
@@ -107,7 +110,7 @@ GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& mat
   const size_t in_flight = size_t(galore_refreshes_in_flight(matrices, config));
   const Elements refreshes = max_of(
       inline_refresh, {in_flight * pipelined_refresh.device, in_flight * pipelined_refresh.host});
-  return {4 * (left_projections + update.device + refreshes.device),
+  return {4 * (projections + update.device + refreshes.device),
           update.host + refreshes.host};
 }
 

@@ -23,7 +23,8 @@ struct GaloreMatrixRows {
 
 // An upper bound of the bytes GaLore's temporaries hold at once on a rank. `device`: where the
 // gradients are (a GPU; host memory on the CPU backend): the step's left-side projections P^T G
-// (summed over the ranks in one buffer), the larger of one update's temporaries (R = G Q^T, the
+// (summed over the ranks in one buffer; with projected_replica_sums the right side's R too),
+// the larger of one update's temporaries (R = G Q^T, the
 // step back N Q or P N, a bf16 gradient widened to f32) and of an installation's moment rotation,
 // and the refreshes: with refresh = pipelined as many as the staggered schedule overlaps (each
 // holding its gradient snapshot, its new projector and the range finder's or the Gram's

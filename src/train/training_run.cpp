@@ -241,12 +241,17 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
   std::vector<UnitSpec> units = lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model);
-  check_memory_plan(units, projection);
   // Hybrid sharding: ZeRO-3 within a replica; the replicas sum their gradient shards, GaLore's
   // projected matrices as their projections (the optimizer sums those).
   const bool galore_on = c.optim.type == OptimizerType::galore_adamw;
   const bool projected_replica_sums =
       galore_on && c.parallel.replica_galore_projection && mesh().dp_replicate > 1;
+  std::optional<GaloreConfig> galore;
+  if (galore_on) {
+    galore = galore_config(c);
+    galore->projected_replica_sums = projected_replica_sums;
+  }
+  check_memory_plan(units, projection, galore);
   Zero3Replicas replicas;
   replicas.comm = mesh().replica.get();
   if (use_gpu) replicas.host_comm = host_mesh.replica.get();
@@ -261,10 +266,8 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
       c.train.seed, static_cast<float>(c.train.init_std), true, init, replicas);
   const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                                  c.optim.grad_clip};
-  if (galore_on) {
-    GaloreConfig galore = galore_config(c);
-    galore.projected_replica_sums = projected_replica_sums;
-    optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, galore,
+  if (galore) {
+    optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, *galore,
                                               *memory->optimizer);
   } else {
     optimizer = std::make_unique<AdamW>(params->trainable(), adamw_config, *memory->optimizer);
@@ -307,14 +310,15 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
 TrainingRun::~TrainingRun() = default;
 
 void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
-                                    const std::function<bool(const ParamSpec&)>& projection) {
+                                    const std::function<bool(const ParamSpec&)>& projection,
+                                    const std::optional<GaloreConfig>& galore) {
   const TrainConfig& c = config;
   PlanSettings settings;
   settings.ranks = mesh().shard->size();  // ZeRO-3 divides the state among one replica's ranks
   settings.gpu = use_gpu;
   settings.offload = c.parallel.offload;
   settings.state = c.optim.state_dtype;
-  if (c.optim.type == OptimizerType::galore_adamw) settings.galore = galore_config(c);
+  settings.galore = galore;
   if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
     settings.four_bit = projection;
   settings.four_bit_hqq = c.train.type == TrainType::hqq_lora;

@@ -17,6 +17,7 @@
 #include "model/llama_block.h"
 #include "model/llama_model.h"
 #include "model/lora.h"
+#include "optim/galore_adamw.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
@@ -42,7 +43,8 @@ struct TrainingRun {
   // Refuses, with the figures, a run whose state cannot fit this node's host memory or the
   // GPU's cap (a lower bound: activations come on top).
   void check_memory_plan(const std::vector<UnitSpec>& units,
-                         const std::function<bool(const ParamSpec&)>& projection);
+                         const std::function<bool(const ParamSpec&)>& projection,
+                         const std::optional<GaloreConfig>& galore);
   // Where asynchronous checkpoints stage `state_bytes` of this rank's state, or null for
   // synchronous saves (ckpt.async = false, or not enough host memory on some rank's node).
   Arena* checkpoint_staging(size_t state_bytes);
