@@ -64,18 +64,28 @@ int64_t galore_refreshes_in_flight(const std::vector<GaloreMatrixRows>& matrices
                                    const GaloreConfig& config) {
   if (config.refresh != GaloreRefresh::pipelined || matrices.empty()) return 1;
   const int64_t gap = config.update_proj_gap, count = int64_t(matrices.size());
-  std::vector<int64_t> held(size_t(gap), 0);  // by t % gap: refreshes held in that step
+  // A refresh begun at step s is held through steps s .. s + stages - 1, or until the matrix's
+  // next one begins: an interval of the gap's circle from the matrix's phase. The most that
+  // overlap, by a sweep over the intervals' ends (a gap may be a billion steps long).
+  std::vector<std::pair<int64_t, int>> ends;  // (step mod gap, +1 held from it / -1 free from it)
   for (int64_t j = 0; j < count; ++j) {
     GaloreProjectorSettings settings = config.projector;
     settings.rank = galore_rank_of(matrices[size_t(j)].full, config.projector.rank);
-    // A refresh begun at step s is held through steps s .. s + stages - 1, or until the
-    // matrix's next one begins.
-    const int64_t steps =
-        std::min(galore_refresh_stages(matrices[size_t(j)].full, settings), gap);
-    const int64_t phase = galore_refresh_phase(j, count, config);
-    for (int64_t k = 0; k < steps; ++k) ++held[size_t((phase + k) % gap)];
+    const int64_t steps = std::min(galore_refresh_stages(matrices[size_t(j)].full, settings), gap);
+    const int64_t first = galore_refresh_phase(j, count, config), last = first + steps;
+    ends.push_back({first, +1});
+    if (last <= gap) {
+      ends.push_back({last, -1});
+    } else {  // wraps around the gap
+      ends.push_back({gap, -1});
+      ends.push_back({0, +1});
+      ends.push_back({last - gap, -1});
+    }
   }
-  return *std::max_element(held.begin(), held.end());
+  std::sort(ends.begin(), ends.end());  // at one step, the frees (-1) before the starts
+  int64_t held = 0, most = 0;
+  for (const auto& [step, change] : ends) most = std::max(most, held += change);
+  return most;
 }
 
 GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& matrices,

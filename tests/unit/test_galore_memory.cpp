@@ -131,4 +131,11 @@ TEST_CASE("GaLore's working set: a pipelined 7B at rank 1024 holds gigabytes", "
   CHECK(bound.device >= size_t(in_flight) * 11008 * 4096 * 4 + 32ull * 1024 * 11008 * 4);
   galore.refresh = GaloreRefresh::immediate;
   CHECK(galore_working_bytes(matrices, galore, false).device < bound.device);
+  // A gap of a billion steps (the key allows it): the count comes from the refreshes' phases,
+  // not from the gap's steps; none overlaps then, and without stagger all do.
+  galore.refresh = GaloreRefresh::pipelined;
+  galore.update_proj_gap = 1'000'000'000;
+  CHECK(galore_refreshes_in_flight(matrices, galore) == 1);
+  galore.stagger = false;
+  CHECK(galore_refreshes_in_flight(matrices, galore) == int64_t(matrices.size()));
 }
