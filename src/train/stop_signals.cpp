@@ -18,9 +18,10 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a
 
 // When the first SIGINT came (CLOCK_MONOTONIC, ns), kNoInterrupt before. One Ctrl-C often
 // arrives twice: `timeout`, `srun` and wrapper scripts signal the child and then its process
-// group, microseconds apart. Only a SIGINT kSecondPress after the first is a person asking again.
+// group, microseconds apart. A SIGINT less than kSamePress after the first is that same Ctrl-C;
+// a later one is a person asking again.
 constexpr int64_t kNoInterrupt = INT64_MIN;
-constexpr int64_t kSecondPress = 500'000'000;
+constexpr int64_t kSamePress = 500'000'000;
 std::atomic<int64_t> first_interrupt_ns{kNoInterrupt};
 static_assert(std::atomic<int64_t>::is_always_lock_free, "the signal handler needs a lock-free int64");
 
@@ -49,7 +50,7 @@ extern "C" void record_stop_signal(int signal) {
     say(note, sizeof note - 1);
     return;
   }
-  if (now - first < kSecondPress) return;  // the same Ctrl-C, delivered twice
+  if (now - first < kSamePress) return;  // the same Ctrl-C, delivered twice
   // Ctrl-C again: the default action, which ends the process. SIGINT is blocked while this
   // handler runs, so the raised one is taken as the handler returns.
   struct sigaction default_action = {};
