@@ -18,14 +18,8 @@ using namespace frugal;
 
 namespace {
 
+using frugal::test::random_matrix;
 using frugal::test::whole_shard;
-
-Tensor random_matrix(const Shape& shape, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  uint64_t state = seed;
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(2.0 * uniform01(state) - 1.0);
-  return t;
-}
 
 const std::vector<std::pair<std::string, Shape>> kMatrices = {
     {"model.layers.0.self_attn.q_proj.weight", {96, 40}},  // right side

@@ -18,14 +18,8 @@ using namespace frugal;
 
 namespace {
 
+using frugal::test::random_matrix;
 using frugal::test::whole_shard;
-
-Tensor random_matrix(const Shape& shape, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  uint64_t state = seed;
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(2.0 * uniform01(state) - 1.0);
-  return t;
-}
 
 Tensor projector_of(GaloreAdamW& optimizer, const std::string& name) {
   for (StateTensor& s : optimizer.state_tensors())
