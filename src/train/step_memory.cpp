@@ -318,11 +318,20 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
       for (size_t k = 0; k < counts.size(); ++k) phase.blocks[block_bytes][k] += counts[k];
     return phase;
   };
-  // 4-bit projections: one bf16 matrix at a time, each shape's block kept by the allocator.
+  // 4-bit projections: one matrix at a time, each shape's block kept by the allocator: in bf16,
+  // or, for the projections [fp8] covers, as the E4M3 codes cast straight from the 4 bits (one
+  // byte a weight; WeightEncoding::decode_fp8).
+  const std::vector<int> fp8_linears =
+      c.fp8.enabled ? projections_from_names(c.fp8.linears, "fp8.linears") : std::vector<int>();
   auto add_dequantized = [&](Phase& phase) {
     std::map<size_t, bool> shapes;
-    for (const ParamLayout& p : layout[block])
-      if (p.encoding != Encoding::none) shapes[size_class(p.padded * 2)] = true;
+    for (size_t i = 0; i < layout[block].size(); ++i) {
+      const ParamLayout& p = layout[block][i];
+      if (p.encoding == Encoding::none) continue;
+      const int index = block_projection_index(units[block].params[i].name);
+      const bool codes = std::find(fp8_linears.begin(), fp8_linears.end(), index) != fp8_linears.end();
+      shapes[size_class(p.padded * (codes ? 1 : 2))] = true;
+    }
     for (const auto& [bytes, yes] : shapes) phase.add(MemoryPart::dequantized, bytes);
   };
   auto add_ring = [&](Phase& phase) {

@@ -293,3 +293,20 @@ TEST_CASE("plan: FP8 weight gathers move one byte a projection weight", "[plan]"
   fp8.fp8.gather_weights = false;
   CHECK(bytes(bf16, 2) == Approx(bytes(fp8, 2)).epsilon(1e-12));
 }
+
+TEST_CASE("plan: QLoRA with FP8 makes each 4-bit projection as E4M3 codes, a byte a weight",
+          "[plan]") {
+  // Llama-2-7B's projections on one rank: [4096, 4096] (q, k, v, o) and 4096 x 11008 (gate, up,
+  // down), one matrix of each size at a time: bf16 32 MiB + 86 MiB; the E4M3 codes cast straight
+  // from the 4 bits half that, as the allocator's 2 MiB classes round them (16 + 44 MiB).
+  TrainConfig c = llama7b_qlora(2, Offload::none);
+  const MemoryEstimate bf16 = estimate_memory(c, ranks(1));
+  c.fp8.enabled = true;
+  const MemoryEstimate fp8 = estimate_memory(c, ranks(1));
+  const double mib = 1024.0 * 1024.0;
+  CHECK(double(bf16.part(MemoryPart::dequantized)) == (32 + 86) * mib);
+  CHECK(double(fp8.part(MemoryPart::dequantized)) == (16 + 44) * mib);
+  // Projections [fp8] does not cover stay bf16: without q, k, v, o, their 32 MiB.
+  c.fp8.linears = "gate_proj,up_proj,down_proj";
+  CHECK(double(estimate_memory(c, ranks(1)).part(MemoryPart::dequantized)) == (32 + 44) * mib);
+}
