@@ -123,6 +123,12 @@ Plan make_plan(const TrainConfig& base, const Cluster& cluster) {
       std::snprintf(buf, sizeof buf, "fits as fast; needs more GPU memory");
     p.verdict = buf;
   }
+  // GaLore with its state on the host runs its projections there (several TFLOP a step at a 7B
+  // shape): the step time counts only what offload costs AdamW, so it says so.
+  for (PlanOption& p : o)
+    if (p.fits() && p.config.optim.type == OptimizerType::galore_adamw &&
+        p.config.parallel.offload != Offload::none)
+      p.verdict += "; its step time leaves out GaLore's projections on the host";
   return plan;
 }
 

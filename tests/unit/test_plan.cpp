@@ -9,6 +9,7 @@
 #include <string>
 
 #include "catch_compat.h"
+#include "train/plan_search.h"
 #include "train/step_memory.h"
 #include "train/step_time.h"
 
@@ -309,4 +310,28 @@ TEST_CASE("plan: QLoRA with FP8 makes each 4-bit projection as E4M3 codes, a byt
   // Projections [fp8] does not cover stay bf16: without q, k, v, o, their 32 MiB.
   c.fp8.linears = "gate_proj,up_proj,down_proj";
   CHECK(double(estimate_memory(c, ranks(1)).part(MemoryPart::dequantized)) == (32 + 44) * mib);
+}
+
+TEST_CASE("plan: GaLore with offload says its step time leaves out the host's projections",
+          "[plan]") {
+  TrainConfig c = llama7b_qlora(1, Offload::none);
+  c.train.type = TrainType::full;
+  c.optim.type = OptimizerType::galore_adamw;
+  c.galore.rank = 1024;
+  Cluster cluster;
+  cluster.gpu_mem_bytes = size_t(24) << 30;
+  const Plan plan = make_plan(c, cluster);
+  int noted = 0, fitting_offloaded = 0;
+  for (const PlanOption& o : plan.options) {
+    const bool galore_on_host = o.config.optim.type == OptimizerType::galore_adamw &&
+                                o.config.parallel.offload != Offload::none;
+    const bool note = o.verdict.find("leaves out GaLore's projections on the host") !=
+                      std::string::npos;
+    INFO(o.techniques() << ": " << o.verdict);
+    CHECK(note == (galore_on_host && o.fits()));
+    noted += note;
+    fitting_offloaded += o.fits() && o.config.parallel.offload != Offload::none;
+  }
+  CHECK(noted > 0);
+  CHECK(fitting_offloaded > noted);  // AdamW's offloaded options fit too, without the note
 }
