@@ -4,8 +4,8 @@
 #include <string>
 
 #include "core/random.h"
-#include "core/tensor.h"
 #include "core/stateful.h"
+#include "core/tensor.h"
 #include "model/parameter_provider.h"
 
 namespace frugal::test {

@@ -12,9 +12,9 @@
 
 namespace frugal::cuda {
 
-inline constexpr int64_t kFourBitBlock = 64;       // elements per NF4 absmax block / HQQ group
-inline constexpr int64_t kNf4AbsmaxGroup = 256;    // absmax values per second-level scale
-inline constexpr int kFourBitGroup = 8;            // values per call below (4 code bytes)
+inline constexpr int64_t kFourBitBlock = 64;     // elements per NF4 absmax block / HQQ group
+inline constexpr int64_t kNf4AbsmaxGroup = 256;  // absmax values per second-level scale
+inline constexpr int kFourBitGroup = 8;          // values per call below (4 code bytes)
 
 // NF4's two tables, passed by value as a __grid_constant__ kernel parameter (the constant bank).
 struct Nf4Tables {

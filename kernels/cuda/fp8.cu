@@ -274,9 +274,9 @@ void cast_transpose(uint8_t* out, uint8_t* out_t, const Source& x, int64_t rows,
                     Fp8Format format, const Fp8CastState& state, cudaStream_t stream) {
   FRUGAL_CHECK(rows % 16 == 0 && cols % 16 == 0, "fp8 cast of [", rows, ", ", cols,
                "]: rows and columns must be multiples of 16");
-  FRUGAL_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out_t) % 16 == 0,
-               "fp8 cast: pointers must be 16-byte aligned");
+  FRUGAL_CHECK(
+      reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(out_t) % 16 == 0,
+      "fp8 cast: pointers must be 16-byte aligned");
   if (rows == 0 || cols == 0) return;
   const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
   FRUGAL_CHECK(grid.y <= 65535, "fp8 cast of ", rows, " rows: too many for one grid");

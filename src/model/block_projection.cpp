@@ -50,8 +50,9 @@ Tensor adapter_t(const Tensor& x, const BlockWeights& w, int p, const BlockConte
 
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
                BlockActivations& a, Fp8InputCasts& casts) {
-  Tensor y = in_fp8(ctx, p) ? fp8_linear(x, fp8_weight_of(w, ctx, p, false), fp8_linear_of(ctx, p), casts)
-                            : ops::linear(x, w.projection(p));
+  Tensor y = in_fp8(ctx, p)
+                 ? fp8_linear(x, fp8_weight_of(w, ctx, p, false), fp8_linear_of(ctx, p), casts)
+                 : ops::linear(x, w.projection(p));
   if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
   if (!w.lora_a[p].defined()) return y;
   a.lora_t[p] = adapter_t(x, w, p, ctx);

@@ -34,7 +34,8 @@ Tensor fp8_linear_backward(const Tensor& dy, const Tensor& x, const Fp8Weight& w
   const ops::Fp8Cast dyq =
       ops::fp8_cast(as_matrix(dy), l.scaling->gradient(l.layer, l.p), true, weight_gradient);
   const ops::Fp8Matrix wq_t =
-      w.codes ? *w.codes : ops::fp8_cast(w.w, l.scaling->weight(l.layer, l.p), false, true).transposed;
+      w.codes ? *w.codes
+              : ops::fp8_cast(w.w, l.scaling->weight(l.layer, l.p), false, true).transposed;
   // dx [T, K] = dy [T, N] . (W^T [K, N])^T
   Tensor dx = ops::fp8_gemm(dyq.plain, wq_t, /*fast_accumulation=*/false);
   if (weight_gradient) {

@@ -90,9 +90,9 @@ Fp8Cast cast_dequantized(const Parts& w, int64_t rows, int64_t cols, const Fp8Sl
 }
 
 void expect_four_bit(const Tensor& codes, int64_t rows, int64_t cols, const Fp8Slot& slot) {
-  FRUGAL_CHECK(rows > 0 && cols > 0 && codes.dtype() == DType::u8 && codes.numel() * 2 >= rows * cols,
-               "fp8 cast of a 4-bit weight [", rows, ", ", cols, "] from ", codes.numel(),
-               " code bytes");
+  FRUGAL_CHECK(
+      rows > 0 && cols > 0 && codes.dtype() == DType::u8 && codes.numel() * 2 >= rows * cols,
+      "fp8 cast of a 4-bit weight [", rows, ", ", cols, "] from ", codes.numel(), " code bytes");
   expect_slot(slot, codes);
 }
 

@@ -406,7 +406,8 @@ void dequantize_nf4(Tensor& out, const Tensor& codes, const Tensor& absmax_codes
                     const Tensor& scales, float offset, const float* nf4_table,
                     const float* absmax_map) {
   expect(out, DType::bf16, "dequantized weight");
-  cuda::nf4_dequantize(bf(out), nf4_device({codes, absmax_codes, scales, offset, nf4_table, absmax_map}),
+  cuda::nf4_dequantize(bf(out),
+                       nf4_device({codes, absmax_codes, scales, offset, nf4_table, absmax_map}),
                        out.numel(), stream());
 }
 

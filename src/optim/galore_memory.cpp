@@ -94,7 +94,7 @@ GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& mat
   // One buffer a step: P^T G [r, n] of every left-side matrix; under hybrid sharding's projected
   // replica sums every right-side R [rows, r] too (begin_step_across_replicas).
   size_t projections = 0;
-  Elements update;              // the largest of one update's or one installation's temporaries
+  Elements update;  // the largest of one update's or one installation's temporaries
   Elements inline_refresh, pipelined_refresh;  // the largest refresh of each kind
   for (const GaloreMatrixRows& x : matrices) {
     const size_t n = size_t(x.full[1]), rows = size_t(x.rows);
@@ -120,8 +120,7 @@ GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& mat
   const size_t in_flight = size_t(galore_refreshes_in_flight(matrices, config));
   const Elements refreshes = max_of(
       inline_refresh, {in_flight * pipelined_refresh.device, in_flight * pipelined_refresh.host});
-  return {4 * (projections + update.device + refreshes.device),
-          update.host + refreshes.host};
+  return {4 * (projections + update.device + refreshes.device), update.host + refreshes.host};
 }
 
 }  // namespace frugal

@@ -114,8 +114,8 @@ std::optional<ops::Fp8Cast> Nf4Encoding::decode_fp8(const std::vector<Tensor>& w
                                                     bool plain, bool transposed) const {
   FRUGAL_CHECK(whole.size() == 3, "nf4 decode of ", whole.size(),
                " parts (codes, absmax codes, scales)");
-  const ops::Nf4Parts parts{whole[0], whole[1], whole[2], offset_, nf4_values().data(),
-                            dynamic_map_values().data()};
+  const ops::Nf4Parts parts{
+      whole[0], whole[1], whole[2], offset_, nf4_values().data(), dynamic_map_values().data()};
   return ops::fp8_cast(parts, rows, cols, slot, plain, transposed);
 }
 

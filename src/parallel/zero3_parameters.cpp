@@ -54,9 +54,9 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const bool quantized = init_from.nf4 || init_from.hqq || init_from.encoding;
-  Progress progress(quantized ? "parameters: units initialised and quantized"
-                              : "parameters: units initialised",
-                    int64_t(units_.size()), [](int64_t n) { return std::to_string(n); }, 15);
+  Progress progress(
+      quantized ? "parameters: units initialised and quantized" : "parameters: units initialised",
+      int64_t(units_.size()), [](int64_t n) { return std::to_string(n); }, 15);
   for (const UnitSpec& unit : units_) {
     std::vector<ShardLayout> layouts;
     std::vector<Tensor> shards, grads;

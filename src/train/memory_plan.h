@@ -46,8 +46,8 @@ struct PlanSettings {
   bool four_bit_hqq = false;  // their format: NF4 (false) or HQQ (scale and zero per 64)
   std::function<bool(const ParamSpec&)> fp8_gathered;  // trained weights gathered as E4M3 codes
   std::optional<GaloreConfig> galore;  // GaLore's settings (none: AdamW on every weight)
-  size_t activation_inputs = 0;  // offloaded activations (offloaded_input_bytes), host memory
-  bool checkpoint_staging = false;  // ckpt.async
+  size_t activation_inputs = 0;        // offloaded activations (offloaded_input_bytes), host memory
+  bool checkpoint_staging = false;     // ckpt.async
 };
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);

@@ -329,7 +329,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
       const ParamLayout& p = layout[block][i];
       if (p.encoding == Encoding::none) continue;
       const int index = block_projection_index(units[block].params[i].name);
-      const bool codes = std::find(fp8_linears.begin(), fp8_linears.end(), index) != fp8_linears.end();
+      const bool codes =
+          std::find(fp8_linears.begin(), fp8_linears.end(), index) != fp8_linears.end();
       shapes[size_class(p.padded * (codes ? 1 : 2))] = true;
     }
     for (const auto& [bytes, yes] : shapes) phase.add(MemoryPart::dequantized, bytes);

@@ -23,7 +23,8 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a
 constexpr int64_t kNoInterrupt = INT64_MIN;
 constexpr int64_t kSamePress = 500'000'000;
 std::atomic<int64_t> first_interrupt_ns{kNoInterrupt};
-static_assert(std::atomic<int64_t>::is_always_lock_free, "the signal handler needs a lock-free int64");
+static_assert(std::atomic<int64_t>::is_always_lock_free,
+              "the signal handler needs a lock-free int64");
 
 int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
   timespec now = {};

@@ -108,7 +108,6 @@ void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
   fs::remove(probe, ec);
 }
 
-
 }  // namespace
 
 TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {

@@ -6,10 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "catch_compat.h"
@@ -74,10 +74,11 @@ TEST_CASE("cuda nf4_dequantize equals the CPU's, rounded to bf16", "[gpu]") {
     for (size_t offset : {0, 1}) {
       INFO("shape [" << rows << ", " << cols << "], output offset " << offset);
       DeviceBuffer<bf16> out(static_cast<size_t>(n), offset);
-      frugal::cuda::nf4_dequantize(out.get(),
-                                   {codes.get(), absmax_codes.get(), scales.get(), q.absmax_offset,
-                                    frugal::nf4_values().data(), frugal::dynamic_map_values().data()},
-                                   n, nullptr);
+      frugal::cuda::nf4_dequantize(
+          out.get(),
+          {codes.get(), absmax_codes.get(), scales.get(), q.absmax_offset,
+           frugal::nf4_values().data(), frugal::dynamic_map_values().data()},
+          n, nullptr);
       CHECK(bf16_mismatches(out.download_bits(), want) == 0);
     }
   }
@@ -173,7 +174,8 @@ void check_every_scaling(int64_t rows, int64_t cols, const auto& direct, const a
 
 }  // namespace
 
-TEST_CASE("cuda fp8 cast of an nf4 weight equals the cast of its bf16 dequantization", "[gpu][fp8]") {
+TEST_CASE("cuda fp8 cast of an nf4 weight equals the cast of its bf16 dequantization",
+          "[gpu][fp8]") {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 500;
   for (const auto& [rows, cols] : kFp8Shapes) {
@@ -186,9 +188,9 @@ TEST_CASE("cuda fp8 cast of an nf4 weight equals the cast of its bf16 dequantiza
                                        static_cast<size_t>(q.absmax_codes.numel()));
     DeviceBuffer<float> scales(q.absmax_scales.data<float>(),
                                static_cast<size_t>(q.absmax_scales.numel()));
-    const frugal::cuda::Nf4Device nf4{codes.get(), absmax_codes.get(), scales.get(),
-                                      q.absmax_offset, frugal::nf4_values().data(),
-                                      frugal::dynamic_map_values().data()};
+    const frugal::cuda::Nf4Device nf4{
+        codes.get(),     absmax_codes.get(),          scales.get(),
+        q.absmax_offset, frugal::nf4_values().data(), frugal::dynamic_map_values().data()};
     DeviceBuffer<bf16> values(static_cast<size_t>(n));
     frugal::cuda::nf4_dequantize(values.get(), nf4, n, nullptr);
     using frugal::cuda::Fp8CastState;
@@ -206,7 +208,8 @@ TEST_CASE("cuda fp8 cast of an nf4 weight equals the cast of its bf16 dequantiza
   }
 }
 
-TEST_CASE("cuda fp8 cast of an hqq weight equals the cast of its bf16 dequantization", "[gpu][fp8]") {
+TEST_CASE("cuda fp8 cast of an hqq weight equals the cast of its bf16 dequantization",
+          "[gpu][fp8]") {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 600;
   for (const auto& [rows, cols] : kFp8Shapes) {

@@ -7,16 +7,16 @@
 #include <random>
 
 #include "catch_compat.h"
-#include "parallel/comm.h"
-#include "parallel/nf4_encoding.h"
-#include "parallel/zero3_parameters.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model/lora.h"
-#include "quant/hqq.h"
-#include "quant/nf4.h"
 #include "model_support.h"
 #include "optim/adamw.h"
+#include "parallel/comm.h"
+#include "parallel/nf4_encoding.h"
+#include "parallel/zero3_parameters.h"
+#include "quant/hqq.h"
+#include "quant/nf4.h"
 #include "train/train_step.h"
 
 using namespace frugal;
@@ -72,8 +72,7 @@ void check_equivalence(bool tied, CheckpointPolicy policy) {
     std::vector<Batch> whole_batches, rank_batches;
     for (int64_t micro = 0; micro < 2; ++micro) {
       whole_batches.push_back(slice_of_global_batch(0, global, step, micro, global));
-      rank_batches.push_back(
-          slice_of_global_batch(rank * per_rank, per_rank, step, micro, global));
+      rank_batches.push_back(slice_of_global_batch(rank * per_rank, per_rank, step, micro, global));
     }
     const double lr = 1e-3;
     StepResult a = train_step(model, whole, whole_opt, whole_batches, nullptr, lr, step, policy);
@@ -136,13 +135,13 @@ void expect_same_training(LlamaModel& model, LocalParameters& whole, AdamW& whol
                           CheckpointPolicy policy) {
   const int64_t global = global_batch(comm.size()), per_rank = global / comm.size();
   for (int64_t step = 1; step <= steps; ++step) {
-    StepResult a = train_step(model, whole, whole_opt,
-                              {slice_of_global_batch(0, global, step, 0, global)}, nullptr, lr,
-                              step, policy);
-    StepResult b = train_step(
-        model, sharded, sharded_opt,
-        {slice_of_global_batch(comm.rank() * per_rank, per_rank, step, 0, global)}, &comm, lr,
-        step, policy);
+    StepResult a =
+        train_step(model, whole, whole_opt, {slice_of_global_batch(0, global, step, 0, global)},
+                   nullptr, lr, step, policy);
+    StepResult b =
+        train_step(model, sharded, sharded_opt,
+                   {slice_of_global_batch(comm.rank() * per_rank, per_rank, step, 0, global)},
+                   &comm, lr, step, policy);
     INFO("step " << step << " on " << comm.size() << " ranks");
     CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
     CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
@@ -273,7 +272,8 @@ void check_quantized_base(BasePick pick) {
   size_t fp32_bytes = 0, nf4_bytes = 0;
   for (const UnitSpec& u : lora_units(config, lora))
     for (const ParamSpec& p : u.params) {
-      const int64_t rows = (p.shape[0] + ranks - 1) / ranks, row_len = shape_numel(p.shape) / p.shape[0];
+      const int64_t rows = (p.shape[0] + ranks - 1) / ranks,
+                    row_len = shape_numel(p.shape) / p.shape[0];
       if (!p.trainable && p.shape.size() == 2 && is_block_projection(p.name))
         nf4_bytes += hqq ? size_t(rows * row_len / 2 + rows * row_len / 64 * 8)  // scale, zero
                          : size_t(rows * row_len / 2 + rows * row_len / 64) +

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "catch_compat.h"
-#include "optim_support.h"
 #include "core/random.h"
 #include "optim/galore_adamw.h"
 #include "optim/galore_memory.h"
 #include "optim/galore_projector.h"
+#include "optim_support.h"
 
 using namespace frugal;
 
@@ -64,41 +64,44 @@ TEST_CASE("GaLore's temporaries stay within galore_working_bytes", "[galore]") {
       for (const int64_t gap : {int64_t(4), int64_t(13)})
         for (const MomentsOnRefresh moments : {MomentsOnRefresh::keep, MomentsOnRefresh::project})
           for (const bool replica_sums : {false, true}) {
-          GaloreConfig galore;
-          galore.projector.kind = kind;
-          galore.projector.rank = 12;
-          galore.projector.oversampling = 4;
-          galore.update_proj_gap = gap;
-          galore.refresh = refresh;
-          galore.moments_on_refresh = moments;
-          // Hybrid sharding's projected replica sums (begin_step_across_replicas): one process
-          // stands for 2 replicas with the identity as their sum; every R is made in begin_step.
-          galore.projected_replica_sums = replica_sums;
-          StepCollectives collectives = local_collectives();
-          if (replica_sums) collectives.replicas = 2;
-          std::vector<TrainableShard> shards;
-          for (size_t i = 0; i < kMatrices.size(); ++i)
-            shards.push_back(whole_shard(kMatrices[i].first, random_matrix(kMatrices[i].second, i)));
-          GaloreAdamW optimizer(shards, AdamWConfig{}, galore);
-          const int64_t steps = 3 * gap + 10;
-          for (int64_t t = 0; t < steps; ++t) {
-            for (size_t i = 0; i < shards.size(); ++i)
-              shards[i].grad.copy_from(random_matrix(kMatrices[i].second, 100 + 7 * t + i));
-            optimizer.step(1e-3, t + 1, collectives);
+            GaloreConfig galore;
+            galore.projector.kind = kind;
+            galore.projector.rank = 12;
+            galore.projector.oversampling = 4;
+            galore.update_proj_gap = gap;
+            galore.refresh = refresh;
+            galore.moments_on_refresh = moments;
+            // Hybrid sharding's projected replica sums (begin_step_across_replicas): one process
+            // stands for 2 replicas with the identity as their sum; every R is made in begin_step.
+            galore.projected_replica_sums = replica_sums;
+            StepCollectives collectives = local_collectives();
+            if (replica_sums) collectives.replicas = 2;
+            std::vector<TrainableShard> shards;
+            for (size_t i = 0; i < kMatrices.size(); ++i)
+              shards.push_back(
+                  whole_shard(kMatrices[i].first, random_matrix(kMatrices[i].second, i)));
+            GaloreAdamW optimizer(shards, AdamWConfig{}, galore);
+            const int64_t steps = 3 * gap + 10;
+            for (int64_t t = 0; t < steps; ++t) {
+              for (size_t i = 0; i < shards.size(); ++i)
+                shards[i].grad.copy_from(random_matrix(kMatrices[i].second, 100 + 7 * t + i));
+              optimizer.step(1e-3, t + 1, collectives);
+            }
+            const int64_t in_flight = galore_refreshes_in_flight(rows_of(kMatrices), galore);
+            const GaloreWorkingBytes bound =
+                galore_working_bytes(rows_of(kMatrices), galore, false);
+            const size_t peak = optimizer.scratch().stats().peak_bytes;
+            INFO("kind " << int(kind) << " refresh " << int(refresh) << " gap " << gap
+                         << " moments " << int(moments) << " replica sums " << replica_sums
+                         << ": peak " << peak << " bound " << bound.device << " + " << bound.host
+                         << ", in flight " << in_flight);
+            CHECK(in_flight == (refresh == GaloreRefresh::pipelined
+                                    ? walked_in_flight(optimizer, galore, steps)
+                                    : 1));
+            CHECK(peak > 0);
+            CHECK(peak <= bound.device + bound.host);
+            CHECK(bound.device + bound.host <= 4 * peak);
           }
-          const int64_t in_flight = galore_refreshes_in_flight(rows_of(kMatrices), galore);
-          const GaloreWorkingBytes bound = galore_working_bytes(rows_of(kMatrices), galore, false);
-          const size_t peak = optimizer.scratch().stats().peak_bytes;
-          INFO("kind " << int(kind) << " refresh " << int(refresh) << " gap " << gap
-                       << " moments " << int(moments) << " replica sums " << replica_sums << ": peak " << peak << " bound "
-                       << bound.device << " + " << bound.host << ", in flight " << in_flight);
-          CHECK(in_flight == (refresh == GaloreRefresh::pipelined
-                                  ? walked_in_flight(optimizer, galore, steps)
-                                  : 1));
-          CHECK(peak > 0);
-          CHECK(peak <= bound.device + bound.host);
-          CHECK(bound.device + bound.host <= 4 * peak);
-        }
 }
 
 TEST_CASE("GaLore's working set: a pipelined 7B at rank 1024 holds gigabytes", "[galore]") {

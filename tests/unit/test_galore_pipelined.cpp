@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "catch_compat.h"
-#include "optim_support.h"
 #include "core/random.h"
 #include "ops/ops.h"
 #include "optim/galore_adamw.h"
 #include "optim/galore_projector.h"
+#include "optim_support.h"
 
 using namespace frugal;
 

@@ -257,7 +257,8 @@ TEST_CASE("plan: a flat mesh over one-GPU nodes runs at the network's bandwidth"
   Cluster one_node;
   one_node.gpus_per_node = 2;
   one_node.link_intra_bytes_per_s = 2.8e9;
-  const StepTime across = estimate_step_time(c, mesh_shape(two_nodes, MeshKind::flat, 1), two_nodes);
+  const StepTime across =
+      estimate_step_time(c, mesh_shape(two_nodes, MeshKind::flat, 1), two_nodes);
   const StepTime within = estimate_step_time(c, mesh_shape(one_node, MeshKind::flat, 1), one_node);
   CHECK(std::isfinite(across.step_s));
   CHECK(across.step_s == Approx(within.step_s).epsilon(1e-12));
@@ -325,8 +326,8 @@ TEST_CASE("plan: GaLore with offload says its step time leaves out the host's pr
   for (const PlanOption& o : plan.options) {
     const bool galore_on_host = o.config.optim.type == OptimizerType::galore_adamw &&
                                 o.config.parallel.offload != Offload::none;
-    const bool note = o.verdict.find("leaves out GaLore's projections on the host") !=
-                      std::string::npos;
+    const bool note =
+        o.verdict.find("leaves out GaLore's projections on the host") != std::string::npos;
     INFO(o.techniques() << ": " << o.verdict);
     CHECK(note == (galore_on_host && o.fits()));
     noted += note;

@@ -98,9 +98,10 @@ TEST_CASE("stop signals: recorded by the handler, the first one named", "[train]
   CHECK(signal_name(SIGHUP) == "signal " + std::to_string(SIGHUP));
 }
 
-TEST_CASE("Ctrl-C: a first SIGINT asks for a stop, the same one delivered twice changes nothing, "
-          "a second press ends the process",
-          "[train]") {
+TEST_CASE(
+    "Ctrl-C: a first SIGINT asks for a stop, the same one delivered twice changes nothing, "
+    "a second press ends the process",
+    "[train]") {
   // In a child process: the last SIGINT must end it, and the handler's state is per process.
   // The child writes to `survived` once the duplicate has left it running.
   int survived[2];
