@@ -80,44 +80,39 @@ Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transpos
 
 namespace {
 
-// The CPU's cast of a 4-bit weight: its f32 dequantization, cast.
-template <class Parts, class Dequantize>
-Fp8Cast cast_dequantized(const Parts& w, int64_t rows, int64_t cols, const Fp8Slot& slot,
-                         bool plain, bool transposed, const Dequantize& dequantize) {
-  Tensor values = Tensor::empty({rows, cols}, DType::f32, host_arena());
-  dequantize(values);
-  return fp8_cast(values, slot, plain, transposed);
+void dequantize(Tensor& values, const Nf4Parts& w) {
+  dequantize_nf4(values, w.codes, w.absmax_codes, w.scales, w.offset, w.nf4_table, w.absmax_map);
+}
+void dequantize(Tensor& values, const HqqParts& w) {
+  dequantize_hqq(values, w.codes, w.scales, w.zeros);
 }
 
-void expect_four_bit(const Tensor& codes, int64_t rows, int64_t cols, const Fp8Slot& slot) {
+// A GPU casts from the 4-bit codes; the CPU, the reference, casts the f32 dequantization.
+template <class Parts>
+Fp8Cast cast_four_bit(const Parts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
+                      bool transposed) {
   FRUGAL_CHECK(
-      rows > 0 && cols > 0 && codes.dtype() == DType::u8 && codes.numel() * 2 >= rows * cols,
-      "fp8 cast of a 4-bit weight [", rows, ", ", cols, "] from ", codes.numel(), " code bytes");
-  expect_slot(slot, codes);
+      rows > 0 && cols > 0 && w.codes.dtype() == DType::u8 && w.codes.numel() * 2 >= rows * cols,
+      "fp8 cast of a 4-bit weight [", rows, ", ", cols, "] from ", w.codes.numel(), " code bytes");
+  expect_slot(slot, w.codes);
+#ifdef FRUGAL_HAVE_CUDA
+  if (on_gpu(w.codes)) return gpu::fp8_cast(w, rows, cols, slot, plain, transposed);
+#endif
+  Tensor values = Tensor::empty({rows, cols}, DType::f32, host_arena());
+  dequantize(values, w);
+  return fp8_cast(values, slot, plain, transposed);
 }
 
 }  // namespace
 
 Fp8Cast fp8_cast(const Nf4Parts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
                  bool transposed) {
-  expect_four_bit(w.codes, rows, cols, slot);
-#ifdef FRUGAL_HAVE_CUDA
-  if (on_gpu(w.codes)) return gpu::fp8_cast(w, rows, cols, slot, plain, transposed);
-#endif
-  return cast_dequantized(w, rows, cols, slot, plain, transposed, [&](Tensor& values) {
-    dequantize_nf4(values, w.codes, w.absmax_codes, w.scales, w.offset, w.nf4_table, w.absmax_map);
-  });
+  return cast_four_bit(w, rows, cols, slot, plain, transposed);
 }
 
 Fp8Cast fp8_cast(const HqqParts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
                  bool transposed) {
-  expect_four_bit(w.codes, rows, cols, slot);
-#ifdef FRUGAL_HAVE_CUDA
-  if (on_gpu(w.codes)) return gpu::fp8_cast(w, rows, cols, slot, plain, transposed);
-#endif
-  return cast_dequantized(w, rows, cols, slot, plain, transposed, [&](Tensor& values) {
-    dequantize_hqq(values, w.codes, w.scales, w.zeros);
-  });
+  return cast_four_bit(w, rows, cols, slot, plain, transposed);
 }
 
 Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, bool fast_accumulation) {
