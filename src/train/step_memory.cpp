@@ -384,8 +384,10 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   if (galore_on && !projected.empty()) {
     // The optimizer's step: GaLore's temporaries beside the state, where the gradients are
     // (host memory with offload). Counted as one block: they come and go within the step.
-    const GaloreWorkingBytes working =
-        galore_working_bytes(projected, galore_config(c), master == 2);
+    // As the run configures it: hybrid sharding's projected replica sums hold every R too.
+    GaloreConfig galore = galore_config(c);
+    galore.projected_replica_sums = c.parallel.replica_galore_projection && mesh.replicas > 1;
+    const GaloreWorkingBytes working = galore_working_bytes(projected, galore, master == 2);
     if (host_state) {
       out.host_state += working.device + working.host;
     } else {
