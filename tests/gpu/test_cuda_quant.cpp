@@ -151,10 +151,11 @@ void check_same_cast(const CastResult& direct, const CastResult& two_pass) {
   CHECK(direct.counts[0] == int64_t(direct.out.size()));
 }
 
-// Shapes the FP8 GEMMs take (multiples of 16), not all multiples of the cast's 64-wide tiles,
-// with block counts that are not multiples of 256 (NF4's second level).
+// Shapes the FP8 GEMMs take, with rows of whole 64-element 4-bit blocks (what NF4 and HQQ
+// quantize), row counts off the cast's 64-wide tiles, and block counts that are not multiples
+// of 256 (NF4's second level).
 const std::vector<std::pair<int64_t, int64_t>> kFp8Shapes = {
-    {16, 64}, {48, 320}, {80, 208}, {1040, 272}, {4112, 2080}};
+    {16, 64}, {48, 320}, {80, 448}, {1040, 576}, {4112, 2112}};
 
 // Delayed scales that flush most values, keep them, and saturate the outlier; current scaling
 // with and without a margin.

@@ -1,6 +1,7 @@
 // A CUDA injection library that times every kernel, copy and memset of a program with CUPTI's
 // activity records and, at exit, writes where the GPU time went: by kernel family and by
-// kernel. Any CUDA program can be profiled alike, frugal and PyTorch, in the same way:
+// kernel; and the host's time in CUDA runtime calls, by function. Any CUDA program can be
+// profiled alike, frugal and PyTorch, in the same way:
 //
 //   CUDA_INJECTION64_PATH=build-cuda/libfrugal_kernel_profile.so
 //   FRUGAL_KERNEL_PROFILE=profile.json [FRUGAL_KERNEL_PROFILE_SKIP_S=20] PROGRAM ...
@@ -19,6 +20,7 @@
 // added where "other" is large.
 #include <cupti.h>
 #include <cxxabi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -50,8 +52,9 @@ const std::vector<Family> kFamilies = {
     {"swiglu", {"swiglu", "silu"}},
     {"embedding", {"embedding", "gather", "index_select"}},
     {"reduce", {"reduce", "sum_squares", "norm_sq"}},
-    {"elementwise", {"elementwise", "vectorized", "unrolled", "add", "copy", "convert", "cast",
-                     "scale", "fill", "zero", "mul"}},
+    {"elementwise",
+     {"elementwise", "vectorized", "unrolled", "add", "copy", "convert", "cast", "scale", "fill",
+      "zero", "mul"}},
 };
 
 std::string lower(std::string s) {
@@ -73,22 +76,32 @@ std::string demangled(const char* name) {
   char* plain = abi::__cxa_demangle(name, nullptr, nullptr, &status);
   std::string out = status == 0 && plain ? plain : name;
   std::free(plain);
-  // Template arguments make names long and say little here: cut at the first '<' or '('.
+  // Template arguments make names long and say little here: cut at the first '<' or '(' of
+  // the name proper (not of a return type or of "(anonymous namespace)").
+  for (size_t at; (at = out.find("(anonymous namespace)::")) != std::string::npos;)
+    out.erase(at, std::strlen("(anonymous namespace)::"));
+  if (out.rfind("void ", 0) == 0) out.erase(0, 5);
   const size_t cut = out.find_first_of("<(");
   if (cut != std::string::npos && cut > 0) out.resize(cut);
   return out;
 }
 
 struct Totals {
-  uint64_t count = 0, ns = 0;
+  uint64_t count = 0, ns = 0, max_ns = 0;
 };
 
 struct Profile {
   std::mutex mutex;
   std::map<std::string, Totals> kernels;  // by demangled name
+  // The host's time in CUDA runtime calls, by function: where a host-bound phase waits
+  // (synchronizations, blocking copies) or spends its launches.
+  std::map<std::string, Totals> runtime_api;
   Totals memcpy_h2d, memcpy_d2h, memcpy_other, memset;
   uint64_t first_start = 0, window_start = 0, window_end = 0, skip_ns = 0;
   uint64_t dropped = 0;
+  uint64_t seen = 0, skipped = 0;  // records delivered, and those before the window
+  pid_t pid = 0;                   // the profiled process (a forked child writes nothing)
+  CUpti_SubscriberHandle subscriber = nullptr;
 };
 Profile& profile() {
   static Profile* p = new Profile;  // never destroyed: the exit handler reads it
@@ -97,8 +110,12 @@ Profile& profile() {
 
 // Whether a record that starts at `start` counts; widens the window to [.., end].
 bool counts(Profile& p, uint64_t start, uint64_t end) {
+  ++p.seen;
   if (p.first_start == 0 || start < p.first_start) p.first_start = start;
-  if (start < p.first_start + p.skip_ns) return false;
+  if (start < p.first_start + p.skip_ns) {
+    ++p.skipped;
+    return false;
+  }
   if (p.window_start == 0 || start < p.window_start) p.window_start = start;
   p.window_end = std::max(p.window_end, end);
   return true;
@@ -131,6 +148,18 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t stream, uint8_t* buffer, size
                                                                    : p.memcpy_other;
       ++t.count;
       t.ns += m->end - m->start;
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      // Counted in the same window as the GPU's records, without widening it.
+      if (p.first_start == 0 || a->start < p.first_start + p.skip_ns) continue;
+      const char* name = nullptr;
+      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS ||
+          !name)
+        name = "(unknown)";
+      Totals& t = p.runtime_api[name];
+      ++t.count;
+      t.ns += a->end - a->start;
+      t.max_ns = std::max<uint64_t>(t.max_ns, a->end - a->start);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       if (!counts(p, m->start, m->end)) continue;
@@ -150,11 +179,22 @@ void write_json(FILE* out, const char* key, const Totals& t, bool comma = true) 
 }
 
 void write_profile() {
+  // A child forked by the program (frugal's checkpoint checker) inherits this exit handler but
+  // not the records: only the process that loaded the library writes.
+  if (getpid() != profile().pid) return;
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   Profile& p = profile();
   std::lock_guard<std::mutex> lock(p.mutex);
+  // A process that initialised CUDA but ran nothing on it (mpirun, with a CUDA-aware Open MPI)
+  // must not overwrite the profile of the rank it launched, which ends before it.
+  if (p.seen == 0) {
+    std::fprintf(stderr, "kernel_profile: pid %d recorded nothing on the GPU: no profile written\n",
+                 int(getpid()));
+    return;
+  }
   // Under mpirun every rank has its own file: rank 0 the one named, rank N PATH.rankN.
-  std::string path = std::getenv("FRUGAL_KERNEL_PROFILE") ? std::getenv("FRUGAL_KERNEL_PROFILE") : "";
+  std::string path =
+      std::getenv("FRUGAL_KERNEL_PROFILE") ? std::getenv("FRUGAL_KERNEL_PROFILE") : "";
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (!path.empty() && rank && std::atoi(rank) > 0) path += std::string(".rank") + rank;
   FILE* out = path.empty() ? stderr : std::fopen(path.c_str(), "w");
@@ -173,9 +213,19 @@ void write_profile() {
   std::vector<std::pair<std::string, Totals>> by_time(p.kernels.begin(), p.kernels.end());
   std::sort(by_time.begin(), by_time.end(),
             [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-  std::fprintf(out, "{\n  \"window_ms\": %.3f,\n  \"kernel_ms\": %.3f,\n  \"dropped\": %llu,\n",
+  std::fprintf(out,
+               "{\n  \"window_ms\": %.3f,\n  \"kernel_ms\": %.3f,\n  \"dropped\": %llu,\n"
+               "  \"records_seen\": %llu,\n  \"records_skipped\": %llu,\n",
                (p.window_end - p.window_start) * 1e-6, kernel_ns * 1e-6,
-               static_cast<unsigned long long>(p.dropped));
+               static_cast<unsigned long long>(p.dropped), static_cast<unsigned long long>(p.seen),
+               static_cast<unsigned long long>(p.skipped));
+  // An empty profile after records is a window that skipped the whole run: say so.
+  if (kernel_ns == 0)
+    std::fprintf(stderr,
+                 "kernel_profile: no kernel counted (%llu records delivered, %llu of them within "
+                 "the first %.1f s that FRUGAL_KERNEL_PROFILE_SKIP_S leaves out)\n",
+                 static_cast<unsigned long long>(p.seen),
+                 static_cast<unsigned long long>(p.skipped), p.skip_ns * 1e-9);
   write_json(out, "memcpy_h2d", p.memcpy_h2d);
   write_json(out, "memcpy_d2h", p.memcpy_d2h);
   write_json(out, "memcpy_other", p.memcpy_other);
@@ -192,13 +242,33 @@ void write_profile() {
     std::string name = by_time[k].first;
     for (char& c : name)
       if (c == '"' || c == '\\') c = '\'';
-    std::fprintf(out, "    {\"name\": \"%s\", \"family\": \"%s\", \"count\": %llu, \"ms\": %.3f}%s\n",
+    std::fprintf(out,
+                 "    {\"name\": \"%s\", \"family\": \"%s\", \"count\": %llu, \"ms\": %.3f}%s\n",
                  name.c_str(), family_of(by_time[k].first),
                  static_cast<unsigned long long>(by_time[k].second.count),
                  by_time[k].second.ns * 1e-6, k + 1 < by_time.size() ? "," : "");
   }
+  std::fprintf(out, "  ],\n  \"runtime_api\": [\n");
+  std::vector<std::pair<std::string, Totals>> api(p.runtime_api.begin(), p.runtime_api.end());
+  std::sort(api.begin(), api.end(),
+            [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  for (size_t k = 0; k < api.size(); ++k)
+    std::fprintf(out, "    {\"name\": \"%s\", \"count\": %llu, \"ms\": %.3f, \"max_ms\": %.3f}%s\n",
+                 api[k].first.c_str(), static_cast<unsigned long long>(api[k].second.count),
+                 api[k].second.ns * 1e-6, api[k].second.max_ns * 1e-6,
+                 k + 1 < api.size() ? "," : "");
   std::fprintf(out, "  ]\n}\n");
   if (out != stderr) std::fclose(out);
+  std::fprintf(stderr, "kernel_profile: pid %d: %zu kernels, %.1f ms of kernel time -> %s\n",
+               int(getpid()), p.kernels.size(), kernel_ns * 1e-6,
+               path.empty() ? "stderr" : path.c_str());
+}
+
+// Records of a context are lost once it is destroyed unflushed (a program that tears CUDA down
+// before the exit handlers run): flush them as it goes.
+void CUPTIAPI on_resource(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void*) {
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE && id == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING)
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 }
 
 bool check(CUptiResult result, const char* what) {
@@ -217,10 +287,19 @@ extern "C" int InitializeInjection(void) {
   if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
              "cuptiActivityRegisterCallbacks"))
     return 1;
-  bool ok = check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
-                  "enabling kernel records");
+  bool ok =
+      check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enabling kernel records");
   ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enabling copy records");
   ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enabling memset records");
+  ok =
+      ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), "enabling runtime API records");
+  // Full buffers are handed over every second rather than when CUPTI's heuristics choose.
+  ok = ok && check(cuptiActivityFlushPeriod(1000), "setting the flush period");
+  ok = ok && check(cuptiSubscribe(&profile().subscriber, on_resource, nullptr), "subscribing");
+  ok = ok && check(cuptiEnableCallback(1, profile().subscriber, CUPTI_CB_DOMAIN_RESOURCE,
+                                       CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING),
+                   "enabling the context-destroy callback");
+  profile().pid = getpid();
   if (ok) std::atexit(write_profile);
   return 1;
 }
