@@ -317,6 +317,20 @@ void Stream::synchronize() const {
   check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
+void Stream::call_when_reached(std::function<void()> fn) const {
+  auto* heap = new std::function<void()>(std::move(fn));
+  const cudaHostFn_t trampoline = [](void* data) {
+    std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(data));
+    try {
+      (*f)();
+    } catch (...) {  // nothing may unwind into CUDA
+    }
+  };
+  const cudaError_t status = cudaLaunchHostFunc(stream_, trampoline, heap);
+  if (status != cudaSuccess) delete heap;
+  check_cuda(status, "cudaLaunchHostFunc");
+}
+
 // ---- DeviceContext -------------------------------------------------------------------------
 
 int device_for_local_rank(int local_rank) {

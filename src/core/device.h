@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -149,6 +150,9 @@ class Stream {
   // Work queued on this stream after this call waits for everything queued on `other` so far.
   void wait(const Stream& other) const;
   void synchronize() const;  // the host waits for everything queued so far
+  // `fn` runs on CUDA's callback thread once everything queued so far has finished; later
+  // work waits for it. It must not call CUDA, and what it throws is lost (catch it there).
+  void call_when_reached(std::function<void()> fn) const;
   CUstream_st* handle() const { return stream_; }
   int device() const { return device_; }
 

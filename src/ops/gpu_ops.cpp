@@ -148,6 +148,16 @@ void event_wait(void* event) { device().context->compute().wait(*static_cast<Eve
 void event_done(void* event) { static_cast<Event*>(event)->synchronize(); }
 void event_release(void* event) { delete static_cast<Event*>(event); }
 
+void call_on_comm_stream(std::function<void()> fn) {
+  device().context->comm().call_when_reached(std::move(fn));
+}
+
+bool has_device() { return bound().context != nullptr; }
+
+std::unique_ptr<Arena> pinned_host_arena(std::string name) {
+  return std::make_unique<PinnedHostArena>(0, std::move(name));
+}
+
 // --- layers ---------------------------------------------------------------------------------
 
 Tensor embedding(const Tensor& tokens, const Tensor& table) {

@@ -4,6 +4,9 @@
 
 #ifdef FRUGAL_HAVE_CUDA
 
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -25,6 +28,12 @@ void* copy_beside(Tensor& dst, const Tensor& src);
 void event_wait(void* event);  // the compute stream waits for it
 void event_done(void* event);  // the host waits for it
 void event_release(void* event);
+// Queues `fn` on the communication stream (cudaLaunchHostFunc): CUDA's callback thread runs it
+// when the stream gets there. It must not call CUDA.
+void call_on_comm_stream(std::function<void()> fn);
+// Whether a GPU is bound (bind); a caching page-locked host arena of its own.
+bool has_device();
+std::unique_ptr<Arena> pinned_host_arena(std::string name);
 
 Tensor embedding(const Tensor& tokens, const Tensor& table);
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens);

@@ -193,6 +193,27 @@ void SideCopy::done() {
 #endif
 }
 
+bool SideCopy::on_gpu() const { return state_ && state_->event; }
+
+void after_side_copies(const std::vector<SideCopy>& copies, std::function<void()> then) {
+  bool on_gpu = false;
+  for (const SideCopy& c : copies) on_gpu = on_gpu || c.on_gpu();
+#ifdef FRUGAL_HAVE_CUDA
+  // Every side copy runs on the communication stream, in order: a host function queued there
+  // now runs after all of them.
+  if (on_gpu) return gpu::call_on_comm_stream(std::move(then));
+#endif
+  FRUGAL_CHECK(!on_gpu, "a GPU side copy in a build without CUDA");
+  then();
+}
+
+std::unique_ptr<Arena> side_copy_host_arena(std::string name) {
+#ifdef FRUGAL_HAVE_CUDA
+  if (gpu::has_device()) return gpu::pinned_host_arena(std::move(name));
+#endif
+  return std::make_unique<Arena>(std::move(name), Device::cpu);
+}
+
 // --- layers ---------------------------------------------------------------------------------
 
 Tensor embedding(const Tensor& tokens, const Tensor& table) {

@@ -7,7 +7,9 @@
 // master weights and optimizer state are f32; the attention gradients come back in bf16.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -71,11 +73,23 @@ class SideCopy {
   SideCopy& operator=(SideCopy&&) noexcept;
   void wait();
   void done();
+  bool on_gpu() const;  // whether it runs on the GPU's communication stream
 
  private:
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// Calls `then` once every one of `copies` has finished, without the caller waiting: on a GPU
+// from CUDA's callback thread when the communication stream (where side copies run) reaches
+// it, so `then` must not call CUDA or ops (it may hand work to a thread of its own); host-only
+// copies are finished already, and `then` runs here. The copies stay with the caller, who must
+// keep them (and what they copy) alive until `then` has run.
+void after_side_copies(const std::vector<SideCopy>& copies, std::function<void()> then);
+// A host arena for temporaries that side copies fill or read: page-locked (caching) when a GPU
+// is bound (bind_device), so that copies to and from it run beside the kernels instead of
+// blocking the host; a plain host arena otherwise.
+std::unique_ptr<Arena> side_copy_host_arena(std::string name);
 
 // --- layers -----------------------------------------------------------------------------
 // tokens [T] i32, table [V, H] -> [T, H]

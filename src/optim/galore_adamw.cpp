@@ -65,6 +65,11 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
     v_.emplace_back();
     matrices_.push_back(std::move(x));
   }
+  // On a GPU the host buffers of the refreshes (the downloads of their small products, the
+  // factorisations) are page-locked, so that their copies run beside the kernels: a copy into
+  // pageable memory would block the host until the GPU had drained its queue.
+  if (!matrices_.empty() && matrices_.front().projector.device() != Device::cpu)
+    scratch_ = ops::side_copy_host_arena("GaLore scratch (pinned host)");
   // The refresh phases, in the shards' (forward) order.
   const int64_t count = static_cast<int64_t>(matrices_.size());
   for (int64_t j = 0; j < count; ++j)
@@ -106,7 +111,7 @@ Tensor GaloreAdamW::gradient_rows(const Matrix& x) {
   const Tensor rows = shards_[x.shard].grad.rows(0, x.local_rows);
   if (rows.dtype() == DType::f32) return rows;
   // A bf16 run's gradient, widened where it lives.
-  Tensor wide = galore_scratch(rows, rows.shape(), scratch_);
+  Tensor wide = galore_scratch(rows, rows.shape(), *scratch_);
   ops::assign(wide, rows);
   return wide;
 }
@@ -118,25 +123,36 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
     step_ = step;
     return begin_step_across_replicas(collectives);
   }
+  lr_ = lr;
+  step_ = step;
+  const int64_t t = step - 1;
+  if (galore_.profile) ++profiled_steps_;
+  // The refreshes in flight take their next stage first: it reads only their snapshots, not
+  // this step's gradient, so on a GPU its products queue behind the backward still running and
+  // its host part (launches, small uploads, waiting for the previous stage's host work)
+  // overlaps that backward instead of following the norm's wait for it.
+  ops::TimeMark refresh_start = mark();
+  advance_refreshes();
+  timed(Work::refresh, refresh_start);
+
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
   StepReport report;
   report.grad_norm = std::sqrt(collectives.sum(collectives.local_sum_squares(grads)));
   if (adamw_.grad_clip > 0 && report.grad_norm > adamw_.grad_clip)
     report.clip_scale = adamw_.grad_clip / (report.grad_norm + 1e-6);
-  lr_ = lr;
-  step_ = step;
   clip_scale_ = report.clip_scale;
-  // Gradients with a NaN or an inf would poison the projectors: the step is skipped whole.
-  if (!std::isfinite(report.grad_norm)) return report;
+  // Gradients with a NaN or an inf would poison the projectors: the step is skipped whole (no
+  // refresh begins from them; those in flight, from earlier gradients, went on above).
+  if (!std::isfinite(report.grad_norm)) {
+    submit_host_work();
+    return report;
+  }
 
   // Every gradient shard arrived summed over the replicas (if any): nothing more crosses them.
   StepCollectives summed = collectives;
   summed.replica_sum_in_place = [](Tensor&) {};
-  const int64_t t = step - 1;
-  if (galore_.profile) ++profiled_steps_;
-  const ops::TimeMark refresh_start = mark();
-  advance_refreshes();
+  refresh_start = mark();
   InlineProgress progress = inline_progress(t);
   for (size_t j = 0; j < matrices_.size(); ++j) {
     if (!refresh_due(j, t)) continue;
@@ -160,7 +176,7 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   const ops::TimeMark projection_start = mark();
   for (Matrix& x : matrices_) {
     if (x.side != GaloreSide::left) continue;
-    if (!all.defined()) all = galore_scratch(x.projector, {total, 1}, scratch_);
+    if (!all.defined()) all = galore_scratch(x.projector, {total, 1}, *scratch_);
     const int64_t size = x.rank * x.cols;
     x.projected_grad = all.rows(offset, offset + size).view({x.rank, x.cols});
     offset += size;
@@ -222,7 +238,7 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
     const int group = group_of(j);
     if (!buffers[group].defined())
       buffers[group] =
-          galore_scratch(x.projector, {std::max<int64_t>(1, sizes[group]), 1}, scratch_);
+          galore_scratch(x.projector, {std::max<int64_t>(1, sizes[group]), 1}, *scratch_);
     const int64_t size = size_of(x);
     Tensor r = buffers[group].rows(offsets[group], offsets[group] + size);
     offsets[group] += size;
@@ -284,13 +300,13 @@ void GaloreAdamW::begin_refresh(size_t j, int64_t t, const StepCollectives& coll
   auto f = std::make_unique<InFlight>();
   f->collectives = collectives;
   const Tensor rows = shards_[x.shard].grad.rows(0, x.local_rows);
-  Tensor snapshot = galore_scratch(rows, rows.shape(), scratch_);  // G_t, f32
+  Tensor snapshot = galore_scratch(rows, rows.shape(), *scratch_);  // G_t, f32
   ops::assign(snapshot, rows);
   const Shape shape =
       x.side == GaloreSide::right ? Shape{x.rank, x.cols} : Shape{x.local_rows, x.rank};
-  f->new_projector = galore_scratch(x.projector, shape, scratch_);
+  f->new_projector = galore_scratch(x.projector, shape, *scratch_);
   f->refresh = galore_projector_refresh(f->new_projector, std::move(snapshot), {x.rows, x.cols},
-                                        settings_of(x), sketch_seed(x, t), collectives, scratch_);
+                                        settings_of(x), sketch_seed(x, t), collectives, *scratch_);
   in_flight_[j] = std::move(f);
 }
 
@@ -300,6 +316,7 @@ void GaloreAdamW::advance_refreshes() {
     if (!f) continue;
     // Always waits for the host work (results never depend on timing), then the next stage.
     if (f->host.valid()) f->host.get();
+    f->copies.clear();  // finished before their host work began
     if (!f->refresh.done()) f->refresh.resume();
     if (++f->stages_done >= matrices_[j].stages) complete_refresh(j);
   }
@@ -309,10 +326,26 @@ void GaloreAdamW::submit_host_work() {
   for (auto& f : in_flight_) {
     if (!f || f->refresh.done()) continue;
     RefreshHostWork& work = f->refresh.host_work();
-    // The copies finish here (a device call), behind only this step's small products; the
-    // factorisations, pure host code, go to the worker.
-    for (ops::SideCopy& c : work.copies) c.done();
-    f->host = worker_->submit(work.math);
+    // The factorisations, pure host code, go to the worker once the stage's downloads have
+    // arrived; the host does not wait for them here (on a GPU the hand-over runs on CUDA's
+    // callback thread when the copies are done). The copies are kept until the next stage.
+    auto promise = std::make_shared<std::promise<void>>();
+    f->host = promise->get_future();
+    f->copies = std::move(work.copies);
+    ops::after_side_copies(f->copies, [worker = worker_.get(), math = work.math, promise] {
+      try {
+        worker->submit([math, promise] {
+          try {
+            if (math) math();
+            promise->set_value();
+          } catch (...) {
+            promise->set_exception(std::current_exception());
+          }
+        });
+      } catch (...) {  // the worker could not take it: the main thread learns at get()
+        promise->set_exception(std::current_exception());
+      }
+    });
   }
 }
 
@@ -320,6 +353,7 @@ void GaloreAdamW::complete_refresh(size_t j) {
   std::unique_ptr<InFlight> f = std::move(in_flight_[j]);
   if (f->host.valid()) {
     f->host.get();
+    f->copies.clear();
     f->refresh.resume();
   }
   f->refresh.finish();  // stages left over (a shifted CholeskyQR pass, an early completion)
@@ -354,7 +388,7 @@ void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectiv
   replace_projector(x, t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::project,
                     collectives, [&](Tensor& target) {
                       galore_projector(target, gradient_rows(x), {x.rows, x.cols}, settings_of(x),
-                                       sketch_seed(x, t), collectives, scratch_);
+                                       sketch_seed(x, t), collectives, *scratch_);
                     });
   if (t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::reset) {
     ops::zero(x.exp_avg);
@@ -370,7 +404,7 @@ void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectiv
 void GaloreAdamW::rotate_moments(Matrix& x, const Tensor& old_projector,
                                  const StepCollectives& collectives) {
   const int64_t r = x.rank;
-  Tensor c = galore_scratch(x.projector, {r, r}, scratch_);
+  Tensor c = galore_scratch(x.projector, {r, r}, *scratch_);
   const bool right = x.side == GaloreSide::right;
   if (right) {
     ops::matmul(c, old_projector, false, x.projector, true);
@@ -382,9 +416,9 @@ void GaloreAdamW::rotate_moments(Matrix& x, const Tensor& old_projector,
   Tensor c_squared64 = host_f64(c);
   for (int64_t i = 0; i < r * r; ++i)
     c_squared64.data<double>()[i] *= c_squared64.data<double>()[i];
-  const Tensor c_squared = f32_beside(c_squared64, c, scratch_);
+  const Tensor c_squared = f32_beside(c_squared64, c, *scratch_);
   const auto rotate = [&](Tensor& moment, const Tensor& by) {
-    Tensor rotated = galore_scratch(moment, moment.shape(), scratch_);
+    Tensor rotated = galore_scratch(moment, moment.shape(), *scratch_);
     if (right)
       ops::matmul(rotated, moment, false, by, false);
     else
@@ -414,7 +448,7 @@ void GaloreAdamW::update_projected(Matrix& x) {
   Tensor projected;
   ops::TimeMark start = mark();
   if (right && !x.projected_grad.defined()) {
-    projected = galore_scratch(x.projector, {rows, r}, scratch_);
+    projected = galore_scratch(x.projector, {rows, r}, *scratch_);
     ops::matmul(projected, gradient_rows(x), false, x.projector, true,
                 static_cast<float>(clip_scale_), 0.0f, precision());
     timed(Work::projection, start);
@@ -430,7 +464,7 @@ void GaloreAdamW::update_projected(Matrix& x) {
 
   // Back to the weight's rows, scaled: N Q or P N.
   start = mark();
-  Tensor step_back = galore_scratch(x.projector, {rows, x.cols}, scratch_);
+  Tensor step_back = galore_scratch(x.projector, {rows, x.cols}, *scratch_);
   if (right)
     ops::matmul(step_back, projected, false, x.projector, false, static_cast<float>(galore_.scale),
                 0.0f, precision());

@@ -100,7 +100,7 @@ class GaloreAdamW : public Optimizer {
   size_t projected_matrices() const { return matrices_.size(); }
   // Where its temporaries of host tensors go (all of them on the CPU backend): tests compare its
   // peak with galore_working_bytes.
-  const Arena& scratch() const { return scratch_; }
+  const Arena& scratch() const { return *scratch_; }
 
   // Whether matrix j (0-based among the projected ones) refreshes its projector at 0-based
   // iteration t, and the last iteration <= t at which it did.
@@ -127,6 +127,7 @@ class GaloreAdamW : public Optimizer {
     ProjectorRefresh refresh;
     Tensor new_projector;
     std::future<void> host;
+    std::vector<ops::SideCopy> copies;  // the current stage's downloads, until its host work ran
     int64_t stages_done = 0;
     StepCollectives collectives;
   };
@@ -167,8 +168,9 @@ class GaloreAdamW : public Optimizer {
   ops::MatmulPrecision precision() const;
 
   // Temporaries of host tensors: the optimizer's own, since update(k) may run on a thread of
-  // its own beside the main thread's use of the host arena. Declared first, destroyed last.
-  Arena scratch_{"GaLore scratch (host)", Device::cpu};
+  // its own beside the main thread's use of the host arena (page-locked on a GPU: the
+  // constructor). Declared first, destroyed last.
+  std::unique_ptr<Arena> scratch_ = std::make_unique<Arena>("GaLore scratch (host)", Device::cpu);
   std::vector<TrainableShard> shards_;
   AdamWConfig adamw_;
   GaloreConfig galore_;
