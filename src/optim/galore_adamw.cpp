@@ -123,36 +123,25 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
     step_ = step;
     return begin_step_across_replicas(collectives);
   }
-  lr_ = lr;
-  step_ = step;
-  const int64_t t = step - 1;
-  if (galore_.profile) ++profiled_steps_;
-  // The refreshes in flight take their next stage first: it reads only their snapshots, not
-  // this step's gradient, so on a GPU its products queue behind the backward still running and
-  // its host part (launches, small uploads, waiting for the previous stage's host work)
-  // overlaps that backward instead of following the norm's wait for it.
-  ops::TimeMark refresh_start = mark();
-  advance_refreshes();
-  timed(Work::refresh, refresh_start);
-
   std::vector<Tensor> grads;
   for (const TrainableShard& s : shards_) grads.push_back(s.grad);
   StepReport report;
   report.grad_norm = std::sqrt(collectives.sum(collectives.local_sum_squares(grads)));
   if (adamw_.grad_clip > 0 && report.grad_norm > adamw_.grad_clip)
     report.clip_scale = adamw_.grad_clip / (report.grad_norm + 1e-6);
+  lr_ = lr;
+  step_ = step;
   clip_scale_ = report.clip_scale;
-  // Gradients with a NaN or an inf would poison the projectors: the step is skipped whole (no
-  // refresh begins from them; those in flight, from earlier gradients, went on above).
-  if (!std::isfinite(report.grad_norm)) {
-    submit_host_work();
-    return report;
-  }
+  // Gradients with a NaN or an inf would poison the projectors: the step is skipped whole.
+  if (!std::isfinite(report.grad_norm)) return report;
 
   // Every gradient shard arrived summed over the replicas (if any): nothing more crosses them.
   StepCollectives summed = collectives;
   summed.replica_sum_in_place = [](Tensor&) {};
-  refresh_start = mark();
+  const int64_t t = step - 1;
+  if (galore_.profile) ++profiled_steps_;
+  const ops::TimeMark refresh_start = mark();
+  advance_refreshes();
   InlineProgress progress = inline_progress(t);
   for (size_t j = 0; j < matrices_.size(); ++j) {
     if (!refresh_due(j, t)) continue;

@@ -1,9 +1,13 @@
 // The device runtime: the caching allocator reuses blocks, refuses past its cap with a message
 // that says what did not fit and stays usable, keeps peaks, trims; copies round-trip through
-// device and pinned memory; streams and events order and time work.
+// device and pinned memory; streams and events order and time work; a stream calls a host
+// function once its earlier work is done.
 #include <cstdio>
 #include <cstring>
+#include <future>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "catch_compat.h"
 #include "core/device.h"
@@ -217,5 +221,29 @@ TEST_CASE("streams and events order and time work", "[gpu]") {
   CHECK(stop.elapsed_ms_since(start) >= 0.0f);
   CHECK(same_bytes(pinned, host));
   context.comm().wait(context.compute());
+  context.synchronize();
+}
+
+TEST_CASE("a stream calls a host function once the work queued before it is done", "[gpu]") {
+  if (!have_gpu()) return;
+  DeviceContext context(0);
+  const Tensor host = host_ramp({int64_t(16 * kMiB)});
+  Tensor device = Tensor::empty(host.shape(), DType::f32, context.device_memory());
+  Tensor pinned = Tensor::empty(host.shape(), DType::f32, context.pinned_memory());
+  // Up on the compute stream, down on the communication stream after it (as ops::SideCopy
+  // does), then the function, which reads the download on CUDA's callback thread: the host
+  // never synchronizes, yet the function sees every byte.
+  copy_async(device, host, context.compute());
+  context.comm().wait(context.compute());
+  copy_async(pinned, device, context.comm());
+  std::promise<bool> seen;
+  std::future<bool> result = seen.get_future();
+  context.comm().call_when_reached([&] { seen.set_value(same_bytes(pinned, host)); });
+  CHECK(result.get());
+  // What it throws stays on the callback thread; later work on the stream still runs.
+  context.comm().call_when_reached([] { throw std::runtime_error("lost"); });
+  std::promise<void> after;
+  context.comm().call_when_reached([&] { after.set_value(); });
+  after.get_future().get();
   context.synchronize();
 }
