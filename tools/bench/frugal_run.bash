@@ -88,6 +88,10 @@ for f in families:
                                  if f in r["families"] else "%22s" % "-" for _, r in runs))
 print("%-12s" % "kernels" + "".join("%13.1f ms %6s" % (r["kernel_ms"], "") for _, r in runs))
 print("%-12s" % "window" + "".join("%13.1f ms %6s" % (r["window_ms"], "") for _, r in runs))
+for name, r in runs:  # where each run's GPU idled, and after what
+    if "idle_ms" in r:
+        print("%s: GPU idle %.1f ms of the %.1f ms window; most after: " % (name, r["idle_ms"], r["window_ms"]) + "; ".join(
+            "%s %d x, %.1f ms" % (a["name"][:60], a["count"], a["ms"]) for a in r["idle_after"][:6]))
 for name, r in runs:  # where each run's host waited or launched: its costliest runtime calls
     print("%s: host time in CUDA runtime calls: " % name + "; ".join(
         "%s %d x, %.1f ms (max %.2f)" % (a["name"], a["count"], a["ms"], a["max_ms"])

@@ -1,7 +1,8 @@
 // A CUDA injection library that times every kernel, copy and memset of a program with CUPTI's
 // activity records and, at exit, writes where the GPU time went: by kernel family and by
-// kernel; and the host's time in CUDA runtime calls, by function. Any CUDA program can be
-// profiled alike, frugal and PyTorch, in the same way:
+// kernel; where the GPU idled between them (and after what); and the host's time in CUDA
+// runtime calls, by function. Any CUDA program can be profiled alike, frugal and PyTorch, in
+// the same way:
 //
 //   CUDA_INJECTION64_PATH=build-cuda/libfrugal_kernel_profile.so
 //   FRUGAL_KERNEL_PROFILE=profile.json [FRUGAL_KERNEL_PROFILE_SKIP_S=20] PROGRAM ...
@@ -90,12 +91,21 @@ struct Totals {
   uint64_t count = 0, ns = 0, max_ns = 0;
 };
 
+// When the GPU worked (a kernel, copy or memset in the window), to find when it did not.
+struct Busy {
+  uint64_t start = 0, end = 0;
+  uint32_t what = 0;  // index into Profile::busy_names
+};
+
 struct Profile {
   std::mutex mutex;
   std::map<std::string, Totals> kernels;  // by demangled name
   // The host's time in CUDA runtime calls, by function: where a host-bound phase waits
   // (synchronizations, blocking copies) or spends its launches.
   std::map<std::string, Totals> runtime_api;
+  std::vector<Busy> busy;
+  std::vector<std::string> busy_names;
+  std::map<std::string, uint32_t> busy_ids;
   Totals memcpy_h2d, memcpy_d2h, memcpy_other, memset;
   uint64_t first_start = 0, window_start = 0, window_end = 0, skip_ns = 0;
   uint64_t dropped = 0;
@@ -106,6 +116,12 @@ struct Profile {
 Profile& profile() {
   static Profile* p = new Profile;  // never destroyed: the exit handler reads it
   return *p;
+}
+
+void add_busy(Profile& p, uint64_t start, uint64_t end, const std::string& what) {
+  auto [it, added] = p.busy_ids.emplace(what, uint32_t(p.busy_names.size()));
+  if (added) p.busy_names.push_back(what);
+  p.busy.push_back({start, end, it->second});
 }
 
 // Whether a record that starts at `start` counts; widens the window to [.., end].
@@ -137,9 +153,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t stream, uint8_t* buffer, size
         record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
       if (!counts(p, k->start, k->end)) continue;
-      Totals& t = p.kernels[demangled(k->name)];
+      const std::string name = demangled(k->name);
+      Totals& t = p.kernels[name];
       ++t.count;
       t.ns += k->end - k->start;
+      add_busy(p, k->start, k->end, name);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       if (!counts(p, m->start, m->end)) continue;
@@ -148,6 +166,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t stream, uint8_t* buffer, size
                                                                    : p.memcpy_other;
       ++t.count;
       t.ns += m->end - m->start;
+      add_busy(p, m->start, m->end,
+               m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "(copy host to device)"
+               : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "(copy device to host)"
+                                                                : "(copy)");
     } else if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
       const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
       // Counted in the same window as the GPU's records, without widening it.
@@ -165,6 +187,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t stream, uint8_t* buffer, size
       if (!counts(p, m->start, m->end)) continue;
       ++p.memset.count;
       p.memset.ns += m->end - m->start;
+      add_busy(p, m->start, m->end, "(memset)");
     }
   }
   size_t dropped = 0;
@@ -248,7 +271,52 @@ void write_profile() {
                  static_cast<unsigned long long>(by_time[k].second.count),
                  by_time[k].second.ns * 1e-6, k + 1 < by_time.size() ? "," : "");
   }
-  std::fprintf(out, "  ],\n  \"runtime_api\": [\n");
+  // Where the GPU idled inside the window: the gaps between the end of all work so far and the
+  // next start, charged to the work that ended last before it (what the GPU waited after) and
+  // to the work that began it (what it waited for). A host-bound phase shows up here.
+  std::sort(p.busy.begin(), p.busy.end(),
+            [](const Busy& a, const Busy& b) { return a.start < b.start; });
+  std::map<uint32_t, Totals> idle_after, idle_before;
+  uint64_t idle_ns = 0, covered = 0;
+  uint32_t last = 0;
+  for (size_t i = 0; i < p.busy.size(); ++i) {
+    const Busy& b = p.busy[i];
+    if (i > 0 && b.start > covered) {
+      const uint64_t gap = b.start - covered;
+      idle_ns += gap;
+      for (auto* m : {&idle_after, &idle_before}) {
+        Totals& t = (*m)[m == &idle_after ? last : b.what];
+        ++t.count;
+        t.ns += gap;
+        t.max_ns = std::max(t.max_ns, gap);
+      }
+    }
+    if (i == 0 || b.end >= covered) {
+      covered = b.end;
+      last = b.what;
+    }
+  }
+  const auto write_idle = [&](const char* key, const std::map<uint32_t, Totals>& m) {
+    std::vector<std::pair<uint32_t, Totals>> v(m.begin(), m.end());
+    std::sort(v.begin(), v.end(),
+              [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+    if (v.size() > 20) v.resize(20);
+    std::fprintf(out, "  \"%s\": [\n", key);
+    for (size_t k = 0; k < v.size(); ++k) {
+      std::string name = p.busy_names[v[k].first];
+      for (char& c : name)
+        if (c == '"' || c == '\\') c = '\'';
+      std::fprintf(out,
+                   "    {\"name\": \"%s\", \"count\": %llu, \"ms\": %.3f, \"max_ms\": %.3f}%s\n",
+                   name.c_str(), static_cast<unsigned long long>(v[k].second.count),
+                   v[k].second.ns * 1e-6, v[k].second.max_ns * 1e-6, k + 1 < v.size() ? "," : "");
+    }
+    std::fprintf(out, "  ],\n");
+  };
+  std::fprintf(out, "  ],\n  \"idle_ms\": %.3f,\n", idle_ns * 1e-6);
+  write_idle("idle_after", idle_after);
+  write_idle("idle_before", idle_before);
+  std::fprintf(out, "  \"runtime_api\": [\n");
   std::vector<std::pair<std::string, Totals>> api(p.runtime_api.begin(), p.runtime_api.end());
   std::sort(api.begin(), api.end(),
             [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
