@@ -47,7 +47,7 @@ struct PlanSettings {
   std::function<bool(const ParamSpec&)> fp8_gathered;  // trained weights gathered as E4M3 codes
   std::optional<GaloreConfig> galore;  // GaLore's settings (none: AdamW on every weight)
   size_t activation_inputs = 0;        // offloaded activations (offloaded_input_bytes), host memory
-  bool checkpoint_staging = false;     // ckpt.async
+  bool checkpoint_staging = false;     // CkptConfig::stages_saves()
 };
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& settings);

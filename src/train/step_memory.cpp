@@ -240,7 +240,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
         for (int k = 0; k < 2; ++k) keep(host_state, optimizer / 2);
         if (master == 4) keep(copies_on_host, p.shard * 2);  // the bf16 copy the layers read
         if (host_state && !copies_on_host) out.host_state += p.shard * 2;  // its host staging
-        if (c.ckpt.async)
+        if (c.ckpt.stages_saves())
           out.host_staging += checkpoint_staging_bytes(p.shard, optimizer, master, galore);
       } else if (p.encoding != Encoding::none) {
         for (size_t part : encoded_parts(p, p.shard, true)) keep(copies_on_host, part);

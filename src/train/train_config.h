@@ -151,6 +151,10 @@ struct CkptConfig {
   int64_t keep = 2;
   bool final = true;
   bool async = true;  // copy, then write on a thread (ckpt.async)
+  // Whether saves stage a host copy to write in the background: asked for, and some save is
+  // scheduled. A run that saves only when a signal stops it writes that save synchronously
+  // (the run ends after it anyway) and pins no staging memory up front.
+  bool stages_saves() const { return async && (every > 0 || final); }
 };
 
 // [fp8]: the block linears through FP8 GEMMs (model/fp8_scaling.h).
@@ -195,8 +199,8 @@ struct TrainConfig {
   // spellings must stay as they are.
   std::map<std::string, std::string> resolved;
 
-  void resolve();                         // fills `resolved` from the fields
-  void validate() const;                  // throws Error naming the key
+  void resolve();         // fills `resolved` from the fields
+  void validate() const;  // throws Error naming the key
   // Why the run ignores key `name` ("optim.type is adamw" for a [galore] key), or "" when it
   // reads it: a full run has no adapters ([lora]), AdamW no subspace ([galore]), and a run
   // without FP8 reads only fp8.enabled of [fp8].

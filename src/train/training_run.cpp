@@ -323,7 +323,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   settings.four_bit_hqq = c.train.type == TrainType::hqq_lora;
   if (fp8) settings.fp8_gathered = fp8_gathered_weights(c, settings.ranks, use_gpu);
   settings.activation_inputs = offloaded_input_bytes(c, mesh().cp_size, use_gpu);
-  settings.checkpoint_staging = c.ckpt.async;
+  settings.checkpoint_staging = c.ckpt.stages_saves();
   const MemoryPlan plan = plan_memory(units, settings);
   const std::string advice =
       ": more ranks per replica (ZeRO-3 divides the state among them; parallel.dp_shard = all "
@@ -374,6 +374,9 @@ Arena* TrainingRun::checkpoint_staging(size_t state_bytes) {
   std::string why;
   if (!config.ckpt.async)
     why = "ckpt.async = false";
+  else if (!config.ckpt.stages_saves())
+    why =
+        "no save is scheduled: ckpt.every = 0 and ckpt.final = false, so only a stop signal saves";
   else if (!fits)
     why = "staging " + mib(state_bytes) + " per rank for " + std::to_string(node_ranks) +
           " rank(s) on this node needs more than 80 % of the " + mib(available) +

@@ -2,7 +2,8 @@
 # Asynchronous checkpoints (ckpt.async = true, the default) through the CLI: a run killed after
 # its saves and resumed equals a straight run bit for bit (1, 2 and 4 ranks, full and QLoRA);
 # an asynchronous checkpoint resumes on another number of ranks (4 -> 2, 2 -> 4) exactly as a
-# synchronous one does; and kill -9 at random moments of the background writes always leaves a
+# synchronous one does; a run that schedules no save stages nothing, and its stop signal's save
+# resumes exactly; and kill -9 at random moments of the background writes always leaves a
 # committed step that verifies and resumes exactly.
 # usage: async_ckpt.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
@@ -56,6 +57,27 @@ for pair in "4 2" "2 4"; do
     || { echo "FAIL: $1 -> $2 ranks: the asynchronous checkpoint resumes differently"; exit 1; }
   echo "async checkpoint of $1 ranks resumed on $2: as the synchronous one"
 done
+
+# 3. A run that schedules no save (ckpt.every = 0, ckpt.final = false, as benchmarks run) pins
+# no staging memory: its saves are synchronous, and a stop signal's save still resumes exactly.
+"${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.steps=12 --ckpt.final=false \
+  --train.out_dir="$work/unscheduled-straight" > "$work/unscheduled.log" 2>&1 \
+  || { echo "FAIL: a run without scheduled saves"; tail -20 "$work/unscheduled.log"; exit 1; }
+grep -q "checkpoints: synchronous (no save is scheduled" "$work/unscheduled.log" \
+  || { echo "FAIL: a run without scheduled saves staged them"; cat "$work/unscheduled.log"; exit 1; }
+grep -q '"checkpoint_staging_bytes":0[,}]' "$work/unscheduled-straight/metrics.jsonl" \
+  && ! grep -q '"checkpoint_staging_bytes":[1-9]' "$work/unscheduled-straight/metrics.jsonl" \
+  || { echo "FAIL: staging memory held without a scheduled save"; exit 1; }
+FRUGAL_INJECT_FAULT=signal:0:5 "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.steps=12 \
+  --ckpt.final=false --train.out_dir="$work/unscheduled" > /dev/null 2>&1 || true
+"${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.steps=12 --ckpt.final=false \
+  --train.resume=true --train.out_dir="$work/unscheduled" > "$work/unscheduled.resume" 2>&1 \
+  || { echo "FAIL: resume after a stop signal"; tail -20 "$work/unscheduled.resume"; exit 1; }
+grep -q "resumed from step 5 " "$work/unscheduled.resume" \
+  || { echo "FAIL: the stop signal's save was not resumed"; cat "$work/unscheduled.resume"; exit 1; }
+cmp <(losses "$work/unscheduled-straight/metrics.jsonl") <(losses "$work/unscheduled/metrics.jsonl") \
+  || { echo "FAIL: the resumed losses differ from the straight run's"; exit 1; }
+echo "no scheduled save: nothing staged, a stop signal's save resumed exactly"
 
 # The temporary files `ckpt ls` reports: those of uncommitted steps and the stray ones.
 reported_temporary_files() {
