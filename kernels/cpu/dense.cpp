@@ -6,7 +6,7 @@
 // here, on the small matrices these are called with (at most a few thousand rows).
 //
 // The matrix product runs as one sgemm per block of output rows, one block per OpenMP thread,
-// as kernels/cpu/linear.cpp does (OpenBLAS itself is single-threaded there, see why).
+// with OpenBLAS single-threaded (kernels/cpu/blas.h).
 #include "kernels/cpu/dense.h"
 
 #include <cblas.h>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/blas.h"
 
 extern "C" {
 // Fortran LAPACK: every argument by address; the trailing size_t are the lengths of the
@@ -39,11 +40,6 @@ int lapack_size(int64_t n) {
   return static_cast<int>(n);
 }
 
-blasint blas_size(int64_t n) {
-  FRUGAL_CHECK(n >= 0 && n <= INT_MAX, "blas size ", n);
-  return static_cast<blasint>(n);
-}
-
 }  // namespace
 
 void matmul(float* c, const float* a, bool trans_a, const float* b, bool trans_b, int64_t m,
@@ -53,6 +49,7 @@ void matmul(float* c, const float* a, bool trans_a, const float* b, bool trans_b
     for (int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
     return;
   }
+  use_single_threaded_blas();
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   const int threads = std::max(1, std::min<int>(omp_get_max_threads(), int((m + 31) / 32)));
 #pragma omp parallel for num_threads(threads) schedule(static)

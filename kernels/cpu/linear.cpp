@@ -1,12 +1,10 @@
 // Linear layers through OpenBLAS's cblas_sgemm: y = x W^T with W in Hugging Face's [out, in]
 // layout, and its backward. Row-major throughout.
 //
-// One thread pool, not two: OpenBLAS's own threads and OpenMP's fight over the cores (OpenMP
-// threads spin after each parallel region while OpenBLAS's wait for a core), which halved
-// training throughput on two cores. So OpenBLAS runs single-threaded and each product is
-// split into blocks of output rows or columns, one per OpenMP thread. Every output element is
-// still one sgemm's dot product over the full reduction axis, so results do not depend on the
-// thread count's timing (only on the partition, which is fixed for a thread count).
+// OpenBLAS runs single-threaded and each product is split into blocks of output rows or columns,
+// one per OpenMP thread (kernels/cpu/blas.h says why). Every output element is still one
+// sgemm's dot product over the full reduction axis, so results do not depend on the thread
+// count's timing (only on the partition, which is fixed for a thread count).
 #include "kernels/cpu/linear.h"
 
 #include <cblas.h>
@@ -16,24 +14,11 @@
 #include <climits>
 
 #include "core/error.h"
+#include "kernels/cpu/blas.h"
 
 namespace frugal::cpu {
 
 namespace {
-
-// cblas takes int sizes; a matrix side beyond INT_MAX is a caller bug, not a user error.
-blasint blas_size(int64_t n) {
-  FRUGAL_CHECK(n >= 0 && n <= INT_MAX, "blas size ", n);
-  return static_cast<blasint>(n);
-}
-
-void use_single_threaded_blas() {
-  static const bool done = [] {
-    openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)done;
-}
 
 // Splits [0, n) into `parts` nearly equal blocks; block i is [begin, end).
 void block_of(int64_t n, int parts, int i, int64_t& begin, int64_t& end) {

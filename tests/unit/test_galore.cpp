@@ -2,6 +2,8 @@
 // GaLoreAdamW on the same matrices and gradients (tests/fixtures/galore, written by
 // tools/make_galore_fixtures.py), the randomized projector against the exact one (principal
 // angles), the refresh schedule, and the checkpoint state's names and layout.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "catch_compat.h"
-#include "optim_support.h"
 #include "ckpt/safetensors.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -21,6 +22,7 @@
 #include "ops/ops.h"
 #include "optim/galore_adamw.h"
 #include "optim/galore_projector.h"
+#include "optim_support.h"
 #include "test_support.h"
 
 namespace {
@@ -119,6 +121,17 @@ TEST_CASE("matmul of every transpose against a float64 loop, on awkward sizes", 
   Tensor gram = random_tensor({5, 5}, 14);
   ops::matmul(gram, empty_rows, true, empty_rows, false);
   CHECK(max_abs(gram) == 0.0);
+}
+
+TEST_CASE("host products run with OpenBLAS single-threaded, whoever set it otherwise", "[galore]") {
+  // A GPU run reaches these products (GaLore's under offload) without a host linear layer ever
+  // having set OpenBLAS to one thread: with its thread per core inside each of OpenMP's
+  // threads, the products asked for threads squared.
+  openblas_set_num_threads(2);
+  const Tensor a = random_tensor({64, 32}, 21), b = random_tensor({32, 48}, 22);
+  Tensor c = Tensor::empty({64, 48}, DType::f32);
+  ops::matmul(c, a, false, b, false);
+  CHECK(openblas_get_num_threads() == 1);
 }
 
 TEST_CASE("float64 factorisations: eigen-decomposition, Cholesky, triangular inverse", "[galore]") {
