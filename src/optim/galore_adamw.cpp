@@ -321,7 +321,7 @@ void GaloreAdamW::submit_host_work() {
     auto promise = std::make_shared<std::promise<void>>();
     f->host = promise->get_future();
     f->copies = std::move(work.copies);
-    ops::after_side_copies(f->copies, [worker = worker_.get(), math = work.math, promise] {
+    const auto hand_over = [worker = worker_.get(), math = work.math, promise] {
       try {
         worker->submit([math, promise] {
           try {
@@ -334,7 +334,15 @@ void GaloreAdamW::submit_host_work() {
       } catch (...) {  // the worker could not take it: the main thread learns at get()
         promise->set_exception(std::current_exception());
       }
-    });
+    };
+    try {
+      ops::after_side_copies(f->copies, hand_over);
+    } catch (...) {
+      // Not queued (a failed launch): whoever waits for this stage (the next step, the
+      // destructor) must not wait for ever.
+      promise->set_exception(std::current_exception());
+      throw;
+    }
   }
 }
 
