@@ -18,7 +18,8 @@
 //
 // Families are matched on the demangled name, first rule first (kFamilies); a name that
 // matches none counts as "other", and the JSON lists the kernels by time so that a rule can be
-// added where "other" is large.
+// added where "other" is large. Every record of the window is kept until the exit (for the
+// idle gaps, 24 bytes each): meant for runs of minutes, not hours.
 #include <cupti.h>
 #include <cxxabi.h>
 #include <unistd.h>
@@ -201,6 +202,28 @@ void write_json(FILE* out, const char* key, const Totals& t, bool comma = true) 
                static_cast<unsigned long long>(t.count), t.ns * 1e-6, comma ? "," : "");
 }
 
+// A name as a JSON string's contents (kernel names hold no control characters).
+std::string json_safe(std::string name) {
+  for (char& c : name)
+    if (c == '"' || c == '\\') c = '\'';
+  return name;
+}
+
+// "key": [{name, count, ms, max_ms}, ...], the `limit` largest by time first.
+void write_ranked(FILE* out, const char* key, const std::map<std::string, Totals>& totals,
+                  size_t limit, bool comma) {
+  std::vector<std::pair<std::string, Totals>> v(totals.begin(), totals.end());
+  std::sort(v.begin(), v.end(),
+            [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  if (v.size() > limit) v.resize(limit);
+  std::fprintf(out, "  \"%s\": [\n", key);
+  for (size_t k = 0; k < v.size(); ++k)
+    std::fprintf(out, "    {\"name\": \"%s\", \"count\": %llu, \"ms\": %.3f, \"max_ms\": %.3f}%s\n",
+                 json_safe(v[k].first).c_str(), static_cast<unsigned long long>(v[k].second.count),
+                 v[k].second.ns * 1e-6, v[k].second.max_ns * 1e-6, k + 1 < v.size() ? "," : "");
+  std::fprintf(out, "  ]%s\n", comma ? "," : "");
+}
+
 void write_profile() {
   // A child forked by the program (frugal's checkpoint checker) inherits this exit handler but
   // not the records: only the process that loaded the library writes.
@@ -262,12 +285,9 @@ void write_profile() {
                  ++i < families.size() ? "," : "");
   std::fprintf(out, "  },\n  \"kernels\": [\n");
   for (size_t k = 0; k < by_time.size(); ++k) {
-    std::string name = by_time[k].first;
-    for (char& c : name)
-      if (c == '"' || c == '\\') c = '\'';
     std::fprintf(out,
                  "    {\"name\": \"%s\", \"family\": \"%s\", \"count\": %llu, \"ms\": %.3f}%s\n",
-                 name.c_str(), family_of(by_time[k].first),
+                 json_safe(by_time[k].first).c_str(), family_of(by_time[k].first),
                  static_cast<unsigned long long>(by_time[k].second.count),
                  by_time[k].second.ns * 1e-6, k + 1 < by_time.size() ? "," : "");
   }
@@ -276,7 +296,7 @@ void write_profile() {
   // to the work that began it (what it waited for). A host-bound phase shows up here.
   std::sort(p.busy.begin(), p.busy.end(),
             [](const Busy& a, const Busy& b) { return a.start < b.start; });
-  std::map<uint32_t, Totals> idle_after, idle_before;
+  std::map<std::string, Totals> idle_after, idle_before;
   uint64_t idle_ns = 0, covered = 0;
   uint32_t last = 0;
   for (size_t i = 0; i < p.busy.size(); ++i) {
@@ -284,11 +304,10 @@ void write_profile() {
     if (i > 0 && b.start > covered) {
       const uint64_t gap = b.start - covered;
       idle_ns += gap;
-      for (auto* m : {&idle_after, &idle_before}) {
-        Totals& t = (*m)[m == &idle_after ? last : b.what];
-        ++t.count;
-        t.ns += gap;
-        t.max_ns = std::max(t.max_ns, gap);
+      for (Totals* t : {&idle_after[p.busy_names[last]], &idle_before[p.busy_names[b.what]]}) {
+        ++t->count;
+        t->ns += gap;
+        t->max_ns = std::max(t->max_ns, gap);
       }
     }
     if (i == 0 || b.end >= covered) {
@@ -296,36 +315,11 @@ void write_profile() {
       last = b.what;
     }
   }
-  const auto write_idle = [&](const char* key, const std::map<uint32_t, Totals>& m) {
-    std::vector<std::pair<uint32_t, Totals>> v(m.begin(), m.end());
-    std::sort(v.begin(), v.end(),
-              [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-    if (v.size() > 20) v.resize(20);
-    std::fprintf(out, "  \"%s\": [\n", key);
-    for (size_t k = 0; k < v.size(); ++k) {
-      std::string name = p.busy_names[v[k].first];
-      for (char& c : name)
-        if (c == '"' || c == '\\') c = '\'';
-      std::fprintf(out,
-                   "    {\"name\": \"%s\", \"count\": %llu, \"ms\": %.3f, \"max_ms\": %.3f}%s\n",
-                   name.c_str(), static_cast<unsigned long long>(v[k].second.count),
-                   v[k].second.ns * 1e-6, v[k].second.max_ns * 1e-6, k + 1 < v.size() ? "," : "");
-    }
-    std::fprintf(out, "  ],\n");
-  };
   std::fprintf(out, "  ],\n  \"idle_ms\": %.3f,\n", idle_ns * 1e-6);
-  write_idle("idle_after", idle_after);
-  write_idle("idle_before", idle_before);
-  std::fprintf(out, "  \"runtime_api\": [\n");
-  std::vector<std::pair<std::string, Totals>> api(p.runtime_api.begin(), p.runtime_api.end());
-  std::sort(api.begin(), api.end(),
-            [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-  for (size_t k = 0; k < api.size(); ++k)
-    std::fprintf(out, "    {\"name\": \"%s\", \"count\": %llu, \"ms\": %.3f, \"max_ms\": %.3f}%s\n",
-                 api[k].first.c_str(), static_cast<unsigned long long>(api[k].second.count),
-                 api[k].second.ns * 1e-6, api[k].second.max_ns * 1e-6,
-                 k + 1 < api.size() ? "," : "");
-  std::fprintf(out, "  ]\n}\n");
+  write_ranked(out, "idle_after", idle_after, 20, true);
+  write_ranked(out, "idle_before", idle_before, 20, true);
+  write_ranked(out, "runtime_api", p.runtime_api, p.runtime_api.size(), false);
+  std::fprintf(out, "}\n");
   if (out != stderr) std::fclose(out);
   std::fprintf(stderr, "kernel_profile: pid %d: %zu kernels, %.1f ms of kernel time -> %s\n",
                int(getpid()), p.kernels.size(), kernel_ns * 1e-6,
