@@ -63,7 +63,9 @@ Tensor to_host_f32(const Tensor& src);
 // work queued on the compute stream so far), so that moving offloaded state to and from pinned
 // host memory overlaps the kernels. wait() orders the compute stream after it; done() blocks
 // the host until it is finished. Both tensors are kept alive until then. Between host tensors
-// it is an ordinary copy, finished on return.
+// it is an ordinary copy, finished on return. Its host side belongs in page-locked memory
+// (side_copy_host_arena): CUDA copies into pageable memory synchronously, so the constructor
+// would wait for the GPU to drain everything queued before it.
 class SideCopy {
  public:
   SideCopy();

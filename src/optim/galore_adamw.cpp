@@ -321,16 +321,17 @@ void GaloreAdamW::submit_host_work() {
     auto promise = std::make_shared<std::promise<void>>();
     f->host = promise->get_future();
     f->copies = std::move(work.copies);
-    const auto hand_over = [worker = worker_.get(), math = work.math, promise] {
+    const auto run_math = [math = work.math, promise] {
       try {
-        worker->submit([math, promise] {
-          try {
-            if (math) math();
-            promise->set_value();
-          } catch (...) {
-            promise->set_exception(std::current_exception());
-          }
-        });
+        if (math) math();
+        promise->set_value();
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    };
+    const auto hand_over = [worker = worker_.get(), run_math, promise] {
+      try {
+        worker->submit(run_math);
       } catch (...) {  // the worker could not take it: the main thread learns at get()
         promise->set_exception(std::current_exception());
       }
