@@ -238,4 +238,13 @@ void matmul_f32(GemmContext& ctx, float* c, const float* a, bool trans_a, const 
              trans_a ? m : k, trans_a, n, m, k, alpha, beta, stream, tf32);
 }
 
+void matmul_bf16_f32(GemmContext& ctx, float* c, const __nv_bfloat16* a, bool trans_a,
+                     const __nv_bfloat16* b, bool trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, float beta, cudaStream_t stream) {
+  FRUGAL_CHECK(k >= 1, "matmul_bf16_f32 with k ", k);
+  // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T, as in matmul_f32.
+  ctx.matmul(c, CUDA_R_32F, n, b, CUDA_R_16BF, trans_b ? k : n, trans_b, a, CUDA_R_16BF,
+             trans_a ? m : k, trans_a, n, m, k, alpha, beta, stream);
+}
+
 }  // namespace frugal::cuda

@@ -1,6 +1,6 @@
 // cuBLASLt GEMMs for linear layers with Hugging Face's weight layout W [out, in] row-major:
 // the forward y = x W^T and the two backward products, bf16 inputs with fp32 accumulation;
-// and fp32 products of any two operands (GaLore's projections).
+// and fp32 products of any two fp32 or bf16 operands (GaLore's projections).
 #pragma once
 
 #include <cublasLt.h>
@@ -116,5 +116,11 @@ void fp8_gemm_tn(GemmContext& ctx, void* out, cudaDataType_t out_type, const uin
 void matmul_f32(GemmContext& ctx, float* c, const float* a, bool trans_a, const float* b,
                 bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
                 cudaStream_t stream, bool tf32 = false);
+
+// The same product of bf16 operands into fp32 c (CUBLAS_COMPUTE_32F: each product exact, the
+// sums in fp32): GaLore's bf16 projections, about twice TF32's rate.
+void matmul_bf16_f32(GemmContext& ctx, float* c, const __nv_bfloat16* a, bool trans_a,
+                     const __nv_bfloat16* b, bool trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, float beta, cudaStream_t stream);
 
 }  // namespace frugal::cuda

@@ -119,13 +119,17 @@ Tensor convert(const Tensor& src, DType dtype, Arena& arena) {
   }
   FRUGAL_CHECK(src.device() == Device::cuda && arena.device() == Device::cuda,
                "dtype conversion of a tensor between host and GPU");
-  if (src.dtype() == DType::f32 && dtype == DType::bf16)
-    cuda::f32_to_bf16(bf(out), f32(src), src.numel(), stream());
-  else if (src.dtype() == DType::bf16 && dtype == DType::f32)
-    cuda::bf16_to_f32(f32(out), bf(src), src.numel(), stream());
-  else
-    fail("no GPU conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dtype));
+  convert_into(out, src);
   return out;
+}
+
+void convert_into(Tensor& dst, const Tensor& src) {
+  if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16)
+    cuda::f32_to_bf16(bf(dst), f32(src), src.numel(), stream());
+  else if (src.dtype() == DType::bf16 && dst.dtype() == DType::f32)
+    cuda::bf16_to_f32(f32(dst), bf(src), src.numel(), stream());
+  else
+    fail("no GPU conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()));
 }
 
 Tensor to_host_f32(const Tensor& src) {
@@ -593,9 +597,14 @@ void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const
 
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
             int64_t n, int64_t k, float alpha, float beta, MatmulPrecision precision) {
+  expect(c, DType::f32, "matmul result");
+  if (a.dtype() == DType::bf16) {
+    expect(b, DType::bf16, "matmul operand b");
+    return cuda::matmul_bf16_f32(gemm(), f32(c), bf(a), trans_a, bf(b), trans_b, m, n, k, alpha,
+                                 beta, stream());
+  }
   expect(a, DType::f32, "matmul operand a");
   expect(b, DType::f32, "matmul operand b");
-  expect(c, DType::f32, "matmul result");
   cuda::matmul_f32(gemm(), f32(c), f32(a), trans_a, f32(b), trans_b, m, n, k, alpha, beta, stream(),
                    precision == MatmulPrecision::tf32);
 }

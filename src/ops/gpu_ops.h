@@ -21,6 +21,7 @@ Arena& compute_arena();
 Tensor zeros(const Shape& shape, DType dtype, Arena& arena);
 void copy(Tensor& dst, const Tensor& src);
 Tensor convert(const Tensor& src, DType dtype, Arena& arena);
+void convert_into(Tensor& dst, const Tensor& src);
 Tensor to_host_f32(const Tensor& src);
 // Queues dst = src on the communication stream after the compute stream's work so far; returns
 // an event recorded after it (opaque: a CUevent_st* owned by the caller, see event_*).

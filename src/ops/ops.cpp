@@ -118,17 +118,26 @@ Tensor convert(const Tensor& src, DType dtype, Arena& arena) {
 #endif
   if (src.dtype() == dtype) return src.clone(arena);
   Tensor out = Tensor::empty(src.shape(), dtype, arena);
-  if (src.dtype() == DType::f32 && dtype == DType::bf16)
-    cpu::f32_to_bf16(out.data<uint16_t>(), src.data<float>(), src.numel());
-  else if (src.dtype() == DType::bf16 && dtype == DType::f32)
-    cpu::bf16_to_f32(out.data<float>(), src.data<uint16_t>(), src.numel());
-  else
-    fail("no host conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dtype));
+  convert_into(out, src);
   return out;
+}
+
+void convert_into(Tensor& dst, const Tensor& src) {
+  FRUGAL_CHECK(src.shape() == dst.shape() && src.device() == dst.device(), "conversion of ",
+               shape_string(src.shape()), " into ", shape_string(dst.shape()),
+               " on another device");
+  FRUGAL_ON_GPU(dst, convert_into(dst, src));
+  if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16)
+    cpu::f32_to_bf16(dst.data<uint16_t>(), src.data<float>(), src.numel());
+  else if (src.dtype() == DType::bf16 && dst.dtype() == DType::f32)
+    cpu::bf16_to_f32(dst.data<float>(), src.data<uint16_t>(), src.numel());
+  else
+    fail("no host conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()));
 }
 
 void assign(Tensor& dst, const Tensor& src) {
   if (src.dtype() == dst.dtype()) return copy(dst, src);
+  if (src.device() == dst.device()) return convert_into(dst, src);  // one pass, no temporary
   // Converted where dst lives (a GPU converts only its own memory), then copied in.
   const Tensor there = on_device_of(src, dst);
   const Tensor converted = convert(there, dst.dtype(), compute_arena(dst));
@@ -571,8 +580,11 @@ void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool tran
   FRUGAL_CHECK((trans_b ? b.size(1) : b.size(0)) == k && c.size(0) == m && c.size(1) == n,
                "matmul of ", shape_string(a.shape()), trans_a ? "^T" : "", " and ",
                shape_string(b.shape()), trans_b ? "^T" : "", " into ", shape_string(c.shape()));
-  FRUGAL_CHECK(a.dtype() == DType::f32 && b.dtype() == DType::f32 && c.dtype() == DType::f32,
-               "matmul needs f32 operands");
+  FRUGAL_CHECK(c.dtype() == DType::f32 && a.dtype() == b.dtype() &&
+                   (a.dtype() == DType::f32 || a.dtype() == DType::bf16),
+               "matmul needs an f32 result and operands both f32 or both bf16, not ",
+               dtype_name(a.dtype()), " and ", dtype_name(b.dtype()), " into ",
+               dtype_name(c.dtype()));
   FRUGAL_CHECK(a.device() == c.device() && b.device() == c.device(),
                "matmul operands on different devices");
   if (m == 0 || n == 0) return;
@@ -582,6 +594,13 @@ void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool tran
   }
   FRUGAL_ON_GPU(c, matmul(c, a, trans_a, b, trans_b, m, n, k, alpha, beta, precision));
   (void)precision;  // the CPU multiplies in fp32
+  if (a.dtype() == DType::bf16) {
+    // Widened exactly; the products of the widened values are the bf16 products.
+    const Tensor wide_a = convert(a, DType::f32, compute_arena(c));
+    const Tensor wide_b = convert(b, DType::f32, compute_arena(c));
+    return cpu::matmul(c.data<float>(), wide_a.data<float>(), trans_a, wide_b.data<float>(),
+                       trans_b, m, n, k, alpha, beta);
+  }
   cpu::matmul(c.data<float>(), a.data<float>(), trans_a, b.data<float>(), trans_b, m, n, k, alpha,
               beta);
 }

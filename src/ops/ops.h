@@ -52,6 +52,8 @@ Tensor zeros(const Shape& shape, DType dtype, Arena& arena);
 void copy(Tensor& dst, const Tensor& src);
 // src in `arena` converted to dtype (f32 <-> bf16; a plain copy when the dtype is the same).
 Tensor convert(const Tensor& src, DType dtype, Arena& arena);
+// dst = src converted to dst's dtype (f32 <-> bf16), both on one device, same shape.
+void convert_into(Tensor& dst, const Tensor& src);
 // dst = src converted to dst's dtype (f32 <-> bf16), any devices (fp32 checkpoint rows into the
 // bf16 shards of a bf16 run); ops::copy when the dtypes agree.
 void assign(Tensor& dst, const Tensor& src);
@@ -227,9 +229,11 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
 // rounded to 10 mantissa bits, the sums in fp32; several times faster). The CPU always
 // multiplies in fp32.
 enum class MatmulPrecision { fp32, tf32 };
-// c = alpha * op(a) . op(b) + beta * c for f32 matrices on one device, op(x) = x^T when its flag
-// is set: op(a) [m, k], op(b) [k, n], c [m, n]. With k = 0 (a shard without rows) the product is
-// zero: c = beta * c.
+// c = alpha * op(a) . op(b) + beta * c on one device, op(x) = x^T when its flag is set: op(a)
+// [m, k], op(b) [k, n], c [m, n]. c is f32; a and b are both f32 (multiplied at `precision`)
+// or both bf16 (the tensor cores' bf16 rate on a GPU; each product of two bf16 values is exact
+// in fp32, so every device sums the same products, in fp32). With k = 0 (a shard without rows)
+// the product is zero: c = beta * c.
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             float alpha = 1.0f, float beta = 0.0f,
             MatmulPrecision precision = MatmulPrecision::fp32);

@@ -116,8 +116,42 @@ Tensor GaloreAdamW::gradient_rows(const Matrix& x) {
   return wide;
 }
 
+Tensor GaloreAdamW::gradient_operand(const Matrix& x) {
+  const Tensor rows = shards_[x.shard].grad.rows(0, x.local_rows);
+  const DType dtype =
+      galore_.precision == GaloreProjectionPrecision::bf16 ? DType::bf16 : DType::f32;
+  if (rows.dtype() == dtype) return rows;
+  Tensor out = galore_scratch(rows, rows.shape(), *scratch_, dtype);
+  ops::assign(out, rows);
+  return out;
+}
+
+Tensor GaloreAdamW::operand(const Tensor& t) {
+  if (galore_.precision != GaloreProjectionPrecision::bf16) return t;
+  Tensor out = galore_scratch(t, t.shape(), *scratch_, DType::bf16);
+  ops::assign(out, t);
+  return out;
+}
+
+const Tensor& GaloreAdamW::projector_operand(Matrix& x) {
+  if (!x.projector_operand.defined())
+    x.projector_operand =
+        operand(x.side == GaloreSide::right ? x.projector : x.projector.rows(0, x.local_rows));
+  return x.projector_operand;
+}
+
+void GaloreAdamW::project(Tensor& out, Matrix& x, float alpha) {
+  if (x.side == GaloreSide::right)
+    ops::matmul(out, gradient_operand(x), false, projector_operand(x), true, alpha, 0.0f,
+                precision());
+  else
+    ops::matmul(out, projector_operand(x), true, gradient_operand(x), false, alpha, 0.0f,
+                precision());
+}
+
 StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollectives& collectives) {
   FRUGAL_CHECK(step >= 1, "GaloreAdamW step ", step, " (1-based)");
+  for (Matrix& x : matrices_) x.projector_operand = Tensor();  // a step left unfinished
   if (galore_.projected_replica_sums && collectives.replicas > 1) {
     lr_ = lr;
     step_ = step;
@@ -169,8 +203,7 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
     const int64_t size = x.rank * x.cols;
     x.projected_grad = all.rows(offset, offset + size).view({x.rank, x.cols});
     offset += size;
-    ops::matmul(x.projected_grad, x.projector.rows(0, x.local_rows), true, gradient_rows(x), false,
-                static_cast<float>(clip_scale_), 0.0f, precision());
+    project(x.projected_grad, x, static_cast<float>(clip_scale_));
   }
   timed(Work::projection, projection_start);
   collectives.sum_in_place(all);
@@ -233,13 +266,10 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
     offsets[group] += size;
     if (x.side == GaloreSide::right) {
       x.projected_grad = r.view({x.local_rows, x.rank});
-      if (x.local_rows > 0)
-        ops::matmul(x.projected_grad, gradient_rows(x), false, x.projector, true, 1.0f, 0.0f,
-                    precision());
+      if (x.local_rows > 0) project(x.projected_grad, x, 1.0f);
     } else {
       x.projected_grad = r.view({x.rank, x.cols});
-      ops::matmul(x.projected_grad, x.projector.rows(0, x.local_rows), true, gradient_rows(x),
-                  false, 1.0f, 0.0f, precision());
+      project(x.projected_grad, x, 1.0f);
     }
   }
   timed(Work::projection, projection_start);
@@ -365,6 +395,7 @@ void GaloreAdamW::before_save() {
 
 void GaloreAdamW::replace_projector(Matrix& x, bool rotate, const StepCollectives& collectives,
                                     const std::function<void(Tensor&)>& write) {
+  x.projector_operand = Tensor();
   Tensor old_projector;
   if (rotate) {  // (through ops: the projector may live on a GPU)
     old_projector = ops::empty_like(x.projector, x.projector.shape(), x.projector.dtype());
@@ -447,31 +478,18 @@ void GaloreAdamW::update_projected(Matrix& x) {
   ops::TimeMark start = mark();
   if (right && !x.projected_grad.defined()) {
     projected = galore_scratch(x.projector, {rows, r}, *scratch_);
-    ops::matmul(projected, gradient_rows(x), false, x.projector, true,
-                static_cast<float>(clip_scale_), 0.0f, precision());
+    project(projected, x, static_cast<float>(clip_scale_));
     timed(Work::projection, start);
     start = mark();
   } else {
     projected = x.projected_grad;
   }
+  x.projected_grad = Tensor();
   Tensor m = right ? x.exp_avg.rows(0, rows) : x.exp_avg;
   Tensor v = right ? x.exp_avg_sq.rows(0, rows) : x.exp_avg_sq;
   ops::galore_moments(m, v, projected, static_cast<float>(adamw_.beta1),
                       static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps));
   timed(Work::moments, start);
-
-  // Back to the weight's rows, scaled: N Q or P N.
-  start = mark();
-  Tensor step_back = galore_scratch(x.projector, {rows, x.cols}, *scratch_);
-  if (right)
-    ops::matmul(step_back, projected, false, x.projector, false, static_cast<float>(galore_.scale),
-                0.0f, precision());
-  else
-    ops::matmul(step_back, x.projector.rows(0, rows), false, projected, false,
-                static_cast<float>(galore_.scale), 0.0f, precision());
-  x.projected_grad = Tensor();
-  timed(Work::projection, start);
-  start = mark();
 
   // Bias corrections count the moments' updates: every step, or since the last reset.
   const int64_t t = step_ - 1;
@@ -482,14 +500,40 @@ void GaloreAdamW::update_projected(Matrix& x) {
   const double correction2 = 1.0 - std::pow(adamw_.beta2, double(updates));
   const double step_size = lr_ * std::sqrt(correction2) / correction1;
   const double decay = decays(s.name) ? -lr_ * adamw_.weight_decay : 0.0;
+
+  // Back to the weight's rows, scaled, N Q or P N; the update (the reference's, decay after the
+  // step) is W <- (1 + decay) (W - step_size scale step_back).
+  start = mark();
   Tensor param = s.param.rows(0, rows);
-  ops::galore_apply(param, step_back, static_cast<float>(-step_size), static_cast<float>(decay),
-                    s.param_copy.defined() ? s.param_copy.rows(0, rows) : Tensor());
+  Tensor copy = s.param_copy.defined() ? s.param_copy.rows(0, rows) : Tensor();
+  const Tensor left_factor = right ? operand(projected) : projector_operand(x);
+  const Tensor right_factor = right ? projector_operand(x) : operand(projected);
+  x.projector_operand = Tensor();
+  if (param.dtype() == DType::f32) {
+    // One GEMM whose epilogue reads and writes W: no step_back in memory.
+    const double keep = 1.0 + decay;
+    ops::matmul(param, left_factor, false, right_factor, false,
+                static_cast<float>(-keep * step_size * galore_.scale), static_cast<float>(keep),
+                precision());
+    timed(Work::projection, start);
+    start = mark();
+    if (copy.defined()) ops::assign(copy, param);
+  } else {
+    Tensor step_back = galore_scratch(x.projector, {rows, x.cols}, *scratch_);
+    ops::matmul(step_back, left_factor, false, right_factor, false,
+                static_cast<float>(galore_.scale), 0.0f, precision());
+    timed(Work::projection, start);
+    start = mark();
+    ops::galore_apply(param, step_back, static_cast<float>(-step_size), static_cast<float>(decay),
+                      copy);
+  }
   timed(Work::moments, start);
 }
 
 ops::MatmulPrecision GaloreAdamW::precision() const {
-  return galore_.projector.tf32 ? ops::MatmulPrecision::tf32 : ops::MatmulPrecision::fp32;
+  // Of f32 operands (bf16 ones carry their precision in their dtype).
+  return galore_.precision == GaloreProjectionPrecision::tf32 ? ops::MatmulPrecision::tf32
+                                                              : ops::MatmulPrecision::fp32;
 }
 
 ops::TimeMark GaloreAdamW::mark() const {

@@ -49,6 +49,9 @@ struct GaloreConfig {
   // then counts a projected matrix by its projected gradient's norm (the whole gradient's sum
   // is nowhere). False: every gradient shard arrives summed over the replicas.
   bool projected_replica_sums = false;
+  // The per-step projections' operands (galore_modes.h); fp32 here, where the tests compare with
+  // galore-torch's fp32 arithmetic.
+  GaloreProjectionPrecision precision = GaloreProjectionPrecision::fp32;
   // Time GaLore's device work with timing events (ops::TimeMark): take_profile() reports the
   // mean milliseconds per step of the refreshes, the projections (R and the step back) and
   // Adam on the projected moments with the weight update.
@@ -120,6 +123,7 @@ class GaloreAdamW : public Optimizer {
     Tensor projected_grad;       // left: this step's P^T G [r, n], made by begin_step (right:
                                  // G Q^T, made there too under projected_replica_sums)
     int64_t stages = 0;          // pipelined: steps from a refresh's start to its installation
+    Tensor projector_operand;    // this step's projector (rows) as the products take it
   };
   // A pipelined refresh in flight: its coroutine (holding G_t's snapshot while it needs it), the
   // projector it writes, and the host work of its current stage running on the worker.
@@ -134,6 +138,13 @@ class GaloreAdamW : public Optimizer {
 
   // The f32 view of this rank's gradient rows of matrix x (a copy for a bf16 run).
   Tensor gradient_rows(const Matrix& x);
+  // The operands of the per-step products at galore.precision: bf16 copies (the gradient's own
+  // rows if they are bf16) or the f32 tensors; and x's projection of its gradient rows into
+  // `out`: R = alpha G Q^T (right) or this rank's part alpha P^T G of the left side's sum.
+  Tensor gradient_operand(const Matrix& x);
+  Tensor operand(const Tensor& t);
+  const Tensor& projector_operand(Matrix& x);  // converted once a step, kept till the update
+  void project(Tensor& out, Matrix& x, float alpha);
   void refresh(Matrix& x, int64_t t, const StepCollectives& collectives);
   uint64_t sketch_seed(const Matrix& x, int64_t t) const;
   GaloreProjectorSettings settings_of(const Matrix& x) const;  // the projector's, at x's rank

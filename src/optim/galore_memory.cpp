@@ -89,7 +89,8 @@ int64_t galore_refreshes_in_flight(const std::vector<GaloreMatrixRows>& matrices
 }
 
 GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& matrices,
-                                        const GaloreConfig& config, bool widened_gradients) {
+                                        const GaloreConfig& config, bool bf16_state,
+                                        bool host_products) {
   if (matrices.empty()) return {};
   // One buffer a step: P^T G [r, n] of every left-side matrix; under hybrid sharding's projected
   // replica sums every right-side R [rows, r] too (begin_step_across_replicas).
@@ -102,9 +103,19 @@ GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& mat
     const bool right = galore_side(x.full) == GaloreSide::right;
     if (!right) projections += r * n;
     if (right && config.projected_replica_sums) projections += rows * r;
-    const size_t widened = widened_gradients ? rows * n : 0;
-    // update_projected: R [rows, r] (right), the step back [rows, n], the widened gradient.
-    update.device = std::max(update.device, (right ? rows * r : 0) + rows * n + widened);
+    // update_projected: R [rows, r] (right); the step back [rows, n] unless the product goes
+    // straight into an f32 weight; the gradient as an operand (a bf16 copy of an f32 one, an f32
+    // copy of a bf16 one); with bf16 operands, copies of the projector and of the step N.
+    const bool bf16_operands = config.precision == GaloreProjectionPrecision::bf16;
+    const size_t projector = right ? r * n : rows * r, step = right ? rows * r : r * n;
+    const size_t gradient =
+        bf16_operands ? (bf16_state ? 0 : (rows * n + 1) / 2) : (bf16_state ? rows * n : 0);
+    size_t operands = bf16_operands ? (projector + step + 1) / 2 : 0;
+    // The host multiplies bf16 operands widened back to f32 (ops::matmul): both, the gradient's
+    // (or its f32 copy's) the larger.
+    if (bf16_operands && host_products) operands += rows * n + std::max(projector, step);
+    update.device = std::max(
+        update.device, (right ? rows * r : 0) + (bf16_state ? rows * n : 0) + gradient + operands);
     // An installation with moments_on_refresh = project: the old projector, C [r, r] and one
     // rotated moment; C o C on the host in float64 and f32.
     if (config.moments_on_refresh == MomentsOnRefresh::project) {
@@ -112,10 +123,9 @@ GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& mat
       update = max_of(update, {projector + r * r + moment, 12 * r * r});
     }
     // The first projectors (step 0) and every refresh = immediate one are computed inline.
-    inline_refresh = max_of(inline_refresh, refresh_elements(x, config, false, widened_gradients));
+    inline_refresh = max_of(inline_refresh, refresh_elements(x, config, false, bf16_state));
     if (config.refresh == GaloreRefresh::pipelined)
-      pipelined_refresh =
-          max_of(pipelined_refresh, refresh_elements(x, config, true, widened_gradients));
+      pipelined_refresh = max_of(pipelined_refresh, refresh_elements(x, config, true, bf16_state));
   }
   const size_t in_flight = size_t(galore_refreshes_in_flight(matrices, config));
   const Elements refreshes = max_of(

@@ -24,8 +24,9 @@ struct GaloreMatrixRows {
 // An upper bound of the bytes GaLore's temporaries hold at once on a rank. `device`: where the
 // gradients are (a GPU; host memory on the CPU backend): the step's left-side projections P^T G
 // (summed over the ranks in one buffer; with projected_replica_sums the right side's R too),
-// the larger of one update's temporaries (R = G Q^T, the
-// step back N Q or P N, a bf16 gradient widened to f32) and of an installation's moment rotation,
+// the larger of one update's temporaries (R = G Q^T; the step back N Q or P N, unless it goes
+// straight into an f32 weight; the gradient in the operands' dtype; bf16 copies of the
+// projector and N) and of an installation's moment rotation,
 // and the refreshes: with refresh = pipelined as many as the staggered schedule overlaps (each
 // holding its gradient snapshot, its new projector and the range finder's or the Gram's
 // matrices), else one at a time. `host`: the float64 copies the refreshes factorise (and their
@@ -34,8 +35,11 @@ struct GaloreMatrixRows {
 struct GaloreWorkingBytes {
   size_t device = 0, host = 0;
 };
+// bf16_state: the gradients and weights are bf16; host_products: the optimizer's products run on
+// the host (the CPU backend, or offloaded state).
 GaloreWorkingBytes galore_working_bytes(const std::vector<GaloreMatrixRows>& matrices,
-                                        const GaloreConfig& config, bool widened_gradients);
+                                        const GaloreConfig& config, bool bf16_state,
+                                        bool host_products);
 
 // The most refreshes in flight at once under refresh = pipelined: over the steps of one gap, the
 // matrices whose refresh began fewer than its stages ago (GaloreAdamW's phases and

@@ -40,4 +40,18 @@ inline std::span<const EnumName<GaloreRefresh>> enum_names(GaloreRefresh) {
   return names;
 }
 
+// galore.precision: the operands of the per-step projections on a GPU (R = G Q^T or P^T G, and
+// the step back N Q or P N): fp32; TF32, rounded to 10 mantissa bits on the tensor cores (a GPU
+// only: the CPU multiplies in fp32); or bf16, rounded to 8 bits on every device (galore-torch's
+// operands in a bf16 run), at about twice TF32's rate. Products and sums are fp32 in each. The
+// randomized range finder's products with the gradient run in TF32 unless this is fp32.
+enum class GaloreProjectionPrecision { fp32, tf32, bf16 };
+inline std::span<const EnumName<GaloreProjectionPrecision>> enum_names(GaloreProjectionPrecision) {
+  static constexpr EnumName<GaloreProjectionPrecision> names[] = {
+      {GaloreProjectionPrecision::fp32, "fp32"},
+      {GaloreProjectionPrecision::tf32, "tf32"},
+      {GaloreProjectionPrecision::bf16, "bf16"}};
+  return names;
+}
+
 }  // namespace frugal

@@ -20,9 +20,9 @@ GaloreSide galore_side(const Shape& full_shape) {
   return full_shape[0] >= full_shape[1] ? GaloreSide::right : GaloreSide::left;
 }
 
-Tensor galore_scratch(const Tensor& like, const Shape& shape, Arena& scratch) {
-  if (like.device() == Device::cpu) return Tensor::empty(shape, DType::f32, scratch);
-  return ops::empty_like(like, shape, DType::f32);
+Tensor galore_scratch(const Tensor& like, const Shape& shape, Arena& scratch, DType dtype) {
+  if (like.device() == Device::cpu) return Tensor::empty(shape, dtype, scratch);
+  return ops::empty_like(like, shape, dtype);
 }
 
 Tensor host_f64(const Tensor& t) {

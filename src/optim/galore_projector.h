@@ -137,10 +137,11 @@ ProjectorRefresh galore_projector_refresh(Tensor projector, Tensor grad_rows, Sh
 // shifted third pass (svd: 1; randomized: 2 per orthonormalization, 1 eigen-decomposition).
 int64_t galore_refresh_stages(const Shape& full_shape, const GaloreProjectorSettings& settings);
 
-// Helpers shared with the optimizer: a tensor of `shape` (f32) where `like` lives, in `scratch`
-// for host tensors; the host float64 copy of an f32 tensor; and an f64 host tensor as f32 where
-// `like` lives.
-Tensor galore_scratch(const Tensor& like, const Shape& shape, Arena& scratch);
+// Helpers shared with the optimizer: a tensor of `shape` (f32 unless said) where `like` lives,
+// in `scratch` for host tensors; the host float64 copy of an f32 tensor; and an f64 host tensor
+// as f32 where `like` lives.
+Tensor galore_scratch(const Tensor& like, const Shape& shape, Arena& scratch,
+                      DType dtype = DType::f32);
 Tensor host_f64(const Tensor& t);
 Tensor f32_beside(const Tensor& host_f64_tensor, const Tensor& like, Arena& scratch);
 

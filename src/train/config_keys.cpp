@@ -158,9 +158,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "pipelined: a refresh runs one stage a step, its float64 host factorisations on a worker "
        "thread, and its projector (of the gradient where it began) is installed a few steps "
        "later; inline: within the step, the GPU idle while the host factorises (galore-torch)"},
-      {"galore.tf32", &c.galore.tf32, kAny,
-       "on a GPU, the projections and the randomized range finder's products with the gradient "
-       "in TF32 on the tensor cores (false: fp32, several times slower; the CPU is always fp32)"},
+      {"galore.precision", &c.galore.precision, kAny,
+       "the operands of the per-step projections: bf16 (every device; galore-torch's in a bf16 "
+       "run, about twice TF32's speed on a GPU), tf32 (a GPU's tensor cores; the CPU uses fp32) "
+       "or fp32; sums in fp32 always. The range finder's products use TF32 on a GPU unless fp32"},
       {"galore.profile", &c.galore.profile, kAny,
        "time GaLore's GPU work with CUDA events: metrics.jsonl's galore_profile holds the "
        "milliseconds per step of refreshes, projections and moments"},

@@ -45,8 +45,8 @@ constexpr KeyRule closed(double lo, double hi) { return {KeyRule::Kind::closed, 
 using KeyField =
     std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*, CheckpointPolicy*,
                  Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
-                 MomentsOnRefresh*, GaloreRefresh*, Fp8Recipe*, RopeScalingType*,
-                 DivergenceAction*, ActivationOffload*>;
+                 MomentsOnRefresh*, GaloreRefresh*, GaloreProjectionPrecision*, Fp8Recipe*,
+                 RopeScalingType*, DivergenceAction*, ActivationOffload*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

@@ -72,8 +72,8 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   plan.activation_inputs = s.activation_inputs;
   if (s.galore) {
     // The gradients GaLore reads are bf16 with bf16 state (widened to f32 as it reads them).
-    const GaloreWorkingBytes working =
-        galore_working_bytes(projected, *s.galore, s.state == StateDType::bf16);
+    const GaloreWorkingBytes working = galore_working_bytes(
+        projected, *s.galore, s.state == StateDType::bf16, !s.gpu || s.offload != Offload::none);
     plan.galore_working = working.device;
     plan.galore_host = working.host;
   }
@@ -122,7 +122,8 @@ GaloreConfig galore_config(const TrainConfig& c) {
   galore.moments_on_refresh = c.galore.moments_on_refresh;
   galore.stagger = c.galore.stagger;
   galore.refresh = c.galore.refresh;
-  galore.projector.tf32 = c.galore.tf32;
+  galore.precision = c.galore.precision;
+  galore.projector.tf32 = c.galore.precision != GaloreProjectionPrecision::fp32;
   galore.profile = c.galore.profile;
   galore.seed = c.train.seed;
   return galore;

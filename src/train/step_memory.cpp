@@ -387,7 +387,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
     // As the run configures it: hybrid sharding's projected replica sums hold every R too.
     GaloreConfig galore = galore_config(c);
     galore.projected_replica_sums = c.parallel.replica_galore_projection && mesh.replicas > 1;
-    const GaloreWorkingBytes working = galore_working_bytes(projected, galore, master == 2);
+    const GaloreWorkingBytes working =
+        galore_working_bytes(projected, galore, master == 2, host_state);
     if (host_state) {
       out.host_state += working.device + working.host;
     } else {

@@ -129,7 +129,7 @@ struct GaloreSettings {
   MomentsOnRefresh moments_on_refresh = MomentsOnRefresh::keep;
   bool stagger = true;
   GaloreRefresh refresh = GaloreRefresh::pipelined;
-  bool tf32 = true;
+  GaloreProjectionPrecision precision = GaloreProjectionPrecision::bf16;
   bool profile = false;
 };
 

@@ -83,6 +83,22 @@ TEST_CASE("cuda matmul and GaLore's kernels against the CPU", "[gpu][galore]") {
     CHECK(tf32_error > 10 * fp32_error);
   }
 
+  // bf16 operands: the same exact products on both devices, summed in fp32 in another order.
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t m = 301, n = 129, k = 517;
+      const Tensor a =
+          ops::convert(random_host(ta ? Shape{k, m} : Shape{m, k}, 23), DType::bf16, host_arena());
+      const Tensor b =
+          ops::convert(random_host(tb ? Shape{n, k} : Shape{k, n}, 24), DType::bf16, host_arena());
+      Tensor c = random_host({m, n}, 25);
+      Tensor c_gpu = to_gpu(c, gpu);
+      ops::matmul(c, a, ta, b, tb, 0.5f, 0.25f);
+      ops::matmul(c_gpu, to_gpu(a, gpu), ta, to_gpu(b, gpu), tb, 0.5f, 0.25f);
+      INFO("bf16 ta " << ta << " tb " << tb);
+      CHECK(max_difference(c, c_gpu) < 1e-5 * double(k));
+    }
+
   // The sketch drawn on the device against the CPU twin: the same uniforms (integer
   // arithmetic), CUDA's float64 log and cos against glibc's, both within an ulp of float64, so
   // an entry may differ in its last fp32 bit (2^-23 relative), never more than two.
@@ -139,16 +155,21 @@ TEST_CASE("GaloreAdamW on GPU row shards over NCCL equals the CPU on whole matri
   // rounding of G Omega as much as with another sketch: a CPU comparison would not say much).
   // Each also pipelined (galore.refresh): the device's stages, copies and worker against the
   // CPU's pipelined twin.
-  const std::tuple<GaloreProjectorKind, bool, GaloreRefresh> cases[] = {
-      {GaloreProjectorKind::svd, false, GaloreRefresh::immediate},
-      {GaloreProjectorKind::svd, true, GaloreRefresh::immediate},
-      {GaloreProjectorKind::randomized, false, GaloreRefresh::immediate},
-      {GaloreProjectorKind::svd, false, GaloreRefresh::pipelined},
-      {GaloreProjectorKind::randomized, false, GaloreRefresh::pipelined}};
-  for (const auto& [kind, tf32, refresh] : cases) {
+  // bf16 projections: the same rounded operands on both devices (the products exact, the sums
+  // fp32 in another order), the CPU's range finder in fp32 and the GPU's in TF32 (svd: unused).
+  using P = GaloreProjectionPrecision;
+  const std::tuple<GaloreProjectorKind, P, GaloreRefresh> cases[] = {
+      {GaloreProjectorKind::svd, P::fp32, GaloreRefresh::immediate},
+      {GaloreProjectorKind::svd, P::tf32, GaloreRefresh::immediate},
+      {GaloreProjectorKind::randomized, P::fp32, GaloreRefresh::immediate},
+      {GaloreProjectorKind::svd, P::fp32, GaloreRefresh::pipelined},
+      {GaloreProjectorKind::randomized, P::fp32, GaloreRefresh::pipelined},
+      {GaloreProjectorKind::svd, P::bf16, GaloreRefresh::pipelined}};
+  for (const auto& [kind, precision, refresh] : cases) {
     GaloreConfig g;
     g.projector.kind = kind;
-    g.projector.tf32 = tf32;
+    g.precision = precision;
+    g.projector.tf32 = precision != P::fp32;
     g.refresh = refresh;
     g.profile = true;  // timing events between the steps change no result
     g.projector.rank = 16;
@@ -189,7 +210,7 @@ TEST_CASE("GaloreAdamW on GPU row shards over NCCL equals the CPU on whole matri
       const int64_t first = dev[k].rows.first_row, last = dev[k].rows.last_row;
       const double worst =
           max_difference(cpu[k].param.rows(first, last), dev[k].param.rows(0, last - first));
-      INFO(enum_name(kind) << (tf32 ? " tf32 " : " fp32 ") << enum_name(refresh) << " "
+      INFO(enum_name(kind) << " " << enum_name(precision) << " " << enum_name(refresh) << " "
                            << params[k].first << " on " << ranks << " GPU(s): off by " << worst);
       // Adam's first steps are nearly sign(R): a coordinate of the projected gradient R near zero,
       // rounded differently by cuBLASLt and OpenBLAS, steps the other way. The randomized
@@ -197,8 +218,12 @@ TEST_CASE("GaloreAdamW on GPU row shards over NCCL equals the CPU on whole matri
       // than the exact one. On the H200 (2026-12-01) svd stayed below 1e-5 and randomized reached
       // 1.0e-4 on the [97, 250] matrix; the bound below has not run on a GPU yet. TF32 rounds R
       // at 2^-11 instead of 2^-24, so more of its near-zero coordinates flip: its bound, 2e-3, has
-      // not run on a GPU yet either.
-      CHECK(worst < (tf32 ? 2e-3 : kind == GaloreProjectorKind::svd ? 1e-5 : 1e-3));
+      // not run on a GPU yet either. bf16 rounds the same operands alike on both: as fp32, but
+      // its coarser R has more coordinates near zero (its bound, 1e-4, has not run on a GPU yet).
+      CHECK(worst < (precision == P::tf32               ? 2e-3
+                     : precision == P::bf16             ? 1e-4
+                     : kind == GaloreProjectorKind::svd ? 1e-5
+                                                        : 1e-3));
     }
     // The profile counts the steps and the refreshes (gap 2: steps 1, 3, 5 of 5 refresh each
     // projected matrix), and its times are times.

@@ -89,7 +89,7 @@ TEST_CASE("GaLore's temporaries stay within galore_working_bytes", "[galore]") {
             }
             const int64_t in_flight = galore_refreshes_in_flight(rows_of(kMatrices), galore);
             const GaloreWorkingBytes bound =
-                galore_working_bytes(rows_of(kMatrices), galore, false);
+                galore_working_bytes(rows_of(kMatrices), galore, false, true);
             const size_t peak = optimizer.scratch().stats().peak_bytes;
             INFO("kind " << int(kind) << " refresh " << int(refresh) << " gap " << gap
                          << " moments " << int(moments) << " replica sums " << replica_sums
@@ -122,12 +122,12 @@ TEST_CASE("GaLore's working set: a pipelined 7B at rank 1024 holds gigabytes", "
   const int64_t in_flight = galore_refreshes_in_flight(matrices, galore);
   CHECK(in_flight >= 224 * 7 / 200);
   CHECK(in_flight <= 224 * 9 / 200 + 2);
-  const GaloreWorkingBytes bound = galore_working_bytes(matrices, galore, false);
+  const GaloreWorkingBytes bound = galore_working_bytes(matrices, galore, false, true);
   // At least the snapshots of the refreshes in flight (gate's 11008 x 4096 f32 each) and the
   // 32 left-side projections P^T G [1024, 11008] of a step.
   CHECK(bound.device >= size_t(in_flight) * 11008 * 4096 * 4 + 32ull * 1024 * 11008 * 4);
   galore.refresh = GaloreRefresh::immediate;
-  CHECK(galore_working_bytes(matrices, galore, false).device < bound.device);
+  CHECK(galore_working_bytes(matrices, galore, false, true).device < bound.device);
   // A gap of a billion steps (the key allows it): the count comes from the refreshes' phases,
   // not from the gap's steps; none overlaps then, and without stagger all do.
   galore.refresh = GaloreRefresh::pipelined;

@@ -92,7 +92,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"galore.moments_on_refresh", "keep"},
     {"galore.stagger", "true"},
     {"galore.refresh", "pipelined"},
-    {"galore.tf32", "true"},
+    {"galore.precision", "bf16"},
     {"galore.profile", "false"},
     {"parallel.offload", "none"},
     {"parallel.cp", "1"},
