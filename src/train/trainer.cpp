@@ -369,7 +369,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
            report.contains("activations_peak_bytes")
                ? ", activations peak " + mib(report["activations_peak_bytes"])
                : ", device peak in use " + mib(report["device_peak_in_use_bytes"]) +
-                     " (everything on the GPU)");
+                     " (all the GPU held at once, not only activations)");
 #ifdef FRUGAL_HAVE_CUDA
   if (run.memory->gpu)
     log_info("GPU ", run.memory->gpu->device(), ": ",
