@@ -40,7 +40,7 @@ inline std::span<const EnumName<GaloreRefresh>> enum_names(GaloreRefresh) {
   return names;
 }
 
-// galore.precision: the operands of the per-step projections on a GPU (R = G Q^T or P^T G, and
+// galore.precision: the operands of the per-step projections (R = G Q^T or P^T G, and
 // the step back N Q or P N): fp32; TF32, rounded to 10 mantissa bits on the tensor cores (a GPU
 // only: the CPU multiplies in fp32); or bf16, rounded to 8 bits on every device (galore-torch's
 // operands in a bf16 run), at about twice TF32's rate. Products and sums are fp32 in each. The
