@@ -249,6 +249,13 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   if (galore_on) {
     galore = galore_config(c);
     galore->projected_replica_sums = projected_replica_sums;
+    // Offloaded, the products run on the host: bf16 operands gain nothing there and pay for
+    // their conversions (and f32 copies), which at a 7B shape are seconds a step.
+    if (galore->precision == GaloreProjectionPrecision::bf16 && use_gpu &&
+        c.parallel.offload != Offload::none && world().rank() == 0)
+      log_info(
+          "galore: with parallel.offload the projections run on the host, where "
+          "galore.precision = bf16 only adds conversions: fp32 is as fast there");
   }
   check_memory_plan(units, projection, galore);
   Zero3Replicas replicas;
