@@ -301,6 +301,7 @@ StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collec
 GaloreProjectorSettings GaloreAdamW::settings_of(const Matrix& x) const {
   GaloreProjectorSettings settings = galore_.projector;
   settings.rank = x.rank;  // the run's rank, or the matrix's smaller side
+  settings.tf32 = galore_.precision != GaloreProjectionPrecision::fp32;
   return settings;
 }
 

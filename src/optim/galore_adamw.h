@@ -50,7 +50,8 @@ struct GaloreConfig {
   // is nowhere). False: every gradient shard arrives summed over the replicas.
   bool projected_replica_sums = false;
   // The per-step projections' operands (galore_modes.h); fp32 here, where the tests compare with
-  // galore-torch's fp32 arithmetic.
+  // galore-torch's fp32 arithmetic. It also sets the range finder's TF32 (projector.tf32 is
+  // derived from it, not read).
   GaloreProjectionPrecision precision = GaloreProjectionPrecision::fp32;
   // Time GaLore's device work with timing events (ops::TimeMark): take_profile() reports the
   // mean milliseconds per step of the refreshes, the projections (R and the step back) and

@@ -71,7 +71,8 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   plan.gathered = 2 * largest_unit;
   plan.activation_inputs = s.activation_inputs;
   if (s.galore) {
-    // The gradients GaLore reads are bf16 with bf16 state (widened to f32 as it reads them).
+    // The gradients GaLore reads are bf16 with bf16 state; the optimizer's products run on the
+    // host on the CPU and with offload.
     const GaloreWorkingBytes working = galore_working_bytes(
         projected, *s.galore, s.state == StateDType::bf16, !s.gpu || s.offload != Offload::none);
     plan.galore_working = working.device;
@@ -123,7 +124,6 @@ GaloreConfig galore_config(const TrainConfig& c) {
   galore.stagger = c.galore.stagger;
   galore.refresh = c.galore.refresh;
   galore.precision = c.galore.precision;
-  galore.projector.tf32 = c.galore.precision != GaloreProjectionPrecision::fp32;
   galore.profile = c.galore.profile;
   galore.seed = c.train.seed;
   return galore;

@@ -169,7 +169,6 @@ TEST_CASE("GaloreAdamW on GPU row shards over NCCL equals the CPU on whole matri
     GaloreConfig g;
     g.projector.kind = kind;
     g.precision = precision;
-    g.projector.tf32 = precision != P::fp32;
     g.refresh = refresh;
     g.profile = true;  // timing events between the steps change no result
     g.projector.rank = 16;
