@@ -32,15 +32,17 @@ void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                        const __nv_bfloat16* k, const __nv_bfloat16* v, const AttentionShape& s,
                        bool allow_sm90, cudaStream_t stream);
 
-// Floats of device scratch attention_backward needs for this shape (2 per query row and head).
+// Floats of device scratch attention_backward needs for this shape (2 per query row and head,
+// and one per 64-row query tile and head).
 int64_t attention_backward_scratch_floats(const AttentionShape& s);
 
 // dq, dk, dv (fp32, shaped like q, k, v) are ACCUMULATED (+=) so the blocks of a ring add into
 // the same buffers: zero them first. out and lse are the forward's (for a ring: the MERGED ones
 // of the whole row, as for the CPU kernel). scratch: attention_backward_scratch_floats(s)
 // floats of device memory, overwritten (free again when the stream reaches the end of the
-// call). Deterministic: every gradient element is summed by one thread in a fixed order, no
-// atomics. allow_sm90 as for attention_forward.
+// call). Deterministic: every gradient element is summed in a fixed order (by one thread, or
+// on Hopper, dq by the key blocks taking turns), no unordered float atomics; the same inputs
+// give the same bits. allow_sm90 as for attention_forward.
 void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                         const __nv_bfloat16* out, const float* lse, const AttentionShape& s,

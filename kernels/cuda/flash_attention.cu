@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
   const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
   const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
   if (n_tiles == 0) {  // no row of the block sees a key
-    write_unseen_rows<D, kBlockM, kFwdThreads>(out_head, lse_head, q0, p);
+    write_unseen_rows<D, kBlockM, kFwdThreads>(out_head, lse_head, q0, p, threadIdx.x);
     return;
   }
 
@@ -717,7 +717,8 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k
 }
 
 int64_t flash_attention_backward_scratch_floats(const AttentionShape& s) {
-  return 2 * s.batch * s.n_heads * s.q_len;
+  const int64_t tiles = (s.q_len + kFlashDqTileRows - 1) / kFlashDqTileRows;
+  return 2 * s.batch * s.n_heads * s.q_len + s.batch * s.n_heads * tiles;
 }
 
 void flash_attention_backward_prepare(float* scratch, const bf16* dout, const bf16* out,

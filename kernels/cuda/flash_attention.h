@@ -27,7 +27,13 @@ void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16
 // (sm_80, sm_90), kSmallSmem fits the 99 KiB of sm_86/sm_89/sm_120; kAuto asks the device.
 enum class FlashBackwardTiles { kAuto, kLargeSmem, kSmallSmem };
 
-// Floats of scratch the backward needs: lse * log2(e) and Delta = rowsum(dout * out), per row.
+// Rows of a query tile of the sm90 backward's fused dQ, which keeps one turn counter per tile and
+// query head in the scratch.
+inline constexpr int64_t kFlashDqTileRows = 64;
+
+// Floats of scratch the backward needs: lse * log2(e) and Delta = rowsum(dout * out), per row;
+// then (used by the sm90 kernels only) an int32 turn counter per kFlashDqTileRows-row query tile
+// and query head.
 int64_t flash_attention_backward_scratch_floats(const ::frugal::cpu::AttentionShape& s);
 
 // The backward's first pass, shared with flash_attention_sm90.h: per query row, lse * log2(e)

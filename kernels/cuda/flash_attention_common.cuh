@@ -89,16 +89,16 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // A forward block of kBlockM query rows of which none sees a key (all masked): out = 0 and
-// lse = -inf for its rows, written by the block's kThreads threads.
+// lse = -inf for its rows, written by kThreads threads (this one is number `thread`).
 template <int D, int kBlockM, int kThreads>
 __device__ __forceinline__ void write_unseen_rows(__nv_bfloat16* out_head, float* lse_head, int q0,
-                                                  const Params& p) {
-  for (int e = threadIdx.x; e < kBlockM * D / 8; e += kThreads) {
+                                                  const Params& p, int thread) {
+  for (int e = thread; e < kBlockM * D / 8; e += kThreads) {
     const int r = e / (D / 8), c = e % (D / 8);
     if (q0 + r < p.q_len)
       *reinterpret_cast<uint4*>(out_head + (q0 + r) * p.q_stride + c * 8) = make_uint4(0, 0, 0, 0);
   }
-  for (int r = threadIdx.x; r < kBlockM; r += kThreads)
+  for (int r = thread; r < kBlockM; r += kThreads)
     if (q0 + r < p.q_len) lse_head[q0 + r] = -INFINITY;
 }
 

@@ -28,12 +28,21 @@ void flash_attention_sm90_forward(__nv_bfloat16* out, float* lse, const __nv_bfl
                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
                                   const ::frugal::cpu::AttentionShape& s, cudaStream_t stream);
 
-// Same contract as attention_backward (attention.h): dq, dk, dv accumulated, deterministic;
-// scratch holds flash_attention_backward_scratch_floats(s) floats. The call must be supported.
+// How the backward sums dQ. kFused: the dK/dV pass adds each key block's part of dQ (dS K)
+// into dq itself, the blocks of one query tile taking turns in a fixed order (5 products per
+// pair of tiles). kSeparateKernel: a second kernel per query block recomputes S and dP (7).
+// kAuto: fused where that was measured faster, head_dim 128 without GQA, and dq 16-byte aligned
+// (the copy engine's adds need it; kFused insists); otherwise the second kernel.
+enum class Sm90DqSum { kAuto, kFused, kSeparateKernel };
+
+// Same contract as attention_backward (attention.h): dq, dk, dv accumulated, deterministic (the
+// same bits run to run for either way of summing dQ; dk and dv do not depend on it); scratch holds
+// flash_attention_backward_scratch_floats(s) floats. The call must be supported.
 void flash_attention_sm90_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
                                    const __nv_bfloat16* q, const __nv_bfloat16* k,
                                    const __nv_bfloat16* v, const __nv_bfloat16* out,
                                    const float* lse, const ::frugal::cpu::AttentionShape& s,
-                                   float* scratch, cudaStream_t stream);
+                                   float* scratch, cudaStream_t stream,
+                                   Sm90DqSum dq_sum = Sm90DqSum::kAuto);
 
 }  // namespace frugal::cuda

@@ -2,8 +2,11 @@
 // kernel on awkward shapes: sequences that are not tile multiples, GQA 4:1 and 8:1, q_len !=
 // kv_len with positive and negative causal offsets, batch > 1, enough key tiles to go round the
 // shared-memory stages several times; against the FlashAttention-2 kernels on the same data;
-// bitwise reproducibility; and the allow_sm90 switch of attention.h's launchers (sm90 when
-// true, FlashAttention-2 when false: FRUGAL_ATTENTION_SM90=0, which the app reads at start-up).
+// bitwise reproducibility, under load too (the fused dQ's blocks take turns across the grid);
+// both ways of summing dQ (fused into the dK/dV pass, or a separate kernel) and the fallback
+// from the fused one when dq is not 16-byte aligned; and the allow_sm90 switch of attention.h's
+// launchers (sm90 when true, FlashAttention-2 when false: FRUGAL_ATTENTION_SM90=0, which the app
+// reads at start-up).
 // Skipped (and says so) without a GPU of compute capability 9.0 or a build with sm_90a.
 #include <cuda_runtime.h>
 
@@ -49,6 +52,7 @@ bool have_sm90() {
   return present;
 }
 
+using frugal::cuda::Sm90DqSum;
 using frugal::test::AttentionCase;
 using frugal::test::shape_of;
 
@@ -93,26 +97,35 @@ void check_case(const AttentionCase& c) {
                   twice_mag) == 0);
   CHECK(frugal::test::count_bad_lse(lse, lse_fa2_d.download<float>(), 2e-5f) == 0);
 
-  // Backward, accumulating onto random initial gradients, twice: bitwise the same.
+  // Backward, accumulating onto random initial gradients, each way of summing dQ twice: bitwise
+  // the same run to run.
   lse_d.upload(t.lse_ref);
-  std::vector<float> dq_runs[2], dk_runs[2], dv_runs[2];
-  for (int run = 0; run < 2; ++run) {
-    dq_d.upload(t.dq0);
-    dk_d.upload(t.dk0);
-    dv_d.upload(t.dv0);
-    frugal::cuda::flash_attention_sm90_backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(),
-                                                in.q.get(), in.k.get(), in.v.get(), in.out_in.get(),
-                                                lse_d.get(), s, scratch_d.get(), stream);
-    dq_runs[run] = dq_d.download<float>();
-    dk_runs[run] = dk_d.download<float>();
-    dv_runs[run] = dv_d.download<float>();
+  const Sm90DqSum sums[] = {Sm90DqSum::kFused, Sm90DqSum::kSeparateKernel};
+  std::vector<float> dq_runs[2][2], dk_runs[2][2], dv_runs[2][2];
+  for (int way = 0; way < 2; ++way)
+    for (int run = 0; run < 2; ++run) {
+      dq_d.upload(t.dq0);
+      dk_d.upload(t.dk0);
+      dv_d.upload(t.dv0);
+      frugal::cuda::flash_attention_sm90_backward(
+          dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(), in.k.get(), in.v.get(),
+          in.out_in.get(), lse_d.get(), s, scratch_d.get(), stream, sums[way]);
+      dq_runs[way][run] = dq_d.download<float>();
+      dk_runs[way][run] = dk_d.download<float>();
+      dv_runs[way][run] = dv_d.download<float>();
+    }
+  for (int way = 0; way < 2; ++way) {
+    CAPTURE(way);  // 0: fused dQ, 1: separate kernel
+    CHECK(count_bad("dq", minus(dq_runs[way][0], t.dq0), minus(t.dq_ref, t.dq0), mag.dq) == 0);
+    CHECK(count_bad("dk", minus(dk_runs[way][0], t.dk0), minus(t.dk_ref, t.dk0), mag.dk) == 0);
+    CHECK(count_bad("dv", minus(dv_runs[way][0], t.dv0), minus(t.dv_ref, t.dv0), mag.dv) == 0);
+    CHECK(bitwise_equal(dq_runs[way][0], dq_runs[way][1]));
+    CHECK(bitwise_equal(dk_runs[way][0], dk_runs[way][1]));
+    CHECK(bitwise_equal(dv_runs[way][0], dv_runs[way][1]));
   }
-  CHECK(count_bad("dq", minus(dq_runs[0], t.dq0), minus(t.dq_ref, t.dq0), mag.dq) == 0);
-  CHECK(count_bad("dk", minus(dk_runs[0], t.dk0), minus(t.dk_ref, t.dk0), mag.dk) == 0);
-  CHECK(count_bad("dv", minus(dv_runs[0], t.dv0), minus(t.dv_ref, t.dv0), mag.dv) == 0);
-  CHECK(bitwise_equal(dq_runs[0], dq_runs[1]));
-  CHECK(bitwise_equal(dk_runs[0], dk_runs[1]));
-  CHECK(bitwise_equal(dv_runs[0], dv_runs[1]));
+  // dK and dV do not depend on how dQ is summed.
+  CHECK(bitwise_equal(dk_runs[0][0], dk_runs[1][0]));
+  CHECK(bitwise_equal(dv_runs[0][0], dv_runs[1][0]));
 
   // The forward is reproducible too.
   frugal::cuda::flash_attention_sm90_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(),
@@ -142,6 +155,8 @@ TEST_CASE("cuda sm90 flash attention matches the CPU on awkward shapes", "[gpu][
       {1, 700, 700, 8, 1, 128, 0},     // 6 key tiles: the stage ring wraps (GQA 8:1)
       {2, 530, 530, 8, 2, 64, 0},      // 5 key tiles at head dim 64 (4 stages), batch 2
       {1, 300, 1100, 4, 1, 128, 800},  // a late query block over 9 key tiles (ring)
+      {1, 700, 700, 48, 8, 64, 0},     // 288 forward items: a persistent block walks several
+      {1, 4200, 4200, 2, 1, 128, 0},   // 33 query blocks: past persistence, a block per item
   };
   for (const AttentionCase& c : cases) check_case(c);
 }
@@ -183,4 +198,92 @@ TEST_CASE("attention.h's launchers take the sm90 kernels unless allow_sm90 is fa
   CHECK(same_as(out_sm90_d, lse_sm90_d));
   launcher_with(false);
   CHECK(same_as(out_fa2_d, lse_fa2_d));
+}
+
+TEST_CASE("cuda sm90 fused dQ: the same bits under load, on several waves of blocks",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  if (!have_sm90()) return;
+  const AttentionCase cases[] = {
+      {4, 2048, 2048, 32, 32, 128, 0},  // 2048 blocks of keys, the bench's shape
+      {2, 2048, 2048, 32, 4, 64, 0},    // GQA 8:1 at head dim 64 (TinyLlama)
+      {1, 4096, 4096, 8, 1, 128, 0, 300}, {2, 150, 260, 4, 1, 128, 110},
+      {1, 300, 1100, 4, 1, 128, 800},     {1, 190, 130, 4, 2, 64, -70},
+  };
+  // Load on a second stream: forwards of another shape, which take SMs away from some of the
+  // backward's blocks for a while and so change which of them run together.
+  cudaStream_t busy_stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&busy_stream, cudaStreamNonBlocking));
+  const frugal::cpu::AttentionShape busy = shape_of({2, 3000, 3000, 8, 8, 128, 0});
+  const size_t busy_size = size_t(busy.batch * busy.q_len * busy.n_heads * busy.head_dim);
+  DeviceBuffer<Bf16> busy_in(busy_size), busy_out(busy_size);
+  DeviceBuffer<float> busy_lse(size_t(busy.batch * busy.n_heads * busy.q_len));
+  for (const AttentionCase& c : cases) {
+    CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
+            c.window);
+    const frugal::cpu::AttentionShape s = shape_of(c);
+    const size_t q_size = size_t(s.batch * s.q_len * s.n_heads * s.head_dim);
+    const size_t kv_size = size_t(s.batch * s.kv_len * s.n_kv_heads * s.head_dim);
+    const size_t lse_size = size_t(s.batch * s.n_heads * s.q_len);
+    std::mt19937 rng(unsigned(c.q_len * 7 + c.head_dim));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto random_bf16 = [&](size_t n) {
+      std::vector<Bf16> x(n);
+      for (auto& e : x) e = __float2bfloat16(normal(rng));
+      return x;
+    };
+    DeviceBuffer<Bf16> q(q_size), k(kv_size), v(kv_size), dout(q_size), out(q_size);
+    q.upload(random_bf16(q_size));
+    k.upload(random_bf16(kv_size));
+    v.upload(random_bf16(kv_size));
+    dout.upload(random_bf16(q_size));
+    DeviceBuffer<float> lse(lse_size), dq(q_size), dk(kv_size), dv(kv_size),
+        scratch(size_t(frugal::cuda::flash_attention_backward_scratch_floats(s)));
+    frugal::cuda::flash_attention_sm90_forward(out.get(), lse.get(), q.get(), k.get(), v.get(), s,
+                                               nullptr);
+    std::vector<float> first;
+    for (int run = 0; run < 12; ++run) {
+      for (int i = 0; i < run % 3; ++i)
+        frugal::cuda::flash_attention_sm90_forward(busy_out.get(), busy_lse.get(), busy_in.get(),
+                                                   busy_in.get(), busy_in.get(), busy, busy_stream);
+      dq.zero();
+      dk.zero();
+      dv.zero();
+      frugal::cuda::flash_attention_sm90_backward(dq.get(), dk.get(), dv.get(), dout.get(), q.get(),
+                                                  k.get(), v.get(), out.get(), lse.get(), s,
+                                                  scratch.get(), nullptr, Sm90DqSum::kFused);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> now = dq.download<float>();
+      if (run == 0)
+        first = now;
+      else
+        REQUIRE(bitwise_equal(now, first));
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(busy_stream));
+}
+
+TEST_CASE("cuda sm90 backward: dq not 16-byte aligned takes the separate dQ kernel",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  if (!have_sm90()) return;
+  // head_dim 128 without GQA: where kAuto would otherwise fuse.
+  const AttentionCase c{1, 200, 200, 4, 4, 128, 0};
+  const frugal::test::AttentionProblem t = frugal::test::attention_problem(shape_of(c), 5);
+  const frugal::cpu::AttentionShape& s = t.s;
+  frugal::test::DeviceAttentionInputs in(t);
+  // 2 floats in: 8-byte aligned (the kernels' float2 stores) but not 16.
+  DeviceBuffer<float> dq(t.q_size, 2), dq_aligned(t.q_size), dk(t.kv_size), dv(t.kv_size),
+      lse(t.lse_size), scratch(size_t(frugal::cuda::flash_attention_backward_scratch_floats(s)));
+  REQUIRE(frugal::cuda::flash_attention_sm90_supports(s, {in.q.get()}, {dq.get()}));
+  lse.upload(t.lse_ref);
+  auto backward = [&](float* dq_out, Sm90DqSum sum) {
+    frugal::cuda::flash_attention_sm90_backward(dq_out, dk.get(), dv.get(), in.dout.get(),
+                                                in.q.get(), in.k.get(), in.v.get(), in.out_in.get(),
+                                                lse.get(), s, scratch.get(), nullptr, sum);
+  };
+  backward(dq.get(), Sm90DqSum::kAuto);
+  backward(dq_aligned.get(), Sm90DqSum::kSeparateKernel);
+  CHECK(bitwise_equal(dq.download<float>(), dq_aligned.download<float>()));
+  CHECK_THROWS(backward(dq.get(), Sm90DqSum::kFused));
 }

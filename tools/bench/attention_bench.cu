@@ -4,11 +4,13 @@
 //
 // usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D
 //                        [--iters N] [--dump FILE] [--backward-tiles large|small]
-//                        [--kernel auto|fa2|sm90] [--window W]
+//                        [--kernel auto|fa2|sm90] [--sm90-dq auto|fused|separate] [--window W]
 // (--backward-tiles forces the FlashAttention-2 backward's tiling, e.g. the one for 99 KiB of
 // shared memory. --kernel: auto is attention.h's choice (the Hopper kernels on compute
 // capability 9.0), fa2 the FlashAttention-2 kernels
-// (flash_attention.h), sm90 the Hopper ones (flash_attention_sm90.h, compute capability 9.0 only).)
+// (flash_attention.h), sm90 the Hopper ones (flash_attention_sm90.h, compute capability 9.0 only).
+// --sm90-dq, with --kernel sm90: how its backward sums dQ (Sm90DqSum: fused into the dK/dV pass,
+// or a separate kernel).)
 // Layouts are frugal's: q, out [B, S, H, D]; k, v [B, S, KVH, D]; lse [B, H, S] (bf16, fp32).
 // FLOPs counted as FlashAttention does: forward 4 B H S^2 D / 2 (causal), backward 2.5x that.
 // --window W (Mistral's sliding window; not with --dump) counts the pairs inside the window
@@ -75,7 +77,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D "
                "[--iters N] [--dump FILE] [--backward-tiles large|small] [--kernel auto|fa2|sm90] "
-               "[--window W]\n");
+               "[--sm90-dq auto|fused|separate] [--window W]\n");
   return 2;
 }
 
@@ -84,7 +86,7 @@ int usage() {
 int main(int argc, char** argv) {
   int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0, window = 0;
   int iters = 10;
-  std::string dump, tiles_name = "auto", kernel = "auto";
+  std::string dump, tiles_name = "auto", kernel = "auto", sm90_dq = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--batch")
@@ -105,6 +107,8 @@ int main(int argc, char** argv) {
       tiles_name = value;
     else if (key == "--kernel")
       kernel = value;
+    else if (key == "--sm90-dq")
+      sm90_dq = value;
     else if (key == "--window")
       window = std::atoll(value.c_str());
     else
@@ -113,8 +117,13 @@ int main(int argc, char** argv) {
   if (argc % 2 == 0 || batch <= 0 || heads <= 0 || kv_heads <= 0 || seq <= 0 || head_dim <= 0 ||
       iters <= 0 || (tiles_name != "auto" && tiles_name != "large" && tiles_name != "small") ||
       (kernel != "auto" && kernel != "fa2" && kernel != "sm90") ||
-      (kernel == "sm90" && tiles_name != "auto") || window < 0 || (window > 0 && !dump.empty()))
+      (kernel == "sm90" && tiles_name != "auto") || window < 0 || (window > 0 && !dump.empty()) ||
+      (sm90_dq != "auto" && sm90_dq != "fused" && sm90_dq != "separate") ||
+      (sm90_dq != "auto" && kernel != "sm90"))
     return usage();
+  const auto dq_sum = sm90_dq == "fused"      ? frugal::cuda::Sm90DqSum::kFused
+                      : sm90_dq == "separate" ? frugal::cuda::Sm90DqSum::kSeparateKernel
+                                              : frugal::cuda::Sm90DqSum::kAuto;
   const auto tiles = tiles_name == "large"   ? frugal::cuda::FlashBackwardTiles::kLargeSmem
                      : tiles_name == "small" ? frugal::cuda::FlashBackwardTiles::kSmallSmem
                                              : frugal::cuda::FlashBackwardTiles::kAuto;
@@ -166,7 +175,7 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaMemsetAsync(dv, 0, sizeof(float) * kv_n, stream));
       if (kernel == "sm90")
         frugal::cuda::flash_attention_sm90_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
-                                                    stream);
+                                                    stream, dq_sum);
       else if (kernel == "auto" && tiles == frugal::cuda::FlashBackwardTiles::kAuto)
         frugal::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
                                          /*allow_sm90=*/true, stream);
@@ -201,13 +210,13 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"impl\": \"frugal\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"seq\": "
         "%lld, \"head_dim\": %lld, \"window\": %lld, \"kernel\": \"%s\", \"backward_tiles\": "
-        "\"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": "
+        "\"%s\", \"sm90_dq\": \"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": "
         "%.1f, \"fwdbwd_ms\": %.4f, "
         "\"fwdbwd_tflops\": %.1f}\n",
         static_cast<long long>(batch), static_cast<long long>(heads),
         static_cast<long long>(kv_heads), static_cast<long long>(seq),
         static_cast<long long>(head_dim), static_cast<long long>(window), kernel.c_str(),
-        tiles_name.c_str(), fwd_ms, fwd_flop / fwd_ms * 1e-9, fwdbwd_ms,
+        tiles_name.c_str(), sm90_dq.c_str(), fwd_ms, fwd_flop / fwd_ms * 1e-9, fwdbwd_ms,
         fwdbwd_flop / fwdbwd_ms * 1e-9);
 
     if (!dump.empty()) {

@@ -1,0 +1,497 @@
+// What the Hopper attention kernels share (flash_attention_sm90.cu: the forward and the
+// backward's outline; flash_attention_sm90_dkdv.cu and flash_attention_sm90_dq.cu: the
+// backward's passes): the block shape, the shared-memory tile layout, the PTX instructions as
+// functions, and the TMA descriptors of the global tensors.
+//
+// Block shape: 3 warpgroups of 128 threads. Warpgroup 0 is the producer: one thread issues
+// every tile load (cp.async.bulk.tensor, completing on an mbarrier) into a ring of kStages
+// shared-memory stages; it gives its registers away (setmaxnreg.dec) to warpgroups 1 and 2,
+// the consumers, which each own 64 rows of every product and run wgmma on the tiles, then
+// hand the stage back through an "empty" mbarrier. Loads of later tiles thus overlap the math
+// of this one without any __syncthreads in the loop.
+//
+// Shared-memory tiles: rows of D bf16, stored as D / 64 column blocks of rows x 128 bytes,
+// each with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)). TMA writes that
+// layout (box of 64 columns x rows, CU_TENSOR_MAP_SWIZZLE_128B) and wgmma reads it through
+// matrix descriptors; both apply the swizzle to address bits, so every tile starts on a
+// 1024-byte boundary (8 rows x 128 bytes, one swizzle period).
+//  - As a "K-major" operand (the contraction index along the row: Q, K in S = Q K^T) a k-step
+//    of 16 columns is the start address + 32 bytes within a column block; SBO = 1024 bytes
+//    between 8-row groups; LBO unused (PTX ISA, "matrix descriptor": swizzled K-major).
+//  - As an "MN-major" B operand (the contraction index down the rows: V in O = P V, with
+//    imm-trans-b = 1) a k-step of 16 rows is the start address + 2048 bytes; SBO = 1024 bytes
+//    between 8-row groups along k, LBO = the distance between the 64-column blocks along n.
+// Accumulators of m64nNk16 are, per warp, the m16n8 layout of mma.sync repeated N / 8 times
+// (value 4 j + e: row lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2), which is also
+// the register A operand's layout, so P and dS go to the next product in registers.
+//
+// The global tensors are described to TMA as 4-d [batch][len][heads][D] with box
+// [1][rows][1][64]: rows past len (the tail of a sequence) come back as zeros, never the next
+// sequence's, and need no mask where zeros are harmless.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes from the runtime)
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attention_common.cuh"
+
+// Only the sm_90a device pass compiles the kernel bodies; other architectures get empty
+// kernels that flash_attention_sm90_supports never lets run.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FRUGAL_SM90_DEVICE_CODE 0  // a device pass for another architecture: empty kernels
+#else
+#define FRUGAL_SM90_DEVICE_CODE 1
+#endif
+
+namespace frugal::cuda::sm90 {
+
+using namespace flash;
+using bf16 = __nv_bfloat16;
+using ::frugal::cpu::AttentionShape;
+
+constexpr int kWarpgroupThreads = 128;
+constexpr int kThreads = 3 * kWarpgroupThreads;  // producer + 2 consumers
+constexpr int kRowsPerConsumer = 64;             // the M of every wgmma
+constexpr int kSwizzleBytes = 128;               // one swizzled row of a column block: 64 bf16
+constexpr int kSwizzleColumns = kSwizzleBytes / 2;
+constexpr int kSwizzlePeriodBytes = 8 * kSwizzleBytes;
+
+// Bytes of a tile of `rows` rows of D bf16.
+constexpr int tile_bytes(int rows, int d) { return rows * d * 2; }
+
+#if FRUGAL_SM90_DEVICE_CODE
+
+constexpr int kConsumerThreads = 2 * kWarpgroupThreads;
+// Bytes of one 64-column block of a tile of `rows` rows.
+constexpr int column_block_bytes(int rows) { return rows * kSwizzleBytes; }
+// Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 = 64,512 of the 65,536.
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+
+// ---- PTX wrappers -----------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Makes the initialized barriers visible to the other threads and to the copy engine (the
+// async proxy) before anyone uses them; a __syncthreads must follow.
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of copies that will complete on this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// One arrival (release: this thread's earlier shared-memory writes and reads are ordered).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with this parity has completed (a fresh barrier counts its phase
+// "-1", parity 1, as completed: the producer's first pass over the stages does not wait).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// The dynamic shared memory from its first 1024-byte boundary (one swizzle period): TMA's
+// 128-byte swizzle and wgmma's descriptors both act on address bits.
+__device__ __forceinline__ uint32_t swizzle_aligned(const unsigned char* smem_raw) {
+  return (smem_address(smem_raw) + kSwizzlePeriodBytes - 1) &
+         ~static_cast<uint32_t>(kSwizzlePeriodBytes - 1);
+}
+
+// A block's mbarriers, 8 bytes each from `once`: one for the tiles it loads once, then per
+// pipeline stage a "full" one (the stage's tiles have landed) and an "empty" one (every
+// consumer thread is done with them).
+template <int kStages>
+struct StageBarriers {
+  uint32_t once;
+  __device__ uint32_t full(int stage) const { return once + 8 * (1 + stage); }
+  __device__ uint32_t empty(int stage) const { return once + 8 * (1 + kStages + stage); }
+  // Thread 0 initialises them (`full_arrivals` arrivals complete a stage), then the block syncs.
+  __device__ void init(uint32_t full_arrivals) const {
+    if (threadIdx.x == 0) {
+      mbarrier_init(once, 1);
+      for (int stage = 0; stage < kStages; ++stage) {
+        mbarrier_init(full(stage), full_arrivals);
+        mbarrier_init(empty(stage), kConsumerThreads);
+      }
+      mbarrier_init_fence();
+    }
+    __syncthreads();
+  }
+};
+
+// TMA: the box at coordinates (column, head, row, batch) of `map` into shared memory at dst,
+// completing `bar`'s transaction count by the box's bytes (out-of-range elements are zeros).
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                              int column, int head, int row, int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(column), "r"(head), "r"(row), "r"(batch), "r"(bar)
+      : "memory");
+}
+
+// All D / 64 column blocks of rows [row, row + kRows) of one head into a tile at dst.
+template <int D, int kRows>
+__device__ __forceinline__ void tma_load_rows(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                              int head, int row, int batch) {
+#pragma unroll
+  for (int block = 0; block < D / kSwizzleColumns; ++block)
+    tma_load_tile(dst + block * column_block_bytes(kRows), map, bar, block * kSwizzleColumns, head,
+                  row, batch);
+}
+
+// The producer thread's loop of the forward and dQ kernels: key tile t (keys from
+// key0 + t * kBlockN) of kv head g goes into stage t % kStages once the consumers have freed
+// it, K at k_tile(stage), V at v_tile(stage).
+template <int D, int kBlockN, int kStages, class KTile, class VTile>
+__device__ __forceinline__ void load_kv_tiles(const StageBarriers<kStages>& bars, KTile k_tile,
+                                              VTile v_tile, uint32_t stage_bytes,
+                                              const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                              int g, int b, int key0, int n_tiles) {
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % kStages;
+    mbarrier_wait(bars.empty(stage), ((t / kStages) & 1) ^ 1);
+    mbarrier_arrive_expect_bytes(bars.full(stage), stage_bytes);
+    tma_load_rows<D, kBlockN>(k_tile(stage), k_map, bars.full(stage), g, key0 + t * kBlockN, b);
+    tma_load_rows<D, kBlockN>(v_tile(stage), v_map, bars.full(stage), g, key0 + t * kBlockN, b);
+  }
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// wgmma ordering: fence before the first wgmma that reads registers written by ordinary
+// instructions (accumulators, register A operands); commit closes a group of issued wgmmas;
+// wait<N> blocks until at most N groups are in flight.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Pins the registers of an accumulator array at this point of the program: the compiler may
+// not move their reads or writes across it, so none slips between a wgmma and its wait.
+template <int N>
+__device__ __forceinline__ void pin_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin_registers(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
+// Named barriers (ids 1-15; 0 is __syncthreads): `threads` threads, a multiple of 32, take part.
+// sync waits for all of them; arrive counts this warp in and goes on.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Orders this thread's ordinary shared-memory (or global) accesses before later ones of the
+// async proxy (wgmma operands, bulk copies), and the async proxy's completed ones before this
+// thread's later ordinary ones.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+// Four 8x8 bf16 matrices, register r of the warp's m16n8 fragments, stored transposed: lanes
+// 8 i .. 8 i + 7 give the addresses of the 16-byte rows of matrix i, and row c receives the
+// matrix's column c.
+__device__ __forceinline__ void stmatrix_x4_transposed(uint32_t address, const uint32_t (&r)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+      : "memory");
+}
+// TMA reduce: the box at coordinates (column, head, row, batch) of `map` += the tile at src,
+// element by element in the map's type, in this thread's current bulk group (elements outside
+// the tensor are left alone).
+__device__ __forceinline__ void tma_add_tile(const CUtensorMap* map, uint32_t src, int column,
+                                             int head, int row, int batch) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(column), "r"(head), "r"(row), "r"(batch), "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until at most kPending of this thread's bulk groups have still to read their shared source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Until at most kPending of this thread's bulk groups are still incomplete (writes included).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ int load_acquire(const int* at) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(at) : "memory");
+  return value;
+}
+__device__ __forceinline__ void add_release(int* at, int value) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(at), "r"(value) : "memory");
+}
+
+// A wgmma shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"): start address,
+// leading and stride byte offsets (all >> 4, 14 bits each), base offset 0 (tiles are
+// 1024-byte aligned), layout type 1 in bits 62-63 = 128-byte swizzle.
+__device__ __forceinline__ uint64_t matrix_descriptor(uint32_t address, uint32_t leading_bytes,
+                                                      uint32_t stride_bytes) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16 |
+         static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32 | uint64_t{1} << 62;
+}
+
+// K-major operand: rows [row0, row0 + 8 m) of a tile of kRows rows, contraction columns
+// [16 kk, 16 kk + 16).
+template <int kRows>
+__device__ __forceinline__ uint64_t k_major(uint32_t tile, int row0, int kk) {
+  const uint32_t address =
+      tile + (kk / 4) * column_block_bytes(kRows) + row0 * kSwizzleBytes + (kk % 4) * 32;
+  return matrix_descriptor(address, 16, kSwizzlePeriodBytes);
+}
+// MN-major B operand: contraction rows [16 kk, 16 kk + 16) of a tile of kRows rows, all its
+// columns as n.
+template <int kRows>
+__device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk) {
+  return matrix_descriptor(tile + kk * 16 * kSwizzleBytes, column_block_bytes(kRows),
+                           kSwizzlePeriodBytes);
+}
+
+// wgmma m64nNk16, bf16 inputs, fp32 accumulators d (N / 2 per thread). _ss: A and B from
+// shared memory, both K-major. _rs: A from registers (the m64k16 fragment), B MN-major
+// (imm-trans-b = 1). accumulate false: d = A B.
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t a, uint64_t b,
+                                                bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+}
+
+// The same with B MN-major (imm-trans-b = 1): B's contraction index runs down its rows.
+__device__ __forceinline__ void wgmma_m64n64_ss_mn(float (&d)[32], uint64_t a, uint64_t b,
+                                                   bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+}
+
+__device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                                bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+}
+
+__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                 bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(int(accumulate)));
+}
+
+__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
+                                                 bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b,
+                                         bool accumulate) {
+  if constexpr (N == 64)
+    wgmma_m64n64_ss(d, a, b, accumulate);
+  else
+    wgmma_m64n128_ss(d, a, b, accumulate);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+  if constexpr (N == 64)
+    wgmma_m64n64_rs(d, a, b, true);
+  else
+    wgmma_m64n128_rs(d, a, b, true);
+}
+
+// Accumulator columns [16 kk, 16 kk + 16) (values 8 kk .. 8 kk + 7) as register A operands.
+template <int N>
+__device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[N / 16][4],
+                                                  const float (&d)[N / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack_bf16(d[8 * kk + 0], d[8 * kk + 1]);
+    a[kk][1] = pack_bf16(d[8 * kk + 2], d[8 * kk + 3]);
+    a[kk][2] = pack_bf16(d[8 * kk + 4], d[8 * kk + 5]);
+    a[kk][3] = pack_bf16(d[8 * kk + 6], d[8 * kk + 7]);
+  }
+}
+
+// The two kinds of product every kernel here issues, each closed as one commit group (the
+// caller fences before them and waits after).
+// acc = A B^T over the head dim: rows [a_row0, a_row0 + 64) of the K-major tile a (kRowsA rows)
+// against all kN rows of the K-major tile b.
+template <int D, int kRowsA, int kN>
+__device__ __forceinline__ void issue_product_ss(float (&acc)[kN / 2], uint32_t a, int a_row0,
+                                                 uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<kN>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kN>(b, 0, kk), kk > 0);
+  wgmma_commit();
+}
+// acc += A B: A in registers (kK / 16 fragments of 16 contraction columns), B the MN-major tile
+// b of kK rows and D columns.
+template <int D, int kK>
+__device__ __forceinline__ void issue_product_rs(float (&acc)[D / 2],
+                                                 const uint32_t (&a)[kK / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(acc, a[kk], mn_major<kK>(b, kk));
+  wgmma_commit();
+}
+
+#endif  // FRUGAL_SM90_DEVICE_CODE
+
+// ---- host side -------------------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled is a driver function; asking the runtime for it keeps the build free of
+// -lcuda. Looked up once: the pointer stays valid for the life of the process.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+      fail("cuda flash attention sm90: the driver does not export cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A [batch][len][heads][head_dim] bf16 tensor for TMA, loaded in boxes of box_rows rows x 64
+// columns of one head, 128-byte swizzled; elements outside the tensor read as zeros.
+inline CUtensorMap tensor_map(const bf16* data, int64_t batch, int64_t len, int64_t heads,
+                              int64_t head_dim, int box_rows) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(len), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(heads * head_dim * 2);
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim * 2), row_bytes,
+                                 row_bytes * static_cast<cuuint64_t>(len)};  // of dims 1, 2, 3
+  const cuuint32_t box[4] = {kSwizzleColumns, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult status = tensor_map_encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<bf16*>(data), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    fail("cuda flash attention sm90: cuTensorMapEncodeTiled failed (CUresult ", int(status),
+         ") for batch ", batch, " len ", len, " heads ", heads, " head_dim ", head_dim);
+  return map;
+}
+
+// The backward's passes, after flash_attention_backward_prepare (the outline is in
+// flash_attention_sm90.cu). dkdv_pass: dk, dv, and with dq_turns (the scratch's turn counters)
+// also dq; dq_pass: dq, when dkdv_pass was given no dq_turns.
+void dkdv_pass(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+               const bf16* v, const float* lse_log2, const float* delta, int* dq_turns,
+               const AttentionShape& s, cudaStream_t stream);
+void dq_pass(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+             const float* lse_log2, const float* delta, const AttentionShape& s,
+             cudaStream_t stream);
+
+}  // namespace frugal::cuda::sm90

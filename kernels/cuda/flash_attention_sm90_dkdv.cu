@@ -1,0 +1,409 @@
+// The Hopper attention backward's dK/dV pass, with dQ fused in on request (the outline is in
+// flash_attention_sm90.cu, the instructions in flash_attention_sm90.cuh).
+#include <cstdint>
+
+#include "kernels/attention_backward_tiles.h"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_sm90.cuh"
+
+namespace frugal::cuda::sm90 {
+
+namespace {
+
+// ---- backward: dK and dV, and dQ in the same pass ---------------------------------------------
+
+constexpr int kDkdvBlockN = 2 * kRowsPerConsumer;  // keys per block, 64 per consumer
+constexpr int kDkdvBlockM = 64;                    // query rows per step
+static_assert(kDkdvBlockM == kFlashDqTileRows, "the scratch holds a dQ turn per 64-row tile");
+// The fused dQ's turn counters: one per query tile and query head.
+int64_t dq_turn_count(const AttentionShape& s) {
+  return s.batch * s.n_heads * ((s.q_len + kDkdvBlockM - 1) / kDkdvBlockM);
+}
+// A consumer's part of a step's dQ (64 rows x 64 columns, fp32) in shared memory, as TMA reads
+// it: two boxes of 32 columns (128 bytes a row), each 128-byte swizzled like the bf16 tiles
+// (16-byte chunk c of row r at c ^ (r % 8)), which keeps the consumers' float2 stores from piling
+// onto the same banks.
+constexpr int kDqBoxColumns = 32;
+constexpr int kDqBoxBytes = kDkdvBlockM * kSwizzleBytes;
+constexpr int kDqPartBytes = 2 * kDqBoxBytes;
+// Byte offset of (row, column) in a part: column < 64, an even one starts a float2.
+__host__ __device__ constexpr int dq_part_offset(int row, int column) {
+  return (column / kDqBoxColumns) * kDqBoxBytes + row * kSwizzleBytes +
+         ((((column % kDqBoxColumns) / 4) ^ (row % 8)) * 16) + (column % 4) * 4;
+}
+// Named barriers of the fused kernel: dS written (D 128: both consumers, id 1; D 64: each its
+// own, ids 1 and 2), the dQ parts written (consumers to the writer warp) and free again.
+constexpr int kBarrierDsWritten = 1, kBarrierDqPartsWritten = 3, kBarrierDqPartsFree = 4;
+constexpr int kDqHandOffThreads = 2 * kWarpgroupThreads + 32;  // consumers + the writer warp
+
+// K, V, then kStages (Q, dO) stages, [fused: 2 dS tiles (64 queries x 128 keys, bf16, by step
+// parity), 2 dQ parts (one per consumer)], then per stage 64 lse_log2 and 64 Delta values, then
+// the barriers (K and V loaded; per stage full and empty).
+template <int D, int kStages, bool kFusedDq>
+struct DkdvSmem {
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + tile_bytes(kDkdvBlockN, D);
+  static constexpr int kQdo = kV + tile_bytes(kDkdvBlockN, D);
+  static constexpr int kTileBytes = tile_bytes(kDkdvBlockM, D);
+  static constexpr int kStageBytes = 2 * kTileBytes;  // Q then dO
+  static constexpr int kDsTileBytes = tile_bytes(kDkdvBlockM, kDkdvBlockN);
+  static constexpr int kDs = kQdo + kStages * kStageBytes;
+  static constexpr int kDqParts = kDs + (kFusedDq ? 2 * kDsTileBytes : 0);
+  static constexpr int kRowValues = kDqParts + (kFusedDq ? 2 * kDqPartBytes : 0);
+  static constexpr int kRowValueBytes = 2 * kDkdvBlockM * 4;  // lse_log2 then Delta
+  static constexpr int kBarriers = kRowValues + kStages * kRowValueBytes;
+  static constexpr int kBytes = kBarriers + 8 * (1 + 2 * kStages);
+  static constexpr int kLaunchBytes = kBytes + kSwizzlePeriodBytes;
+};
+
+// kFusedDq: the block also adds its part of dQ = dS K into dq (dq_map, fp32, boxes of 64 rows x
+// 32 columns; dq_turns: B x H x query tiles counters, zero at launch) in the fixed order of
+// attention_backward_tiles.h; otherwise dq is left to flash_sm90_backward_dq_kernel.
+template <int D, int kStages, bool kFusedDq>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_sm90_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
+                                    const __grid_constant__ CUtensorMap dq_map, int* dq_turns,
+                                    const __grid_constant__ CUtensorMap q_map,
+                                    const __grid_constant__ CUtensorMap k_map,
+                                    const __grid_constant__ CUtensorMap v_map,
+                                    const __grid_constant__ CUtensorMap dout_map,
+                                    const float* __restrict__ lse_log2,
+                                    const float* __restrict__ delta, const Params p) {
+#if FRUGAL_SM90_DEVICE_CODE
+  using Smem = DkdvSmem<D, kStages, kFusedDq>;
+  constexpr int kBlockM = kDkdvBlockM, kBlockN = kDkdvBlockN;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = swizzle_aligned(smem_raw);
+  unsigned char* smem = smem_raw + (base - smem_address(smem_raw));
+  // Fused: the key blocks of one kv head are neighbours in the grid (x), the last (shortest)
+  // first, as they add to dq first; so they run together, and dq's tiles stay in L2 between
+  // their adds. Otherwise x = (batch, kv head) and y = key block from the first: the longest
+  // blocks are launched first.
+  const int batch_head = kFusedDq ? blockIdx.y : blockIdx.x;
+  const int b = batch_head / p.n_kv_heads, g = batch_head % p.n_kv_heads;
+  const int n = kFusedDq ? gridDim.x - 1 - blockIdx.x : blockIdx.y, j0 = n * kBlockN;
+  const flash_tiles::BackwardTiling tiling{p.q_len,  p.kv_len, p.causal_offset,
+                                           p.window, kBlockM,  kBlockN};
+  const flash_tiles::TileRange tiles = flash_tiles::query_tiles_of_key_block(tiling, n);
+  const int n_steps = p.group * (tiles.end - tiles.begin);
+  if (n_steps == 0) return;  // adds nothing
+
+  const uint32_t sk = base + Smem::kK, sv = base + Smem::kV, kv_full = base + Smem::kBarriers;
+  const StageBarriers<kStages> bars{kv_full};
+  auto q_tile = [&](int stage) { return base + Smem::kQdo + stage * Smem::kStageBytes; };
+  auto dout_tile = [&](int stage) { return q_tile(stage) + Smem::kTileBytes; };
+  auto row_lse = [&](int stage) {
+    return reinterpret_cast<float*>(smem + Smem::kRowValues + stage * Smem::kRowValueBytes);
+  };
+  auto row_delta = [&](int stage) { return row_lse(stage) + kBlockM; };
+  // Steps walk the query tiles upwards (heads of the group inner), in step with the dQ order.
+  auto step_tile = [&](int step) { return tiles.begin + step / p.group; };
+  auto step_head = [&](int step) { return g * p.group + step % p.group; };
+  // A stage is full when the producer warp's 32 lanes arrive (lane 0 with the bytes).
+  bars.init(32);
+
+  if (threadIdx.x < kWarpgroupThreads) {  // producer: its first warp loads, the second adds dQ
+    registers_decrease<kProducerRegisters>();
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      if (lane == 0) {
+        mbarrier_arrive_expect_bytes(kv_full, 2 * tile_bytes(kBlockN, D));
+        tma_load_rows<D, kBlockN>(sk, &k_map, kv_full, g, j0, b);
+        tma_load_rows<D, kBlockN>(sv, &v_map, kv_full, g, j0, b);
+      }
+      for (int step = 0; step < n_steps; ++step) {
+        const int stage = step % kStages, h = step_head(step), i0 = step_tile(step) * kBlockM;
+        mbarrier_wait(bars.empty(stage), ((step / kStages) & 1) ^ 1);
+        // Rows past q_len get lse_log2 = +inf and Delta = 0: P = 0, dS = 0, they add nothing.
+        const int64_t row_head = (static_cast<int64_t>(b) * p.n_heads + h) * p.q_len;
+        for (int r = lane; r < kBlockM; r += 32) {
+          const bool valid = i0 + r < p.q_len;
+          row_lse(stage)[r] = valid ? lse_log2[row_head + i0 + r] : INFINITY;
+          row_delta(stage)[r] = valid ? delta[row_head + i0 + r] : 0.0f;
+        }
+        if (lane == 0) {
+          mbarrier_arrive_expect_bytes(bars.full(stage), Smem::kStageBytes);
+          tma_load_rows<D, kBlockM>(q_tile(stage), &q_map, bars.full(stage), h, i0, b);
+          tma_load_rows<D, kBlockM>(dout_tile(stage), &dout_map, bars.full(stage), h, i0, b);
+        } else {
+          mbarrier_arrive(bars.full(stage));
+        }
+      }
+    } else if (kFusedDq && threadIdx.x < 64) {
+      // The dQ writer: per step, once the blocks after this one have added theirs to the tile,
+      // the consumers' parts go to dq through the copy engine (TMA fp32 reduce-add of 32-column
+      // boxes; rows past q_len are clipped); the tile's turn passes on once those adds have
+      // landed. Lane 0 does the copies and the turns; D 64 has the warp add the parts first.
+      const int lane = threadIdx.x - 32;
+      const int n_tiles = flash_tiles::query_tiles(tiling);
+      const uint32_t part0 = base + Smem::kDqParts, part1 = part0 + kDqPartBytes;
+      float4* part0_values = reinterpret_cast<float4*>(smem + Smem::kDqParts);
+      const float4* part1_values = part0_values + kDqPartBytes / 16;
+      auto pass_turn = [&](int* turn) {
+        if (lane == 0) {
+          fence_proxy_async_global();
+          add_release(turn, 1);
+        }
+      };
+      int* landing = nullptr;  // the previous step's tile, passed on once its adds have landed
+      named_barrier_arrive(kBarrierDqPartsFree, kDqHandOffThreads);
+      for (int step = 0; step < n_steps; ++step) {
+        const int m = step_tile(step), h = step_head(step);
+        int* turn = dq_turns + (static_cast<int64_t>(b) * p.n_heads + h) * n_tiles + m;
+        const int my_turn = flash_tiles::last_key_block_of_tile(tiling, m, gridDim.x) - n;
+        named_barrier_sync(kBarrierDqPartsWritten, kDqHandOffThreads);
+        if constexpr (D == 64) {
+          // The consumers split the contraction (64 keys each): part0 += part1, in this order
+          // (the same layout, so element by element).
+          for (int at = lane; at < kDqPartBytes / 16; at += 32) {
+            float4 x = part0_values[at];
+            const float4 y = part1_values[at];
+            x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+            part0_values[at] = x;
+          }
+          fence_proxy_async_shared();
+          __syncwarp();
+        }
+        if (lane == 0) {
+          while (load_acquire(turn) != my_turn) {
+          }
+          fence_proxy_async_global();  // the adds of the blocks after this one come first
+          const int row0 = m * kBlockM;
+          for (int part = 0; part < D / 64; ++part)
+            for (int box = 0; box < 2; ++box)
+              tma_add_tile(&dq_map, (part == 0 ? part0 : part1) + box * kDqBoxBytes,
+                           part * 64 + box * kDqBoxColumns, h, row0, b);
+          bulk_commit();
+          bulk_wait_read<0>();
+        }
+        __syncwarp();
+        if (step + 1 < n_steps) named_barrier_arrive(kBarrierDqPartsFree, kDqHandOffThreads);
+        if (landing != nullptr) {
+          if (lane == 0) bulk_wait<1>();
+          pass_turn(landing);
+        }
+        landing = turn;
+      }
+      if (lane == 0) bulk_wait<0>();
+      pass_turn(landing);
+    }
+    return;
+  }
+
+  // Consumers: warpgroup c owns keys [j0 + 64 c, j0 + 64 c + 64).
+  registers_increase<kConsumerRegisters>();
+  const int consumer = threadIdx.x / kWarpgroupThreads - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int key_a = j0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4, key_b = key_a + 8;
+  float dk_acc[D / 2], dv_acc[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
+
+  mbarrier_wait(kv_full, 0);
+  for (int step = 0; step < n_steps; ++step) {
+    const int stage = step % kStages, i0 = step_tile(step) * kBlockM;
+    mbarrier_wait(bars.full(stage), (step / kStages) & 1);
+
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys (rows) x 64 queries per consumer, as two groups
+    // so that P^T is computed while the tensor cores still work on dP^T, and dS^T while they
+    // work on dV.
+    float st[kBlockM / 2], dpt[kBlockM / 2];
+    wgmma_fence();
+    issue_product_ss<D, kBlockN, kBlockM>(st, sk, consumer * kRowsPerConsumer, q_tile(stage));
+    issue_product_ss<D, kBlockN, kBlockM>(dpt, sv, consumer * kRowsPerConsumer, dout_tile(stage));
+    wgmma_wait<1>();  // S^T has completed
+    pin_registers(st);
+
+    // P^T = exp2(S^T scale log2(e) - lse_log2), 0 where masked; dV += P^T dO.
+    const float* lse_t = row_lse(stage);
+    const float* delta_t = row_delta(stage);
+    // Masks where a key is after a row, or (window) the farthest pair is window or more apart,
+    // or past kv_len (K's rows there read as zeros: S = 0, and P must not be exp2(-lse_log2)).
+    const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset || j0 + kBlockN > p.kv_len ||
+                           (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window);
+#pragma unroll
+    for (int i = 0; i < kBlockM / 2; ++i) {
+      const int col = (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+      const int key = (i % 4) < 2 ? key_a : key_b;
+      float pe = exp2_approx(fmaf(st[i], p.scale_log2, -lse_t[col]));
+      if (need_mask && hidden_key(i0 + col, key, p)) pe = 0.0f;
+      st[i] = pe;
+    }
+    uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+    accumulators_to_a<kBlockM>(pa, st);
+    wgmma_fence();
+    pin_registers(dv_acc);
+    pin_registers(pa);
+    issue_product_rs<D, kBlockM>(dv_acc, pa, dout_tile(stage));
+    wgmma_wait<1>();  // dP^T has completed; dV may still be running
+    pin_registers(dpt);
+
+    // dS^T = P^T (dP^T - Delta); dK += dS^T Q (the scale is applied once at the end).
+#pragma unroll
+    for (int i = 0; i < kBlockM / 2; ++i) {
+      const int col = (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+      dpt[i] = st[i] * (dpt[i] - delta_t[col]);
+    }
+    accumulators_to_a<kBlockM>(dsa, dpt);
+    const uint32_t sds = base + Smem::kDs + (step % 2) * Smem::kDsTileBytes;
+    if constexpr (kFusedDq) {
+      // dS (queries x keys) for dQ = dS K: this consumer's dS^T fragments stored transposed
+      // into its 64-key column block of the swizzled tile (8 keys = one 16-byte chunk).
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const int matrix = lane / 8;
+        const int query = 16 * kk + 8 * (matrix / 2) + lane % 8;
+        const int chunk = 2 * warp + matrix % 2;
+        stmatrix_x4_transposed(sds + consumer * column_block_bytes(kBlockM) +
+                                   query * kSwizzleBytes + ((chunk ^ (query % 8)) * 16),
+                               dsa[kk]);
+      }
+    }
+    wgmma_fence();
+    pin_registers(dk_acc);
+    pin_registers(dsa);
+    issue_product_rs<D, kBlockM>(dk_acc, dsa, q_tile(stage));
+    [[maybe_unused]] float dq_part[32];
+    if constexpr (kFusedDq) {
+      // dQ part = dS K over 64 columns of D 128 (consumer c: columns [64 c, 64 c + 64), all 128
+      // keys, so both consumers' dS), or for D 64 over this consumer's 64 keys (the writer adds
+      // the two parts in a fixed order).
+      fence_proxy_async_shared();
+      if constexpr (D == 128)
+        named_barrier_sync(kBarrierDsWritten, kConsumerThreads);
+      else if (consumer == 0)  // constant ids: ptxas reserves every barrier for a computed one
+        named_barrier_sync(kBarrierDsWritten, kWarpgroupThreads);
+      else
+        named_barrier_sync(kBarrierDsWritten + 1, kWarpgroupThreads);
+      constexpr int kKeys = D == 128 ? kBlockN : kRowsPerConsumer;
+      const uint32_t ds_keys = D == 128 ? sds : sds + consumer * column_block_bytes(kBlockM);
+      const uint32_t k_part = D == 128 ? sk + consumer * column_block_bytes(kBlockN)
+                                       : sk + consumer * kRowsPerConsumer * kSwizzleBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma_m64n64_ss_mn(dq_part, k_major<kBlockM>(ds_keys, 0, kk), mn_major<kBlockN>(k_part, kk),
+                           kk > 0);
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    pin_registers(dk_acc);
+    pin_registers(dv_acc);
+    pin_registers(pa);  // the registers of A operands are read until the wgmma completes
+    pin_registers(dsa);
+    mbarrier_arrive(bars.empty(stage));
+    if constexpr (kFusedDq) {
+      pin_registers(dq_part);
+      named_barrier_sync(kBarrierDqPartsFree, kDqHandOffThreads);
+      unsigned char* part = smem + Smem::kDqParts + consumer * kDqPartBytes;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(
+              part + dq_part_offset(warp * 16 + lane / 4 + 8 * r, 8 * j + 2 * (lane % 4))) =
+              make_float2(p.scale * dq_part[4 * j + 2 * r], p.scale * dq_part[4 * j + 2 * r + 1]);
+      fence_proxy_async_shared();
+      named_barrier_arrive(kBarrierDqPartsWritten, kDqHandOffThreads);
+    }
+  }
+
+  const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r == 0 ? key_a : key_b;
+    if (key >= p.kv_len) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int64_t at = kv_head + key * p.kv_stride + j * 8 + (lane % 4) * 2;
+      float2* dk2 = reinterpret_cast<float2*>(dk + at);
+      float2* dv2 = reinterpret_cast<float2*>(dv + at);
+      float2 x = *dk2;
+      x.x += p.scale * dk_acc[4 * j + 2 * r];
+      x.y += p.scale * dk_acc[4 * j + 2 * r + 1];
+      *dk2 = x;
+      x = *dv2;
+      x.x += dv_acc[4 * j + 2 * r];
+      x.y += dv_acc[4 * j + 2 * r + 1];
+      *dv2 = x;
+    }
+  }
+#endif
+}
+
+// ---- launcher --------------------------------------------------------------------------------
+
+// dq [batch][len][heads][head_dim] (fp32) for the fused dQ's TMA adds: boxes of 64 rows x 32
+// columns of one head, 128-byte swizzled (dq_part_offset's layout); rows past len are skipped.
+CUtensorMap dq_tensor_map(float* dq, int64_t batch, int64_t len, int64_t heads, int64_t head_dim) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(len), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(heads * head_dim * 4);
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim * 4), row_bytes,
+                                 row_bytes * static_cast<cuuint64_t>(len)};
+  const cuuint32_t box[4] = {kDqBoxColumns, 1, kDkdvBlockM, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult status = tensor_map_encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dq, dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    fail("cuda flash attention sm90: cuTensorMapEncodeTiled failed (CUresult ", int(status),
+         ") for dq of batch ", batch, " len ", len, " heads ", heads, " head_dim ", head_dim);
+  return map;
+}
+
+// Stages: as many as the 227 KiB of shared memory per block take with room to spare.
+template <int D>
+constexpr int kDkdvStages = D == 128 ? 2 : 3;
+
+template <int D>
+void dkdv_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+              const bf16* v, const float* lse_log2, const float* delta, int* dq_turns,
+              const AttentionShape& s, cudaStream_t stream) {
+  const Params p = make_params(s);
+  const bool fused = dq_turns != nullptr;
+  constexpr int kStages = kDkdvStages<D>;
+  const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, kDkdvBlockM);
+  const CUtensorMap dout_map = tensor_map(dout, s.batch, s.q_len, s.n_heads, D, kDkdvBlockM);
+  const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kDkdvBlockN);
+  const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kDkdvBlockN);
+  const unsigned key_blocks = grid_blocks(s.kv_len, kDkdvBlockN, "kv_len");
+  const auto batch_heads = static_cast<unsigned>(s.batch * s.n_kv_heads);
+  if (fused && batch_heads > 65535)
+    fail("cuda flash attention sm90: batch x kv heads = ", batch_heads,
+         " is more than the grid's 65535");
+  const dim3 grid = fused ? dim3(key_blocks, batch_heads) : dim3(batch_heads, key_blocks);
+  // The separate dQ kernel's launch has no use for a map of dq: a copy of q's stands in.
+  const CUtensorMap dq_map = fused ? dq_tensor_map(dq, s.batch, s.q_len, s.n_heads, D) : q_map;
+  auto launch = [&](auto kernel, int smem) {
+    allow_shared_memory(kernel, smem);
+    kernel<<<grid, kThreads, smem, stream>>>(dk, dv, dq_map, dq_turns, q_map, k_map, v_map,
+                                             dout_map, lse_log2, delta, p);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (fused) {
+    constexpr int smem = DkdvSmem<D, kStages, true>::kLaunchBytes;
+    static_assert(smem <= 227 * 1024, "dK/dV/dQ tiles exceed shared memory");
+    CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, dq_turn_count(s) * sizeof(int), stream));
+    launch(flash_sm90_backward_dkdv_kernel<D, kStages, true>, smem);
+  } else {
+    constexpr int smem = DkdvSmem<D, kStages, false>::kLaunchBytes;
+    static_assert(smem <= 227 * 1024, "dK/dV tiles exceed shared memory");
+    launch(flash_sm90_backward_dkdv_kernel<D, kStages, false>, smem);
+  }
+}
+
+}  // namespace
+
+void dkdv_pass(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+               const bf16* v, const float* lse_log2, const float* delta, int* dq_turns,
+               const AttentionShape& s, cudaStream_t stream) {
+  if (s.head_dim == 64)
+    dkdv_for<64>(dq, dk, dv, dout, q, k, v, lse_log2, delta, dq_turns, s, stream);
+  else
+    dkdv_for<128>(dq, dk, dv, dout, q, k, v, lse_log2, delta, dq_turns, s, stream);
+}
+
+}  // namespace frugal::cuda::sm90

@@ -1,0 +1,181 @@
+// The Hopper attention backward's separate dQ pass (the outline is in flash_attention_sm90.cu,
+// the instructions in flash_attention_sm90.cuh).
+#include <cstdint>
+
+#include "kernels/cuda/flash_attention_sm90.cuh"
+
+namespace frugal::cuda::sm90 {
+
+namespace {
+
+// ---- backward: dQ ----------------------------------------------------------------------------
+
+constexpr int kDqBlockM = 2 * kRowsPerConsumer, kDqBlockN = 64;
+
+// Q, dO, then kStages (K, V) stages of 64 keys, then the barriers (Q and dO loaded; per stage
+// full and empty).
+template <int D, int kStages>
+struct DqSmem {
+  static constexpr int kQ = 0;
+  static constexpr int kDout = kQ + tile_bytes(kDqBlockM, D);
+  static constexpr int kKv = kDout + tile_bytes(kDqBlockM, D);
+  static constexpr int kTileBytes = tile_bytes(kDqBlockN, D);
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
+  static constexpr int kBarriers = kKv + kStages * kStageBytes;
+  static constexpr int kBytes = kBarriers + 8 * (1 + 2 * kStages);
+  static constexpr int kLaunchBytes = kBytes + kSwizzlePeriodBytes;
+};
+
+template <int D, int kStages>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_sm90_backward_dq_kernel(float* __restrict__ dq, const __grid_constant__ CUtensorMap q_map,
+                                  const __grid_constant__ CUtensorMap k_map,
+                                  const __grid_constant__ CUtensorMap v_map,
+                                  const __grid_constant__ CUtensorMap dout_map,
+                                  const float* __restrict__ lse_log2,
+                                  const float* __restrict__ delta, const Params p) {
+#if FRUGAL_SM90_DEVICE_CODE
+  using Smem = DqSmem<D, kStages>;
+  constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = swizzle_aligned(smem_raw);
+  const int b = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, g = h / p.group;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
+  const int last_row = min(q0 + kBlockM, p.q_len) - 1;
+  const int kv_end = keys_seen(last_row, p);
+  const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+  const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
+  if (n_tiles == 0) return;  // adds nothing
+
+  const uint32_t sq = base + Smem::kQ, sdo = base + Smem::kDout, qdo_full = base + Smem::kBarriers;
+  const StageBarriers<kStages> bars{qdo_full};
+  auto k_tile = [&](int stage) { return base + Smem::kKv + stage * Smem::kStageBytes; };
+  auto v_tile = [&](int stage) { return k_tile(stage) + Smem::kTileBytes; };
+  bars.init(1);
+
+  if (threadIdx.x < kWarpgroupThreads) {  // producer
+    registers_decrease<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_bytes(qdo_full, 2 * tile_bytes(kBlockM, D));
+      tma_load_rows<D, kBlockM>(sq, &q_map, qdo_full, h, q0, b);
+      tma_load_rows<D, kBlockM>(sdo, &dout_map, qdo_full, h, q0, b);
+      load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map, g, b,
+                                kv_begin, n_tiles);
+    }
+    return;
+  }
+
+  registers_increase<kConsumerRegisters>();
+  const int consumer = threadIdx.x / kWarpgroupThreads - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int row_a = q0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4, row_b = row_a + 8;
+  const int64_t row_head = (static_cast<int64_t>(b) * p.n_heads + h) * p.q_len;
+  // Rows past q_len: lse_log2 = +inf, Delta = 0, so P = dS = 0 (and they are not stored).
+  const float lse_a = row_a < p.q_len ? lse_log2[row_head + row_a] : INFINITY;
+  const float lse_b = row_b < p.q_len ? lse_log2[row_head + row_b] : INFINITY;
+  const float delta_a = row_a < p.q_len ? delta[row_head + row_a] : 0.0f;
+  const float delta_b = row_b < p.q_len ? delta[row_head + row_b] : 0.0f;
+  const int unmasked_end = min(q0 + p.causal_offset + 1, p.kv_len);
+  const int unmasked_begin = first_key_seen(last_row, p);
+  float dq_acc[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq_acc[i] = 0.0f;
+
+  mbarrier_wait(qdo_full, 0);
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % kStages;
+    mbarrier_wait(bars.full(stage), (t / kStages) & 1);
+
+    // S = Q K^T and dP = dO V^T: 64 rows x 64 keys per consumer, as two groups so that P is
+    // computed while the tensor cores still work on dP.
+    float s[kBlockN / 2], dp[kBlockN / 2];
+    wgmma_fence();
+    issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
+    issue_product_ss<D, kBlockM, kBlockN>(dp, sdo, consumer * kRowsPerConsumer, v_tile(stage));
+    wgmma_wait<1>();  // S has completed
+    pin_registers(s);
+
+    const int k0 = kv_begin + t * kBlockN;
+    const bool need_mask = k0 + kBlockN > unmasked_end || k0 < unmasked_begin;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) {
+      const int key = k0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+      const bool upper = (i % 4) < 2;
+      const int row = upper ? row_a : row_b;
+      float pe = exp2_approx(fmaf(s[i], p.scale_log2, -(upper ? lse_a : lse_b)));
+      if (need_mask && hidden_key(row, key, p)) pe = 0.0f;
+      s[i] = pe;
+    }
+    wgmma_wait<0>();  // dP has completed
+    pin_registers(dp);
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i)
+      dp[i] = s[i] * (dp[i] - ((i % 4) < 2 ? delta_a : delta_b));
+
+    // dQ += dS K.
+    uint32_t dsa[kBlockN / 16][4];
+    accumulators_to_a<kBlockN>(dsa, dp);
+    wgmma_fence();
+    pin_registers(dq_acc);
+    pin_registers(dsa);
+    issue_product_rs<D, kBlockN>(dq_acc, dsa, k_tile(stage));
+    wgmma_wait<0>();
+    pin_registers(dq_acc);
+    pin_registers(dsa);  // the registers of A operands are read until the wgmma completes
+    mbarrier_arrive(bars.empty(stage));
+  }
+
+  const int64_t q_head = static_cast<int64_t>(b) * p.q_len * p.q_stride + h * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r == 0 ? row_a : row_b;
+    if (row >= p.q_len) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2* dq2 =
+          reinterpret_cast<float2*>(dq + q_head + row * p.q_stride + j * 8 + (lane % 4) * 2);
+      float2 x = *dq2;
+      x.x += p.scale * dq_acc[4 * j + 2 * r];
+      x.y += p.scale * dq_acc[4 * j + 2 * r + 1];
+      *dq2 = x;
+    }
+  }
+#endif
+}
+
+// ---- launcher --------------------------------------------------------------------------------
+
+// Stages: as many as the 227 KiB of shared memory per block take with room to spare.
+constexpr int kDqStages = 3;
+
+template <int D>
+void dq_for(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+            const float* lse_log2, const float* delta, const AttentionShape& s,
+            cudaStream_t stream) {
+  const Params p = make_params(s);
+  constexpr int smem = DqSmem<D, kDqStages>::kLaunchBytes;
+  static_assert(smem <= 227 * 1024, "dQ tiles exceed shared memory");
+  const auto kernel = flash_sm90_backward_dq_kernel<D, kDqStages>;
+  allow_shared_memory(kernel, smem);
+  const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, kDqBlockM);
+  const CUtensorMap dout_map = tensor_map(dout, s.batch, s.q_len, s.n_heads, D, kDqBlockM);
+  const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN);
+  const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN);
+  const dim3 grid(static_cast<unsigned>(s.batch * s.n_heads),
+                  grid_blocks(s.q_len, kDqBlockM, "q_len"));
+  kernel<<<grid, kThreads, smem, stream>>>(dq, q_map, k_map, v_map, dout_map, lse_log2, delta, p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void dq_pass(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+             const float* lse_log2, const float* delta, const AttentionShape& s,
+             cudaStream_t stream) {
+  if (s.head_dim == 64)
+    dq_for<64>(dq, dout, q, k, v, lse_log2, delta, s, stream);
+  else
+    dq_for<128>(dq, dout, q, k, v, lse_log2, delta, s, stream);
+}
+
+}  // namespace frugal::cuda::sm90
