@@ -717,8 +717,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k
 }
 
 int64_t flash_attention_backward_scratch_floats(const AttentionShape& s) {
-  const int64_t tiles = (s.q_len + kFlashDqTileRows - 1) / kFlashDqTileRows;
-  return 2 * s.batch * s.n_heads * s.q_len + s.batch * s.n_heads * tiles;
+  return 2 * s.batch * s.n_heads * s.q_len + flash_attention_dq_turn_count(s);
 }
 
 void flash_attention_backward_prepare(float* scratch, const bf16* dout, const bf16* out,

@@ -31,9 +31,14 @@ enum class FlashBackwardTiles { kAuto, kLargeSmem, kSmallSmem };
 // query head in the scratch.
 inline constexpr int64_t kFlashDqTileRows = 64;
 
+// The sm90 backward's fused-dQ turn counters (int32): one per kFlashDqTileRows-row query tile and
+// query head.
+inline int64_t flash_attention_dq_turn_count(const ::frugal::cpu::AttentionShape& s) {
+  return s.batch * s.n_heads * ((s.q_len + kFlashDqTileRows - 1) / kFlashDqTileRows);
+}
+
 // Floats of scratch the backward needs: lse * log2(e) and Delta = rowsum(dout * out), per row;
-// then (used by the sm90 kernels only) an int32 turn counter per kFlashDqTileRows-row query tile
-// and query head.
+// then (used by the sm90 kernels only) flash_attention_dq_turn_count(s) turn counters.
 int64_t flash_attention_backward_scratch_floats(const ::frugal::cpu::AttentionShape& s);
 
 // The backward's first pass, shared with flash_attention_sm90.h: per query row, lse * log2(e)

@@ -156,16 +156,18 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const CUtensorMap* m
 }
 
 // The producer thread's loop of the forward and dQ kernels: key tile t (keys from
-// key0 + t * kBlockN) of kv head g goes into stage t % kStages once the consumers have freed
-// it, K at k_tile(stage), V at v_tile(stage).
+// key0 + t * kBlockN) of kv head g is load number `loaded + t` through the ring (`loaded`: the
+// tiles this block loaded before, for earlier work items), so it goes into stage
+// (loaded + t) % kStages once the consumers have freed it, K at k_tile(stage), V at
+// v_tile(stage).
 template <int D, int kBlockN, int kStages, class KTile, class VTile>
 __device__ __forceinline__ void load_kv_tiles(const StageBarriers<kStages>& bars, KTile k_tile,
                                               VTile v_tile, uint32_t stage_bytes,
                                               const CUtensorMap* k_map, const CUtensorMap* v_map,
-                                              int g, int b, int key0, int n_tiles) {
+                                              int g, int b, int key0, int n_tiles, int loaded) {
   for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t % kStages;
-    mbarrier_wait(bars.empty(stage), ((t / kStages) & 1) ^ 1);
+    const int stage = (loaded + t) % kStages;
+    mbarrier_wait(bars.empty(stage), (((loaded + t) / kStages) & 1) ^ 1);
     mbarrier_arrive_expect_bytes(bars.full(stage), stage_bytes);
     tma_load_rows<D, kBlockN>(k_tile(stage), k_map, bars.full(stage), g, key0 + t * kBlockN, b);
     tma_load_rows<D, kBlockN>(v_tile(stage), v_map, bars.full(stage), g, key0 + t * kBlockN, b);

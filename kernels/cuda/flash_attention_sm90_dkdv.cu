@@ -15,10 +15,6 @@ namespace {
 constexpr int kDkdvBlockN = 2 * kRowsPerConsumer;  // keys per block, 64 per consumer
 constexpr int kDkdvBlockM = 64;                    // query rows per step
 static_assert(kDkdvBlockM == kFlashDqTileRows, "the scratch holds a dQ turn per 64-row tile");
-// The fused dQ's turn counters: one per query tile and query head.
-int64_t dq_turn_count(const AttentionShape& s) {
-  return s.batch * s.n_heads * ((s.q_len + kDkdvBlockM - 1) / kDkdvBlockM);
-}
 // A consumer's part of a step's dQ (64 rows x 64 columns, fp32) in shared memory, as TMA reads
 // it: two boxes of 32 columns (128 bytes a row), each 128-byte swizzled like the bf16 tiles
 // (16-byte chunk c of row r at c ^ (r % 8)), which keeps the consumers' float2 stores from piling
@@ -77,8 +73,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = smem_raw + (base - smem_address(smem_raw));
   // Fused: the key blocks of one kv head are neighbours in the grid (x), the last (shortest)
   // first, as they add to dq first; so they run together, and dq's tiles stay in L2 between
-  // their adds. Otherwise x = (batch, kv head) and y = key block from the first: the longest
-  // blocks are launched first.
+  // their adds. A block waits only for blocks of lower index, which CUDA starts first (in
+  // practice: not a documented guarantee). Otherwise x = (batch, kv head) and y = key block from
+  // the first: the longest blocks are launched first.
   const int batch_head = kFusedDq ? blockIdx.y : blockIdx.x;
   const int b = batch_head / p.n_kv_heads, g = batch_head % p.n_kv_heads;
   const int n = kFusedDq ? gridDim.x - 1 - blockIdx.x : blockIdx.y, j0 = n * kBlockN;
@@ -386,7 +383,8 @@ void dkdv_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, 
   if (fused) {
     constexpr int smem = DkdvSmem<D, kStages, true>::kLaunchBytes;
     static_assert(smem <= 227 * 1024, "dK/dV/dQ tiles exceed shared memory");
-    CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, dq_turn_count(s) * sizeof(int), stream));
+    CUDA_CHECK(
+        cudaMemsetAsync(dq_turns, 0, flash_attention_dq_turn_count(s) * sizeof(int), stream));
     launch(flash_sm90_backward_dkdv_kernel<D, kStages, true>, smem);
   } else {
     constexpr int smem = DkdvSmem<D, kStages, false>::kLaunchBytes;

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_rows<D, kBlockM>(sq, &q_map, qdo_full, h, q0, b);
       tma_load_rows<D, kBlockM>(sdo, &dout_map, qdo_full, h, q0, b);
       load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map, g, b,
-                                kv_begin, n_tiles);
+                                kv_begin, n_tiles, /*loaded=*/0);
     }
     return;
   }
