@@ -15,6 +15,7 @@
 //   weight    dW [n, k] += dy^T [n, m] x    ->  dW^T [k, n] += x^T [k, m] . op_T(dy^T [n, m])
 //             (m', n', k') = (k, n, m); A = x (stored [k, m], ld k); B = dy (stored [n, m],
 //             ld n, transposed); D = dw (fp32, ld k), beta = 1.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
@@ -95,7 +96,7 @@ const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                   &alignments[1], sizeof(uint32_t));
-  // C is D here (in place), so both carry D's alignment.
+  // C has D's layout (it is D, or a residual in the same layout): key's alignment covers both.
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                   &alignments[2], sizeof(uint32_t));
@@ -123,31 +124,31 @@ const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
 void GemmContext::matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void* a,
                          cudaDataType_t a_type, int64_t lda, bool trans_a, const void* b,
                          cudaDataType_t b_type, int64_t ldb, bool trans_b, int64_t m, int64_t n,
-                         int64_t k, float alpha, float beta, cudaStream_t stream, bool tf32) {
+                         int64_t k, float alpha, float beta, cudaStream_t stream, bool tf32,
+                         const void* c) {
   FRUGAL_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm m ", m, " n ", n, " k ", k);
   if (m == 0 || n == 0) return;
+  if (c == nullptr) c = d;
   if (k == 0) {
-    // cuBLASLt rejects k = 0; D = beta * D is then all there is to do.
+    // cuBLASLt rejects k = 0; D = beta * C is then all there is to do.
     FRUGAL_CHECK(beta == 1.0f, "gemm with k = 0 supports only beta = 1, got ", beta);
+    if (c != d) {
+      const size_t element = d_type == CUDA_R_32F ? 4 : d_type == CUDA_R_16BF ? 2 : 0;
+      FRUGAL_CHECK(element > 0, "gemm with k = 0 and a separate C of dtype ", int(d_type));
+      CUDA_CHECK(cudaMemcpy2DAsync(d, size_t(ldd) * element, c, size_t(ldd) * element,
+                                   size_t(m) * element, size_t(n), cudaMemcpyDeviceToDevice,
+                                   stream));
+    }
     return;
   }
-  const PlanKey key{trans_a,
-                    trans_b,
-                    m,
-                    n,
-                    k,
-                    lda,
-                    ldb,
-                    ldd,
-                    static_cast<int>(a_type),
-                    static_cast<int>(b_type),
-                    static_cast<int>(d_type),
-                    pointer_alignment(a),
+  const PlanKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(a_type),
+                    static_cast<int>(b_type), static_cast<int>(d_type), pointer_alignment(a),
                     pointer_alignment(b),
-                    pointer_alignment(d),
+                    // C shares D's layout: the plan asks for the alignment of both.
+                    std::min(pointer_alignment(d), pointer_alignment(c)),
                     tf32 && a_type == CUDA_R_32F && b_type == CUDA_R_32F};
   const Plan& plan = plan_for(key);
-  CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d,
+  CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, c, plan.d, d,
                               plan.d, &plan.algo, workspace_, workspace_bytes_, stream));
 }
 
@@ -208,16 +209,18 @@ void fp8_gemm_tn(GemmContext& ctx, void* out, cudaDataType_t out_type, const uin
 }
 
 void linear_forward(GemmContext& ctx, __nv_bfloat16* y, const __nv_bfloat16* x,
-                    const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+                    const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                    const __nv_bfloat16* residual) {
   ctx.matmul(y, CUDA_R_16BF, n, w, CUDA_R_16BF, k, /*trans_a=*/true, x, CUDA_R_16BF, k,
-             /*trans_b=*/false, n, m, k, 1.0f, 0.0f, stream);
+             /*trans_b=*/false, n, m, k, 1.0f, residual != nullptr ? 1.0f : 0.0f, stream,
+             /*tf32=*/false, residual);
 }
 
 void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloat16* dy,
                            const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool accumulate) {
   ctx.matmul(dx, CUDA_R_16BF, k, w, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
-             /*trans_b=*/false, k, m, n, 1.0f, 0.0f, stream);
+             /*trans_b=*/false, k, m, n, 1.0f, accumulate ? 1.0f : 0.0f, stream);
 }
 
 void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,

@@ -43,16 +43,18 @@ class GemmContext {
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
 
-  // Column-major D[m, n] = alpha * op(A) op(B) + beta * D, in cuBLAS's own convention:
+  // Column-major D[m, n] = alpha * op(A) op(B) + beta * C, in cuBLAS's own convention:
   // op(A) is [m, k] (A stored [m, k] with lda >= m, or [k, m] when trans_a), op(B) is [k, n];
-  // D has leading dimension ldd >= m. C is D (in place). Compute is fp32 (CUBLAS_COMPUTE_32F),
+  // D has leading dimension ldd >= m. C is D (in place) unless c is given: then C is c, of D's
+  // type and leading dimension (a residual added in the epilogue, where the product is still
+  // fp32, so the sum is rounded once). Compute is fp32 (CUBLAS_COMPUTE_32F),
   // or, with tf32 and fp32 operands, CUBLAS_COMPUTE_32F_FAST_TF32: the operands rounded to
   // TF32 (10 mantissa bits) on the tensor cores, accumulated in fp32.
   // The row-major launchers below are written in terms of this.
   void matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void* a, cudaDataType_t a_type,
               int64_t lda, bool trans_a, const void* b, cudaDataType_t b_type, int64_t ldb,
               bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
-              cudaStream_t stream, bool tf32 = false);
+              cudaStream_t stream, bool tf32 = false, const void* c = nullptr);
 
   // The same for FP8 operands (cuBLASLt takes them only as TN: trans_a set, trans_b not): the
   // product is scaled by *a_scale and *b_scale (device pointers, read when the GEMM runs, so
@@ -86,13 +88,16 @@ class GemmContext {
 };
 
 // The three products of a linear layer, all row-major, W [n, k] in Hugging Face's layout.
-// y[m, n] (bf16, overwritten) = x[m, k] . w[n, k]^T
+// y[m, n] (bf16, overwritten) = x[m, k] . w[n, k]^T (+ residual[m, n] when not null: the
+// residual stream's add, fused; residual may be y).
 void linear_forward(GemmContext& ctx, __nv_bfloat16* y, const __nv_bfloat16* x,
-                    const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
-// dx[m, k] (bf16, overwritten) = dy[m, n] . w[n, k]
+                    const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                    const __nv_bfloat16* residual = nullptr);
+// dx[m, k] (bf16) = dy[m, n] . w[n, k], overwritten, or with accumulate added to what dx holds
+// (the input gradients of projections that share an input, summed before one rounding).
 void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloat16* dy,
                            const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k,
-                           cudaStream_t stream);
+                           cudaStream_t stream, bool accumulate = false);
 // dw[n, k] (fp32, ACCUMULATED: +=) += dy[m, n]^T . x[m, k], so micro-batches add up.
 void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,

@@ -9,8 +9,11 @@
 // over all rows; to keep it deterministic without float atomics, a fixed number of blocks
 // (depending only on `rows`) each own the rows b, b + grid, ... and accumulate their dw
 // contribution in shared memory (each thread owns fixed columns, so no races); each block
-// writes its partial row to dw_scratch, and a second kernel sums the partials per column in
-// block order and adds the result to dw.
+// writes its partial row to dw_scratch, and a second kernel sums the partials per column in a
+// fixed order and adds the result to dw: each of its blocks owns 32 columns, its warps the
+// partial rows w, w + 8, ... (coalesced 128-byte reads), summed in shared memory in warp order.
+// (One thread per column reading all partials in turn, as before, left the GPU nearly empty:
+// 32 us a call at dim 2048, a tenth of the backward's own time.)
 // Rows whose length is a multiple of 8, with 16-byte aligned tensors, move 8 bf16 per load.
 #include <algorithm>
 
@@ -29,7 +32,8 @@ constexpr int kMaxRowThreads = 512;
 // Blocks (hence dw partial rows) of the backward when dw is wanted: enough to fill the GPU a few
 // times over, few enough that the second pass over the partials is cheap.
 constexpr int64_t kDwBlocks = 512;
-constexpr int kReduceThreads = 256;
+constexpr int kReduceWarps = 8;
+constexpr int kReduceThreads = kReduceWarps * kWarpSize;
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // usable without opting in, static included
 constexpr size_t kStaticSharedMargin = 1024;
 
@@ -135,16 +139,24 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dw_partial, const bf16*
       for (int k = 0; k < W; ++k) dw_partial[blockIdx.x * dim + j + k] = dw_acc[j + k];
 }
 
-// dw[j] += sum over b of partial[b, j], b in order.
+// dw[j] += sum over b of partial[b, j]: block x owns columns 32x .. 32x + 31, lane l column
+// 32x + l; warp w sums rows w, w + kReduceWarps, ... in order, then warp 0 adds the warps' sums
+// in warp order. The same order on every run: bitwise reproducible.
 __global__ void rmsnorm_dw_reduce_kernel(float* dw, const float* partial, int64_t n_partials,
                                          int64_t dim) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < dim;
-       j += stride) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < n_partials; ++b) acc += partial[b * dim + j];
-    dw[j] += acc;
-  }
+  __shared__ float warp_sums[kReduceWarps][kWarpSize];
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kWarpSize + lane;
+  float acc = 0.0f;
+  if (j < dim)
+    for (int64_t b = warp; b < n_partials; b += kReduceWarps) acc += partial[b * dim + j];
+  warp_sums[warp][lane] = acc;
+  __syncthreads();
+  if (warp != 0 || j >= dim) return;
+  float total = warp_sums[0][lane];
+  for (int k = 1; k < kReduceWarps; ++k) total += warp_sums[k][lane];
+  dw[j] += total;
 }
 
 bool use_vectors(int64_t dim, const void* a, const void* b, const void* c, const void* d,
@@ -189,8 +201,9 @@ void launch_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const b
       <<<static_cast<unsigned>(blocks), threads, shared_bytes, stream>>>(
           dx, dw_scratch, dy, x, w, rstd, dresidual, rows, dim);
   CUDA_CHECK_LAUNCH();
-  rmsnorm_dw_reduce_kernel<<<grid_stride_blocks(dim, kReduceThreads), kReduceThreads, 0, stream>>>(
-      dw, dw_scratch, blocks, dim);
+  const auto reduce_blocks = static_cast<unsigned>((dim + kWarpSize - 1) / kWarpSize);
+  rmsnorm_dw_reduce_kernel<<<reduce_blocks, kReduceThreads, 0, stream>>>(dw, dw_scratch, blocks,
+                                                                         dim);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -8,8 +8,10 @@
 // a float product, the attention scaling a float product), so both backends rotate by the same
 // float cos/sin; double math is slow on consumer GPUs, but it is d/2 values per token shared by
 // all heads, negligible next to the loads. Then the threads rotate every (head, pair) of the token:
-// with head_dim a multiple of 16 and x 16-byte aligned, 8 pairs per thread through two 16-byte
-// loads (elements i..i+7 and i+d/2..i+d/2+7); otherwise one pair at a time.
+// with head_dim a multiple of 16 and x, y 16-byte aligned, 8 pairs per thread through two 16-byte
+// loads (elements i..i+7 and i+d/2..i+d/2+7); otherwise one pair at a time. The result goes to
+// y, which may be x: out of place, the rotation reads and writes each element once, where a copy
+// and an in-place rotation would move it twice.
 #include <algorithm>
 
 #include "kernels/cuda/block_reduce.cuh"
@@ -31,8 +33,8 @@ struct RopeTable {
 
 // sign = +1 rotates forward, -1 backward. cos_sin: 2 * half floats of dynamic shared memory.
 template <int W>
-__global__ void rope_kernel(bf16* x, const int32_t* positions, int64_t heads, int64_t head_dim,
-                            const RopeTable table, float scaling, float sign) {
+__global__ void rope_kernel(bf16* y, const bf16* x, const int32_t* positions, int64_t heads,
+                            int64_t head_dim, const RopeTable table, float scaling, float sign) {
   extern __shared__ float cos_sin[];
   const int64_t half = head_dim / 2;
   float* cos_t = cos_sin;
@@ -47,11 +49,13 @@ __global__ void rope_kernel(bf16* x, const int32_t* positions, int64_t heads, in
   __syncthreads();
 
   const int64_t groups_per_head = half / W;
-  bf16* xt = x + t * heads * head_dim;
+  const bf16* xt = x + t * heads * head_dim;
+  bf16* yt = y + t * heads * head_dim;
   for (int64_t q = threadIdx.x; q < heads * groups_per_head; q += blockDim.x) {
     const int64_t h = q / groups_per_head;
     const int64_t i = (q % groups_per_head) * W;
-    bf16* xh = xt + h * head_dim;
+    const bf16* xh = xt + h * head_dim;
+    bf16* yh = yt + h * head_dim;
     float x1[W], x2[W], y1[W], y2[W];
     load_n<W>(x1, xh + i);
     load_n<W>(x2, xh + i + half);
@@ -61,13 +65,13 @@ __global__ void rope_kernel(bf16* x, const int32_t* positions, int64_t heads, in
       y1[k] = x1[k] * c - x2[k] * s;
       y2[k] = x2[k] * c + x1[k] * s;
     }
-    store_n<W>(xh + i, y1);
-    store_n<W>(xh + i + half, y2);
+    store_n<W>(yh + i, y1);
+    store_n<W>(yh + i + half, y2);
   }
 }
 
-void launch_rope(const char* what, bf16* x, const int32_t* positions, int64_t tokens, int64_t heads,
-                 int64_t head_dim, const float* inv_freq, float scaling, float sign,
+void launch_rope(const char* what, bf16* y, const bf16* x, const int32_t* positions, int64_t tokens,
+                 int64_t heads, int64_t head_dim, const float* inv_freq, float scaling, float sign,
                  cudaStream_t stream) {
   FRUGAL_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs, what,
                " needs an even head_dim of at most ", 2 * kMaxRopePairs, ", got ", head_dim);
@@ -78,34 +82,34 @@ void launch_rope(const char* what, bf16* x, const int32_t* positions, int64_t to
   if (tokens == 0) return;
   const int64_t half = head_dim / 2;
   const size_t shared_bytes = 2 * sizeof(float) * static_cast<size_t>(half);
-  const bool vec = half % kGroup == 0 && aligned16(x);
+  const bool vec = half % kGroup == 0 && aligned16(x) && aligned16(y);
   const int64_t items = heads * (vec ? half / kGroup : half);
   const int threads = static_cast<int>(
       std::clamp<int64_t>((items + kWarpSize - 1) / kWarpSize * kWarpSize, kWarpSize, kMaxThreads));
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (vec)
-    rope_kernel<kGroup><<<blocks, threads, shared_bytes, stream>>>(x, positions, heads, head_dim,
+    rope_kernel<kGroup><<<blocks, threads, shared_bytes, stream>>>(y, x, positions, heads, head_dim,
                                                                    table, scaling, sign);
   else
-    rope_kernel<1><<<blocks, threads, shared_bytes, stream>>>(x, positions, heads, head_dim, table,
-                                                              scaling, sign);
+    rope_kernel<1><<<blocks, threads, shared_bytes, stream>>>(y, x, positions, heads, head_dim,
+                                                              table, scaling, sign);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void rope_forward(bf16* x, const int32_t* positions, int64_t tokens, int64_t heads,
+void rope_forward(bf16* y, const bf16* x, const int32_t* positions, int64_t tokens, int64_t heads,
                   int64_t head_dim, const float* inv_freq, float attention_scaling,
                   cudaStream_t stream) {
-  launch_rope("rope_forward", x, positions, tokens, heads, head_dim, inv_freq, attention_scaling,
+  launch_rope("rope_forward", y, x, positions, tokens, heads, head_dim, inv_freq, attention_scaling,
               1.0f, stream);
 }
 
-void rope_backward(bf16* dx, const int32_t* positions, int64_t tokens, int64_t heads,
-                   int64_t head_dim, const float* inv_freq, float attention_scaling,
+void rope_backward(bf16* dx, const bf16* dy, const int32_t* positions, int64_t tokens,
+                   int64_t heads, int64_t head_dim, const float* inv_freq, float attention_scaling,
                    cudaStream_t stream) {
-  launch_rope("rope_backward", dx, positions, tokens, heads, head_dim, inv_freq, attention_scaling,
-              -1.0f, stream);
+  launch_rope("rope_backward", dx, dy, positions, tokens, heads, head_dim, inv_freq,
+              attention_scaling, -1.0f, stream);
 }
 
 }  // namespace frugal::cuda

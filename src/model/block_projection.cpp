@@ -49,10 +49,14 @@ Tensor adapter_t(const Tensor& x, const BlockWeights& w, int p, const BlockConte
 }
 
 Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext& ctx,
-               BlockActivations& a, Fp8InputCasts& casts) {
-  Tensor y = in_fp8(ctx, p)
-                 ? fp8_linear(x, fp8_weight_of(w, ctx, p, false), fp8_linear_of(ctx, p), casts)
-                 : ops::linear(x, w.projection(p));
+               BlockActivations& a, Fp8InputCasts& casts, const Tensor& residual) {
+  Tensor y;
+  if (in_fp8(ctx, p)) {
+    y = fp8_linear(x, fp8_weight_of(w, ctx, p, false), fp8_linear_of(ctx, p), casts);
+    if (residual.defined()) ops::add_inplace(y, residual);
+  } else {
+    y = ops::linear(x, w.projection(p), residual);
+  }
   if (w.bias[p].defined()) ops::add_bias(y, w.bias[p]);
   if (!w.lora_a[p].defined()) return y;
   a.lora_t[p] = adapter_t(x, w, p, ctx);
@@ -62,10 +66,18 @@ Tensor project(const Tensor& x, const BlockWeights& w, int p, const BlockContext
 
 Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w, BlockWeights& g,
                         int p, const BlockContext& ctx, const BlockActivations& a,
-                        Fp8InputCasts& casts) {
-  Tensor dx = in_fp8(ctx, p) ? fp8_linear_backward(dy, x, fp8_weight_of(w, ctx, p, true), g.at(p),
-                                                   fp8_linear_of(ctx, p), casts)
-                             : ops::linear_backward(dy, x, w.projection(p), g.at(p));
+                        Fp8InputCasts& casts, Tensor* dx_sum) {
+  Tensor dx;
+  if (in_fp8(ctx, p)) {
+    dx = fp8_linear_backward(dy, x, fp8_weight_of(w, ctx, p, true), g.at(p), fp8_linear_of(ctx, p),
+                             casts);
+    if (dx_sum) {
+      ops::add_inplace(*dx_sum, dx);
+      dx = *dx_sum;
+    }
+  } else {
+    dx = ops::linear_backward(dy, x, w.projection(p), g.at(p), dx_sum);
+  }
   if (g.bias[p].defined()) ops::bias_backward(dy, g.bias[p]);  // not frozen
   if (!w.lora_a[p].defined()) return dx;
   // dB += dy^T t (t already scaled); dt = dy B, then d(d(x) A^T) = s dt, small.

@@ -40,10 +40,10 @@ Tensor block_forward_cached(const Tensor& x, const BlockWeights& w, const LlamaC
   auto [keys, values] = cache.append(layer, k_rot, v);
   // The whole cache stays; the sliding window hides what lies behind it.
   ops::Attention attn = ops::attention_block(q_rot, keys, values, 1, past, c.sliding_window);
-  Tensor h = ops::add(x, ops::linear(attn.out.view({n, c.num_attention_heads * d}), w.o_proj));
+  Tensor h = ops::linear(attn.out.view({n, c.num_attention_heads * d}), w.o_proj, /*residual=*/x);
   Tensor n2 = ops::rmsnorm(h, w.post_attention_norm, eps, nullptr);
   Tensor act = ops::swiglu(ops::linear(n2, w.gate_proj), ops::linear(n2, w.up_proj));
-  return ops::add(h, ops::linear(act, w.down_proj));
+  return ops::linear(act, w.down_proj, /*residual=*/h);
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ void attention_forward(BlockActivations& a, const BlockWeights& w, const BlockCo
   const int64_t window = c.sliding_window;
   a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch, window)
                          : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch, window);
-  a.h = ops::add(a.x, project(merge_heads(a.attn.out), w, kOProj, ctx, a, casts));
+  a.h = project(merge_heads(a.attn.out), w, kOProj, ctx, a, casts, /*residual=*/a.x);
 }
 
 // Everything the forward computes: every intermediate filled in, or with the MLP in chunks,
@@ -198,12 +198,9 @@ Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights&
   Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, rotary_of(ctx));
   Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, rotary_of(ctx));
   Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a, casts);
-  ops::add_inplace(d_n1, project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a, casts));
-  ops::add_inplace(d_n1,
-                   project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a, casts));
-  Tensor dx = ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm);
-  ops::add_inplace(dx, dh);
-  return dx;
+  project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a, casts, &d_n1);
+  project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a, casts, &d_n1);
+  return ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm, /*dresidual=*/dh);
 }
 
 }  // namespace frugal

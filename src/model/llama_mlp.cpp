@@ -61,7 +61,7 @@ Tensor mlp_forward(BlockActivations& a, const BlockWeights& w, const BlockContex
     a.up = project(a.n2, w, kUpProj, ctx, a, casts);
     a.act = ops::swiglu(a.gate, a.up);
     if (checksum) *checksum = sum_of_squares(a.act);
-    return ops::add(a.h, project(a.act, w, kDownProj, ctx, a, casts));
+    return project(a.act, w, kDownProj, ctx, a, casts, /*residual=*/a.h);
   }
   // The whole tensors the policy keeps, filled a chunk at a time.
   const int64_t ffn = ctx.config->intermediate_size;
@@ -92,7 +92,7 @@ Tensor mlp_forward(BlockActivations& a, const BlockWeights& w, const BlockContex
     c.up = project(c.n2, w, kUpProj, cctx, c, chunk_casts);
     c.act = ops::swiglu(c.gate, c.up);
     if (checksum) *checksum += sum_of_squares(c.act);
-    put_rows(y, begin, ops::add(h, project(c.act, w, kDownProj, cctx, c, chunk_casts)));
+    put_rows(y, begin, project(c.act, w, kDownProj, cctx, c, chunk_casts, /*residual=*/h));
     if (keep_projections) {
       put_rows(a.gate, begin, c.gate);
       put_rows(a.up, begin, c.up);
@@ -118,10 +118,9 @@ Tensor backward_rows(const Tensor& dy, const Tensor& h, const BlockActivations& 
   Tensor d_act = project_backward(dy, c.act, w, g, kDownProj, ctx, c, casts);
   ops::SwigluGrads d_mlp = ops::swiglu_backward(d_act, c.gate, c.up);
   Tensor d_n2 = project_backward(d_mlp.dg, c.n2, w, g, kGateProj, ctx, c, casts);
-  ops::add_inplace(d_n2, project_backward(d_mlp.du, c.n2, w, g, kUpProj, ctx, c, casts));
-  Tensor dh = ops::rmsnorm_backward(d_n2, h, w.post_attention_norm, c.rstd2, g.post_attention_norm);
-  ops::add_inplace(dh, dy);
-  return dh;
+  project_backward(d_mlp.du, c.n2, w, g, kUpProj, ctx, c, casts, &d_n2);
+  return ops::rmsnorm_backward(d_n2, h, w.post_attention_norm, c.rstd2, g.post_attention_norm,
+                               /*dresidual=*/dy);
 }
 
 }  // namespace

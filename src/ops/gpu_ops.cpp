@@ -192,8 +192,9 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd) {
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        Tensor& dw) {
+                        Tensor& dw, const Tensor& dresidual) {
   expect(dy, DType::bf16, "rmsnorm output gradient");
+  if (dresidual.defined()) expect(dresidual, DType::bf16, "rmsnorm residual gradient");
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
   Tensor dx = empty(x.shape(), DType::bf16);
   Tensor scratch;
@@ -202,24 +203,30 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
     scratch = empty({cuda::rmsnorm_backward_scratch_floats(rows, dim)}, DType::f32);
   }
   cuda::rmsnorm_backward(bf(dx), dw.defined() ? f32(dw) : nullptr, bf(dy), bf(x), bf(w), f32(rstd),
-                         nullptr, rows, dim, dw.defined() ? f32(scratch) : nullptr, stream());
+                         dresidual.defined() ? bf(dresidual) : nullptr, rows, dim,
+                         dw.defined() ? f32(scratch) : nullptr, stream());
   return dx;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& residual) {
   expect(x, DType::bf16, "linear input");
   expect(w, DType::bf16, "linear weight");
+  if (residual.defined()) expect(residual, DType::bf16, "linear residual");
   const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   Tensor y = empty({m, n}, DType::bf16);
-  cuda::linear_forward(gemm(), bf(y), bf(x), bf(w), m, n, k, stream());
+  cuda::linear_forward(gemm(), bf(y), bf(x), bf(w), m, n, k, stream(),
+                       residual.defined() ? bf(residual) : nullptr);
   return y;
 }
 
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw) {
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                       Tensor* dx_sum) {
   expect(dy, DType::bf16, "linear output gradient");
+  if (dx_sum) expect(*dx_sum, DType::bf16, "linear input gradient sum");
   const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
-  Tensor dx = empty({m, k}, DType::bf16);
-  cuda::linear_backward_input(gemm(), bf(dx), bf(dy), bf(w), m, n, k, stream());
+  Tensor dx = dx_sum ? *dx_sum : empty({m, k}, DType::bf16);
+  cuda::linear_backward_input(gemm(), bf(dx), bf(dy), bf(w), m, n, k, stream(),
+                              /*accumulate=*/dx_sum != nullptr);
   if (dw.defined()) {
     expect(dw, DType::f32, "linear weight gradient");
     cuda::linear_backward_weight(gemm(), f32(dw), bf(dy), bf(x), m, n, k, stream());
@@ -232,12 +239,11 @@ Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& r
   expect(x, DType::bf16, "rope input");
   expect(positions, DType::i32, "rope positions");
   Tensor y = empty(x.shape(), DType::bf16);
-  copy(y, x);
   if (backward)
-    cuda::rope_backward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+    cuda::rope_backward(bf(y), bf(x), i32(positions), x.size(0), x.size(1), x.size(2),
                         rotary.inv_freq.data(), rotary.attention_scaling, stream());
   else
-    cuda::rope_forward(bf(y), i32(positions), x.size(0), x.size(1), x.size(2),
+    cuda::rope_forward(bf(y), bf(x), i32(positions), x.size(0), x.size(1), x.size(2),
                        rotary.inv_freq.data(), rotary.attention_scaling, stream());
   return y;
 }

@@ -257,39 +257,49 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd) {
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        Tensor& dw) {
+                        Tensor& dw, const Tensor& dresidual) {
   expect_shape(dy, x.shape(), "rmsnorm output gradient");
+  if (dresidual.defined()) expect_shape(dresidual, x.shape(), "rmsnorm residual gradient");
   int64_t dim = x.size(-1), rows = x.numel() / dim;
   expect_shape(rstd, {rows}, "rmsnorm rstd");
-  FRUGAL_ON_GPU(x, rmsnorm_backward(dy, x, w, rstd, dw));
+  FRUGAL_ON_GPU(x, rmsnorm_backward(dy, x, w, rstd, dw, dresidual));
   Tensor dx = empty_like(x);
   cpu::rmsnorm_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
                         dy.data<float>(), x.data<float>(), w.data<float>(), rstd.data<float>(),
                         rows, dim);
+  if (dresidual.defined()) add_inplace(dx, dresidual);
   return dx;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& residual) {
   int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   FRUGAL_CHECK(w.ndim() == 2 && w.size(1) == k, "linear weight ", shape_string(w.shape()),
                " against input ", shape_string(x.shape()));
-  FRUGAL_ON_GPU(x, linear(x, w));
+  if (residual.defined())
+    FRUGAL_CHECK(residual.numel() == m * n, "linear residual ", shape_string(residual.shape()),
+                 " against output [", m, ", ", n, "]");
+  FRUGAL_ON_GPU(x, linear(x, w, residual));
   expect_cpu_f32(x, "linear input");
   expect_cpu_f32(w, "linear weight");
   Tensor y = Tensor::empty({m, n}, DType::f32, compute_arena(x));
   cpu::linear_forward(y.data<float>(), x.data<float>(), w.data<float>(), m, n, k);
+  if (residual.defined()) add_inplace(y, residual);
   return y;
 }
 
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw) {
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                       Tensor* dx_sum) {
   int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   expect_shape(dy, {m, n}, "linear output gradient");
   if (dw.defined()) expect_shape(dw, w.shape(), "linear weight gradient");
-  FRUGAL_ON_GPU(x, linear_backward(dy, x, w, dw));
+  if (dx_sum) expect_shape(*dx_sum, {m, k}, "linear input gradient sum");
+  FRUGAL_ON_GPU(x, linear_backward(dy, x, w, dw, dx_sum));
   Tensor dx = Tensor::empty({m, k}, DType::f32, compute_arena(x));
   cpu::linear_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
                        dy.data<float>(), x.data<float>(), w.data<float>(), m, n, k);
-  return dx;
+  if (!dx_sum) return dx;
+  add_inplace(*dx_sum, dx);
+  return *dx_sum;
 }
 
 namespace {

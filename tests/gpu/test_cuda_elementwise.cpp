@@ -291,25 +291,34 @@ TEST_CASE("cuda rope: forward and backward against the CPU", "[gpu]") {
         std::vector<int32_t> pos(static_cast<size_t>(tokens));
         for (auto& p : pos) p = pos_dist(rng);
         pos[0] = 0;
-        DeviceBuffer<bf16> d_x(n);
+        DeviceBuffer<bf16> d_x(n), d_y(n);
         DeviceBuffer<int32_t> d_pos(pos.size());
         d_pos.upload(pos);
+        FVec want_forward = x.f, want_backward = x.f;
+        frugal::cpu::rope_forward(want_forward.data(), pos.data(), tokens, heads, head_dim,
+                                  inv.data(), scaling);
+        frugal::cpu::rope_backward(want_backward.data(), pos.data(), tokens, heads, head_dim,
+                                   inv.data(), scaling);
 
+        // Out of place (x left as it was), then in place (y = x).
         d_x.upload(x.bits);
-        frugal::cuda::rope_forward(d_x.get(), d_pos.get(), tokens, heads, head_dim, inv.data(),
-                                   scaling, nullptr);
-        FVec want = x.f;
-        frugal::cpu::rope_forward(want.data(), pos.data(), tokens, heads, head_dim, inv.data(),
-                                  scaling);
-        check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope forward");
+        frugal::cuda::rope_forward(d_y.get(), d_x.get(), d_pos.get(), tokens, heads, head_dim,
+                                   inv.data(), scaling, nullptr);
+        check_close_bf16(d_y.download<uint16_t>(), want_forward, kBf16Tol, "rope forward");
+        CHECK(d_x.download<uint16_t>() == x.bits);
+        frugal::cuda::rope_backward(d_y.get(), d_x.get(), d_pos.get(), tokens, heads, head_dim,
+                                    inv.data(), scaling, nullptr);
+        check_close_bf16(d_y.download<uint16_t>(), want_backward, kBf16Tol, "rope backward");
+        CHECK(d_x.download<uint16_t>() == x.bits);
 
+        frugal::cuda::rope_forward(d_x.get(), d_x.get(), d_pos.get(), tokens, heads, head_dim,
+                                   inv.data(), scaling, nullptr);
+        check_close_bf16(d_x.download<uint16_t>(), want_forward, kBf16Tol, "rope forward in place");
         d_x.upload(x.bits);
-        frugal::cuda::rope_backward(d_x.get(), d_pos.get(), tokens, heads, head_dim, inv.data(),
-                                    scaling, nullptr);
-        want = x.f;
-        frugal::cpu::rope_backward(want.data(), pos.data(), tokens, heads, head_dim, inv.data(),
-                                   scaling);
-        check_close_bf16(d_x.download<uint16_t>(), want, kBf16Tol, "rope backward");
+        frugal::cuda::rope_backward(d_x.get(), d_x.get(), d_pos.get(), tokens, heads, head_dim,
+                                    inv.data(), scaling, nullptr);
+        check_close_bf16(d_x.download<uint16_t>(), want_backward, kBf16Tol,
+                         "rope backward in place");
       }
     }
   }
@@ -614,11 +623,14 @@ TEST_CASE("cuda bf16 state: AdamW on bf16 tensors, fp32 sums into bf16, bf16 nor
   step.weight_decay = 0.1f;
   step.grad_scale = 0.5f;
   step.step = 2;
-  for (size_t n : sizes) {
-    INFO("n " << n);
+  for (size_t k = 0; k < 2 * sizes.size(); ++k) {
+    // Every size twice: aligned (8-byte accesses, a scalar tail), then with the parameter and
+    // the gradient one element off (element by element).
+    const size_t n = sizes[k % sizes.size()], offset = k / sizes.size();
+    INFO("n " << n << " offset " << offset);
     const Bf16Data p = random_bf16(n, rng), g = random_bf16(n, rng, -0.1f, 0.1f),
                    m = random_bf16(n, rng, -0.01f, 0.01f), v = random_bf16(n, rng, 0.0f, 0.001f);
-    DeviceBuffer<bf16> dp(n), dg(n), dm(n), dv(n);
+    DeviceBuffer<bf16> dp(n, offset), dg(n, offset), dm(n), dv(n);
     dp.upload(p.bits);
     dg.upload(g.bits);
     dm.upload(m.bits);
@@ -654,13 +666,32 @@ TEST_CASE("cuda bf16 state: AdamW on bf16 tensors, fp32 sums into bf16, bf16 nor
     for (size_t i = 0; i < n; ++i) mismatches += gy[i] != frugal::float_to_bf16(p.f[i] + x[i]);
     CHECK(mismatches == 0);
 
-    // The sum of squares of bf16 values: exact widening, fp64 sums.
+    // The sum of squares of bf16 values: exact widening, fp64 sums (16-byte packs where the
+    // gradient is aligned); grad_health's sum is the same bit for bit, beside its count of
+    // non-finite values (the only one a bf16 value has: it is its own cast).
     if (n == 0) continue;
     DeviceBuffer<double> out(1), scratch(static_cast<size_t>(frugal::cuda::kSumSquaresScratch));
     frugal::cuda::sum_squares(out.get(), dg.get(), static_cast<int64_t>(n), false, scratch.get(),
                               nullptr);
     double want = 0.0;
     for (float e : g.f) want += double(e) * e;
-    CHECK(std::fabs(out.download<double>()[0] - want) <= 1e-12 * want);
+    const double got = out.download<double>()[0];
+    CHECK(std::fabs(got - want) <= 1e-12 * want);
+    std::vector<uint16_t> with_inf = g.bits;
+    with_inf[n / 2] = 0x7F80u;  // +inf
+    dg.upload(g.bits);
+    DeviceBuffer<double> health(frugal::cuda::kGradHealthValues),
+        health_scratch(size_t(frugal::cuda::kGradHealthValues) * frugal::cuda::kSumSquaresScratch);
+    frugal::cuda::grad_health(health.get(), dg.get(), static_cast<int64_t>(n), health_scratch.get(),
+                              nullptr);
+    std::vector<double> h = health.download<double>();
+    CHECK(h[0] == got);
+    CHECK(h[1] == 0.0);
+    dg.upload(with_inf);
+    frugal::cuda::grad_health(health.get(), dg.get(), static_cast<int64_t>(n), health_scratch.get(),
+                              nullptr);
+    h = health.download<double>();
+    CHECK(h[1] == 1.0);
+    CHECK(std::isinf(h[0]));
   }
 }
