@@ -431,4 +431,23 @@ void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* do
   }
 }
 
+bool attention_backward_writes_bf16(const AttentionShape& s,
+                                    std::initializer_list<const void*> bf16_tensors,
+                                    bool allow_sm90) {
+  return allow_sm90 && flash_attention_sm90_supports(s, bf16_tensors, {}) &&
+         flash_attention_sm90_prefers_bf16_gradients(s);
+}
+
+void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                        const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                        const __nv_bfloat16* v, const __nv_bfloat16* out, const float* lse,
+                        const AttentionShape& s, float* scratch, bool allow_sm90,
+                        cudaStream_t stream) {
+  check_shape(s);
+  FRUGAL_CHECK(allow_sm90 && flash_attention_sm90_supports(s, {dout, q, k, v, out, dq, dk, dv}, {}),
+               "cuda attention backward: bf16 gradients need the Hopper kernels (sm_90, head dim "
+               "64 or 128, 16-byte aligned tensors)");
+  flash_attention_sm90_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+}
+
 }  // namespace frugal::cuda

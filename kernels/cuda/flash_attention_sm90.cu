@@ -341,11 +341,25 @@ void flash_attention_sm90_forward(bf16* out, float* lse, const bf16* q, const bf
     fail("cuda flash attention sm90: head_dim ", s.head_dim, " is not supported (64 or 128)");
 }
 
-void flash_attention_sm90_backward(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
-                                   const bf16* k, const bf16* v, const bf16* out, const float* lse,
-                                   const AttentionShape& s, float* scratch, cudaStream_t stream,
-                                   Sm90DqSum dq_sum) {
-  if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return;
+namespace {
+
+// Both gradient kinds: the preparation, the dK/dV pass, and dQ fused into it or after it.
+template <class GradT>
+void backward(GradT* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, const bf16* k,
+              const bf16* v, const bf16* out, const float* lse, const AttentionShape& s,
+              float* scratch, cudaStream_t stream, Sm90DqSum dq_sum) {
+  constexpr bool kAccumulated = std::is_same_v<GradT, float>;
+  // The copy engine's adds into dq need 16-byte aligned rows (q_stride is a multiple of 64).
+  const bool dq_aligned = flash::aligned(dq, 16);
+  if (dq_sum == Sm90DqSum::kFused && !(kAccumulated && dq_aligned))
+    fail("cuda flash attention sm90: the fused dQ needs fp32 gradients with dq 16-byte aligned");
+  if (s.batch == 0 || s.q_len == 0) return;
+  if (s.kv_len == 0) {  // no keys: dq = 0, nothing to add
+    if constexpr (!kAccumulated)
+      CUDA_CHECK(cudaMemsetAsync(dq, 0, sizeof(GradT) * s.batch * s.q_len * s.n_heads * s.head_dim,
+                                 stream));
+    return;
+  }
   if (scratch == nullptr)
     fail("cuda flash attention sm90: the backward needs ",
          flash_attention_backward_scratch_floats(s), " floats of scratch, got none");
@@ -355,18 +369,39 @@ void flash_attention_sm90_backward(float* dq, float* dk, float* dv, const bf16* 
   const int64_t rows = s.batch * s.n_heads * s.q_len;
   const float* lse_log2 = scratch;
   const float* delta = scratch + rows;
-  // The copy engine's adds into dq need 16-byte aligned rows (q_stride is a multiple of 64).
-  const bool dq_aligned = flash::aligned(dq, 16);
-  if (dq_sum == Sm90DqSum::kFused && !dq_aligned)
-    fail("cuda flash attention sm90: the fused dQ needs dq 16-byte aligned");
   // kAuto fuses where that measured faster on an H200 (doc/benchmarks.md): head_dim 128
   // without GQA, 1.14-1.17x the second kernel's forward + backward. With GQA, or at head_dim 64,
-  // fusing measured 0.56-0.96x.
-  const bool fuse = dq_sum == Sm90DqSum::kFused || (dq_sum == Sm90DqSum::kAuto && dq_aligned &&
-                                                    s.head_dim == 128 && s.n_heads == s.n_kv_heads);
+  // fusing measured 0.56-0.96x. Written bf16 gradients take the second kernel.
+  const bool fuse =
+      dq_sum == Sm90DqSum::kFused || (kAccumulated && dq_sum == Sm90DqSum::kAuto && dq_aligned &&
+                                      s.head_dim == 128 && s.n_heads == s.n_kv_heads);
   int* dq_turns = fuse ? reinterpret_cast<int*>(scratch + 2 * rows) : nullptr;
-  sm90::dkdv_pass(dq, dk, dv, dout, q, k, v, lse_log2, delta, dq_turns, s, stream);
+  if constexpr (kAccumulated)
+    sm90::dkdv_pass(dq, dk, dv, dout, q, k, v, lse_log2, delta, dq_turns, s, stream);
+  else
+    sm90::dkdv_pass(static_cast<float*>(nullptr), dk, dv, dout, q, k, v, lse_log2, delta, nullptr,
+                    s, stream);
   if (dq_turns == nullptr) sm90::dq_pass(dq, dout, q, k, v, lse_log2, delta, s, stream);
+}
+
+}  // namespace
+
+void flash_attention_sm90_backward(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
+                                   const bf16* k, const bf16* v, const bf16* out, const float* lse,
+                                   const AttentionShape& s, float* scratch, cudaStream_t stream,
+                                   Sm90DqSum dq_sum) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream, dq_sum);
+}
+
+bool flash_attention_sm90_prefers_bf16_gradients(const AttentionShape& s) {
+  return !(s.head_dim == 128 && s.n_heads == s.n_kv_heads && s.q_len >= 4096);
+}
+
+void flash_attention_sm90_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                                   const bf16* k, const bf16* v, const bf16* out, const float* lse,
+                                   const AttentionShape& s, float* scratch, cudaStream_t stream,
+                                   Sm90DqSum dq_sum) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream, dq_sum);
 }
 
 }  // namespace frugal::cuda

@@ -34,6 +34,7 @@
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_common.cuh"
@@ -486,13 +487,49 @@ inline CUtensorMap tensor_map(const bf16* data, int64_t batch, int64_t len, int6
   return map;
 }
 
+// Two adjacent gradient values at `at` (an even element): added into fp32 (GradT float: the
+// gradients accumulate, a ring's blocks into the same buffers), or written as bf16 (the call
+// makes them whole, so nothing was there to add to).
+template <class GradT>
+__device__ __forceinline__ void put_gradient_pair(GradT* at, float x, float y) {
+  if constexpr (std::is_same_v<GradT, float>) {
+    float2* pair = reinterpret_cast<float2*>(at);
+    float2 sum = *pair;
+    sum.x += x;
+    sum.y += y;
+    *pair = sum;
+  } else {
+    static_assert(std::is_same_v<GradT, bf16>);
+    *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(x, y);
+  }
+}
+
+// The rows [row0, row0 + kRows) of one head (those below len) of a backward block that adds
+// nothing to them (no query sees its keys, or its queries see no key): zeros when the gradients
+// are written (bf16), nothing to do when they accumulate. 16-byte stores by kThreads threads
+// (this one is number `thread`); head and stride keep rows 16-byte aligned.
+template <int D, int kRows, class GradT>
+__device__ __forceinline__ void write_untouched_rows(GradT* head, int row0, int len, int64_t stride,
+                                                     int thread) {
+  if constexpr (!std::is_same_v<GradT, float>) {
+    for (int e = thread; e < kRows * D / 8; e += kThreads) {
+      const int r = e / (D / 8), c = e % (D / 8);
+      if (row0 + r < len)
+        *reinterpret_cast<uint4*>(head + (row0 + r) * stride + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // The backward's passes, after flash_attention_backward_prepare (the outline is in
 // flash_attention_sm90.cu). dkdv_pass: dk, dv, and with dq_turns (the scratch's turn counters)
-// also dq; dq_pass: dq, when dkdv_pass was given no dq_turns.
-void dkdv_pass(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+// also dq (fp32 only: the key blocks add into it); dq_pass: dq, when dkdv_pass was given no
+// dq_turns. GradT: float (accumulated) or bf16 (written), as put_gradient_pair.
+template <class GradT>
+void dkdv_pass(float* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, const bf16* k,
                const bf16* v, const float* lse_log2, const float* delta, int* dq_turns,
                const AttentionShape& s, cudaStream_t stream);
-void dq_pass(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+template <class GradT>
+void dq_pass(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
              const float* lse_log2, const float* delta, const AttentionShape& s,
              cudaStream_t stream);
 

@@ -54,10 +54,11 @@ struct DkdvSmem {
 
 // kFusedDq: the block also adds its part of dQ = dS K into dq (dq_map, fp32, boxes of 64 rows x
 // 32 columns; dq_turns: B x H x query tiles counters, zero at launch) in the fixed order of
-// attention_backward_tiles.h; otherwise dq is left to flash_sm90_backward_dq_kernel.
-template <int D, int kStages, bool kFusedDq>
+// attention_backward_tiles.h; otherwise dq is left to flash_sm90_backward_dq_kernel. dk, dv:
+// as put_gradient_pair.
+template <int D, int kStages, bool kFusedDq, class GradT>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_sm90_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
+    flash_sm90_backward_dkdv_kernel(GradT* __restrict__ dk, GradT* __restrict__ dv,
                                     const __grid_constant__ CUtensorMap dq_map, int* dq_turns,
                                     const __grid_constant__ CUtensorMap q_map,
                                     const __grid_constant__ CUtensorMap k_map,
@@ -83,7 +84,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                            p.window, kBlockM,  kBlockN};
   const flash_tiles::TileRange tiles = flash_tiles::query_tiles_of_key_block(tiling, n);
   const int n_steps = p.group * (tiles.end - tiles.begin);
-  if (n_steps == 0) return;  // adds nothing
+  const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
+  if (n_steps == 0) {  // adds nothing
+    write_untouched_rows<D, kBlockN>(dk + kv_head, j0, p.kv_len, p.kv_stride, threadIdx.x);
+    write_untouched_rows<D, kBlockN>(dv + kv_head, j0, p.kv_len, p.kv_stride, threadIdx.x);
+    return;
+  }
 
   const uint32_t sk = base + Smem::kK, sv = base + Smem::kV, kv_full = base + Smem::kBarriers;
   const StageBarriers<kStages> bars{kv_full};
@@ -305,7 +311,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = r == 0 ? key_a : key_b;
@@ -313,16 +318,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const int64_t at = kv_head + key * p.kv_stride + j * 8 + (lane % 4) * 2;
-      float2* dk2 = reinterpret_cast<float2*>(dk + at);
-      float2* dv2 = reinterpret_cast<float2*>(dv + at);
-      float2 x = *dk2;
-      x.x += p.scale * dk_acc[4 * j + 2 * r];
-      x.y += p.scale * dk_acc[4 * j + 2 * r + 1];
-      *dk2 = x;
-      x = *dv2;
-      x.x += dv_acc[4 * j + 2 * r];
-      x.y += dv_acc[4 * j + 2 * r + 1];
-      *dv2 = x;
+      put_gradient_pair(dk + at, p.scale * dk_acc[4 * j + 2 * r],
+                        p.scale * dk_acc[4 * j + 2 * r + 1]);
+      put_gradient_pair(dv + at, dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1]);
     }
   }
 #endif
@@ -355,8 +353,8 @@ CUtensorMap dq_tensor_map(float* dq, int64_t batch, int64_t len, int64_t heads, 
 template <int D>
 constexpr int kDkdvStages = D == 128 ? 2 : 3;
 
-template <int D>
-void dkdv_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+template <int D, class GradT>
+void dkdv_for(float* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, const bf16* k,
               const bf16* v, const float* lse_log2, const float* delta, int* dq_turns,
               const AttentionShape& s, cudaStream_t stream) {
   const Params p = make_params(s);
@@ -380,22 +378,27 @@ void dkdv_for(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, 
                                              dout_map, lse_log2, delta, p);
     CUDA_CHECK_LAUNCH();
   };
-  if (fused) {
-    constexpr int smem = DkdvSmem<D, kStages, true>::kLaunchBytes;
-    static_assert(smem <= 227 * 1024, "dK/dV/dQ tiles exceed shared memory");
-    CUDA_CHECK(
-        cudaMemsetAsync(dq_turns, 0, flash_attention_dq_turn_count(s) * sizeof(int), stream));
-    launch(flash_sm90_backward_dkdv_kernel<D, kStages, true>, smem);
+  if constexpr (std::is_same_v<GradT, float>) {
+    if (fused) {
+      constexpr int smem = DkdvSmem<D, kStages, true>::kLaunchBytes;
+      static_assert(smem <= 227 * 1024, "dK/dV/dQ tiles exceed shared memory");
+      CUDA_CHECK(
+          cudaMemsetAsync(dq_turns, 0, flash_attention_dq_turn_count(s) * sizeof(int), stream));
+      launch(flash_sm90_backward_dkdv_kernel<D, kStages, true, GradT>, smem);
+      return;
+    }
   } else {
-    constexpr int smem = DkdvSmem<D, kStages, false>::kLaunchBytes;
-    static_assert(smem <= 227 * 1024, "dK/dV tiles exceed shared memory");
-    launch(flash_sm90_backward_dkdv_kernel<D, kStages, false>, smem);
+    FRUGAL_CHECK(!fused, "cuda flash attention sm90: the fused dQ adds into fp32 gradients only");
   }
+  constexpr int smem = DkdvSmem<D, kStages, false>::kLaunchBytes;
+  static_assert(smem <= 227 * 1024, "dK/dV tiles exceed shared memory");
+  launch(flash_sm90_backward_dkdv_kernel<D, kStages, false, GradT>, smem);
 }
 
 }  // namespace
 
-void dkdv_pass(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+template <class GradT>
+void dkdv_pass(float* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, const bf16* k,
                const bf16* v, const float* lse_log2, const float* delta, int* dq_turns,
                const AttentionShape& s, cudaStream_t stream) {
   if (s.head_dim == 64)
@@ -403,5 +406,10 @@ void dkdv_pass(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
   else
     dkdv_for<128>(dq, dk, dv, dout, q, k, v, lse_log2, delta, dq_turns, s, stream);
 }
+
+template void dkdv_pass(float*, float*, float*, const bf16*, const bf16*, const bf16*, const bf16*,
+                        const float*, const float*, int*, const AttentionShape&, cudaStream_t);
+template void dkdv_pass(float*, bf16*, bf16*, const bf16*, const bf16*, const bf16*, const bf16*,
+                        const float*, const float*, int*, const AttentionShape&, cudaStream_t);
 
 }  // namespace frugal::cuda::sm90

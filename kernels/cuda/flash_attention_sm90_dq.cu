@@ -26,9 +26,9 @@ struct DqSmem {
   static constexpr int kLaunchBytes = kBytes + kSwizzlePeriodBytes;
 };
 
-template <int D, int kStages>
+template <int D, int kStages, class GradT>
 __global__ void __launch_bounds__(kThreads, 1)
-    flash_sm90_backward_dq_kernel(float* __restrict__ dq, const __grid_constant__ CUtensorMap q_map,
+    flash_sm90_backward_dq_kernel(GradT* __restrict__ dq, const __grid_constant__ CUtensorMap q_map,
                                   const __grid_constant__ CUtensorMap k_map,
                                   const __grid_constant__ CUtensorMap v_map,
                                   const __grid_constant__ CUtensorMap dout_map,
@@ -45,7 +45,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kv_end = keys_seen(last_row, p);
   const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
   const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
-  if (n_tiles == 0) return;  // adds nothing
+  const int64_t q_head = static_cast<int64_t>(b) * p.q_len * p.q_stride + h * D;
+  if (n_tiles == 0) {  // adds nothing
+    write_untouched_rows<D, kBlockM>(dq + q_head, q0, p.q_len, p.q_stride, threadIdx.x);
+    return;
+  }
 
   const uint32_t sq = base + Smem::kQ, sdo = base + Smem::kDout, qdo_full = base + Smem::kBarriers;
   const StageBarriers<kStages> bars{qdo_full};
@@ -125,20 +129,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbarrier_arrive(bars.empty(stage));
   }
 
-  const int64_t q_head = static_cast<int64_t>(b) * p.q_len * p.q_stride + h * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = r == 0 ? row_a : row_b;
     if (row >= p.q_len) continue;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      float2* dq2 =
-          reinterpret_cast<float2*>(dq + q_head + row * p.q_stride + j * 8 + (lane % 4) * 2);
-      float2 x = *dq2;
-      x.x += p.scale * dq_acc[4 * j + 2 * r];
-      x.y += p.scale * dq_acc[4 * j + 2 * r + 1];
-      *dq2 = x;
-    }
+    for (int j = 0; j < D / 8; ++j)
+      put_gradient_pair(dq + q_head + row * p.q_stride + j * 8 + (lane % 4) * 2,
+                        p.scale * dq_acc[4 * j + 2 * r], p.scale * dq_acc[4 * j + 2 * r + 1]);
   }
 #endif
 }
@@ -148,14 +146,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Stages: as many as the 227 KiB of shared memory per block take with room to spare.
 constexpr int kDqStages = 3;
 
-template <int D>
-void dq_for(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+template <int D, class GradT>
+void dq_for(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
             const float* lse_log2, const float* delta, const AttentionShape& s,
             cudaStream_t stream) {
   const Params p = make_params(s);
   constexpr int smem = DqSmem<D, kDqStages>::kLaunchBytes;
   static_assert(smem <= 227 * 1024, "dQ tiles exceed shared memory");
-  const auto kernel = flash_sm90_backward_dq_kernel<D, kDqStages>;
+  const auto kernel = flash_sm90_backward_dq_kernel<D, kDqStages, GradT>;
   allow_shared_memory(kernel, smem);
   const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, kDqBlockM);
   const CUtensorMap dout_map = tensor_map(dout, s.batch, s.q_len, s.n_heads, D, kDqBlockM);
@@ -169,7 +167,8 @@ void dq_for(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf1
 
 }  // namespace
 
-void dq_pass(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+template <class GradT>
+void dq_pass(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
              const float* lse_log2, const float* delta, const AttentionShape& s,
              cudaStream_t stream) {
   if (s.head_dim == 64)
@@ -177,5 +176,10 @@ void dq_pass(float* dq, const bf16* dout, const bf16* q, const bf16* k, const bf
   else
     dq_for<128>(dq, dout, q, k, v, lse_log2, delta, s, stream);
 }
+
+template void dq_pass(float*, const bf16*, const bf16*, const bf16*, const bf16*, const float*,
+                      const float*, const AttentionShape&, cudaStream_t);
+template void dq_pass(bf16*, const bf16*, const bf16*, const bf16*, const bf16*, const float*,
+                      const float*, const AttentionShape&, cudaStream_t);
 
 }  // namespace frugal::cuda::sm90

@@ -18,6 +18,7 @@
 
 #include "attention_support.h"
 #include "catch_compat.h"
+#include "core/dtype.h"
 #include "gpu_support.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention.h"
@@ -126,6 +127,33 @@ void check_case(const AttentionCase& c) {
   // dK and dV do not depend on how dQ is summed.
   CHECK(bitwise_equal(dk_runs[0][0], dk_runs[1][0]));
   CHECK(bitwise_equal(dv_runs[0][0], dv_runs[1][0]));
+
+  // Written as bf16 (into poisoned buffers: every element must be written, masked rows and keys
+  // as zeros): the rounding of what the accumulating kernels add to zeros, bit for bit.
+  CUDA_CHECK(cudaMemset(dq_d.get(), 0, q_size * sizeof(float)));
+  CUDA_CHECK(cudaMemset(dk_d.get(), 0, kv_size * sizeof(float)));
+  CUDA_CHECK(cudaMemset(dv_d.get(), 0, kv_size * sizeof(float)));
+  frugal::cuda::flash_attention_sm90_backward(
+      dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(), in.k.get(), in.v.get(),
+      in.out_in.get(), lse_d.get(), s, scratch_d.get(), stream, Sm90DqSum::kSeparateKernel);
+  DeviceBuffer<Bf16> dq_bf16(q_size), dk_bf16(kv_size), dv_bf16(kv_size);
+  CUDA_CHECK(cudaMemset(dq_bf16.get(), 0xff, q_size * sizeof(Bf16)));
+  CUDA_CHECK(cudaMemset(dk_bf16.get(), 0xff, kv_size * sizeof(Bf16)));
+  CUDA_CHECK(cudaMemset(dv_bf16.get(), 0xff, kv_size * sizeof(Bf16)));
+  frugal::cuda::flash_attention_sm90_backward(
+      dq_bf16.get(), dk_bf16.get(), dv_bf16.get(), in.dout.get(), in.q.get(), in.k.get(),
+      in.v.get(), in.out_in.get(), lse_d.get(), s, scratch_d.get(), stream);
+  auto rounded = [](const std::vector<float>& x) {
+    std::vector<uint16_t> bits(x.size());
+    for (size_t i = 0; i < x.size(); ++i) bits[i] = frugal::float_to_bf16(x[i]);
+    return bits;
+  };
+  CHECK(bitwise_equal(dq_bf16.download_bits(), rounded(dq_d.download<float>())));
+  CHECK(bitwise_equal(dk_bf16.download_bits(), rounded(dk_d.download<float>())));
+  CHECK(bitwise_equal(dv_bf16.download_bits(), rounded(dv_d.download<float>())));
+  CHECK_THROWS(frugal::cuda::flash_attention_sm90_backward(
+      dq_bf16.get(), dk_bf16.get(), dv_bf16.get(), in.dout.get(), in.q.get(), in.k.get(),
+      in.v.get(), in.out_in.get(), lse_d.get(), s, scratch_d.get(), stream, Sm90DqSum::kFused));
 
   // The forward is reproducible too.
   frugal::cuda::flash_attention_sm90_forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(),

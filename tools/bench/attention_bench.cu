@@ -5,12 +5,16 @@
 // usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D
 //                        [--iters N] [--dump FILE] [--backward-tiles large|small]
 //                        [--kernel auto|fa2|sm90] [--sm90-dq auto|fused|separate] [--window W]
+//                        [--grads auto|f32|bf16]
 // (--backward-tiles forces the FlashAttention-2 backward's tiling, e.g. the one for 99 KiB of
 // shared memory. --kernel: auto is attention.h's choice (the Hopper kernels on compute
 // capability 9.0), fa2 the FlashAttention-2 kernels
 // (flash_attention.h), sm90 the Hopper ones (flash_attention_sm90.h, compute capability 9.0 only).
 // --sm90-dq, with --kernel sm90: how its backward sums dQ (Sm90DqSum: fused into the dK/dV pass,
-// or a separate kernel).)
+// or a separate kernel). --grads: the gradients the backward makes, bf16 written once (the
+// Hopper kernels, dQ by the separate kernel: what a training step's attention uses there) or fp32
+// accumulated (zeroed first, and that is timed too; a ring's blocks add up this way); auto is
+// bf16 where attention_backward_writes_bf16 says so and --sm90-dq is not fused, otherwise f32.)
 // Layouts are frugal's: q, out [B, S, H, D]; k, v [B, S, KVH, D]; lse [B, H, S] (bf16, fp32).
 // FLOPs counted as FlashAttention does: forward 4 B H S^2 D / 2 (causal), backward 2.5x that.
 // --window W (Mistral's sliding window; not with --dump) counts the pairs inside the window
@@ -64,20 +68,37 @@ double median(std::vector<float> v) {
 }
 
 template <class T>
-void write_device(FILE* f, const T* d, int64_t n) {
-  std::vector<T> h(static_cast<size_t>(n));
-  CUDA_CHECK(cudaMemcpy(h.data(), d, sizeof(T) * h.size(), cudaMemcpyDeviceToHost));
+void write_host(FILE* f, const std::vector<T>& h) {
   if (std::fwrite(h.data(), sizeof(T), h.size(), f) != h.size()) {
     std::fprintf(stderr, "bench_attention: short write\n");
     std::exit(1);
   }
 }
 
+template <class T>
+void write_device(FILE* f, const T* d, int64_t n) {
+  std::vector<T> h(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(h.data(), d, sizeof(T) * h.size(), cudaMemcpyDeviceToHost));
+  write_host(f, h);
+}
+
+// bf16 values written as fp32 (exactly: a bf16 is the top half of its float).
+void write_device_widened(FILE* f, const bf16* d, int64_t n) {
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(bits.data(), d, sizeof(uint16_t) * bits.size(), cudaMemcpyDeviceToHost));
+  std::vector<float> h(bits.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const uint32_t word = uint32_t{bits[i]} << 16;
+    std::memcpy(&h[i], &word, sizeof(float));
+  }
+  write_host(f, h);
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: bench_attention --batch B --heads H --kv-heads KVH --seq S --head-dim D "
                "[--iters N] [--dump FILE] [--backward-tiles large|small] [--kernel auto|fa2|sm90] "
-               "[--sm90-dq auto|fused|separate] [--window W]\n");
+               "[--sm90-dq auto|fused|separate] [--window W] [--grads auto|f32|bf16]\n");
   return 2;
 }
 
@@ -86,7 +107,7 @@ int usage() {
 int main(int argc, char** argv) {
   int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0, window = 0;
   int iters = 10;
-  std::string dump, tiles_name = "auto", kernel = "auto", sm90_dq = "auto";
+  std::string dump, tiles_name = "auto", kernel = "auto", sm90_dq = "auto", grads = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--batch")
@@ -111,6 +132,8 @@ int main(int argc, char** argv) {
       sm90_dq = value;
     else if (key == "--window")
       window = std::atoll(value.c_str());
+    else if (key == "--grads")
+      grads = value;
     else
       return usage();
   }
@@ -119,7 +142,9 @@ int main(int argc, char** argv) {
       (kernel != "auto" && kernel != "fa2" && kernel != "sm90") ||
       (kernel == "sm90" && tiles_name != "auto") || window < 0 || (window > 0 && !dump.empty()) ||
       (sm90_dq != "auto" && sm90_dq != "fused" && sm90_dq != "separate") ||
-      (sm90_dq != "auto" && kernel != "sm90"))
+      (sm90_dq != "auto" && kernel != "sm90") ||
+      (grads != "auto" && grads != "f32" && grads != "bf16") ||
+      (grads == "bf16" && (kernel == "fa2" || sm90_dq == "fused")))
     return usage();
   const auto dq_sum = sm90_dq == "fused"      ? frugal::cuda::Sm90DqSum::kFused
                       : sm90_dq == "separate" ? frugal::cuda::Sm90DqSum::kSeparateKernel
@@ -145,6 +170,8 @@ int main(int argc, char** argv) {
     float *lse = device_alloc<float>(lse_n), *dq = device_alloc<float>(q_n);
     float *dk = device_alloc<float>(kv_n), *dv = device_alloc<float>(kv_n);
     float* scratch = device_alloc<float>(frugal::cuda::attention_backward_scratch_floats(s));
+    bf16 *dq_bf16 = device_alloc<bf16>(q_n), *dk_bf16 = device_alloc<bf16>(kv_n),
+         *dv_bf16 = device_alloc<bf16>(kv_n);
     fill_random<<<1024, 256>>>(q, q_n, 1, 2.0f);
     fill_random<<<1024, 256>>>(k, kv_n, 2, 2.0f);
     fill_random<<<1024, 256>>>(v, kv_n, 3, 1.0f);
@@ -167,8 +194,23 @@ int main(int argc, char** argv) {
       else
         frugal::cuda::attention_forward(out, lse, q, k, v, s, /*allow_sm90=*/true, stream);
     };
+    if (grads == "auto")
+      grads = kernel != "fa2" && sm90_dq != "fused" &&
+                      frugal::cuda::attention_backward_writes_bf16(
+                          s, {q, k, v, out, dout, dq_bf16, dk_bf16, dv_bf16}, /*allow_sm90=*/true)
+                  ? "bf16"
+                  : "f32";
     auto forward_backward = [&] {
       forward();
+      if (grads == "bf16") {
+        if (kernel == "sm90")
+          frugal::cuda::flash_attention_sm90_backward(dq_bf16, dk_bf16, dv_bf16, dout, q, k, v, out,
+                                                      lse, s, scratch, stream, dq_sum);
+        else
+          frugal::cuda::attention_backward(dq_bf16, dk_bf16, dv_bf16, dout, q, k, v, out, lse, s,
+                                           scratch, /*allow_sm90=*/true, stream);
+        return;
+      }
       // The backward accumulates: a caller zeroes the gradients first, so that is timed too.
       CUDA_CHECK(cudaMemsetAsync(dq, 0, sizeof(float) * q_n, stream));
       CUDA_CHECK(cudaMemsetAsync(dk, 0, sizeof(float) * kv_n, stream));
@@ -210,14 +252,14 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"impl\": \"frugal\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"seq\": "
         "%lld, \"head_dim\": %lld, \"window\": %lld, \"kernel\": \"%s\", \"backward_tiles\": "
-        "\"%s\", \"sm90_dq\": \"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": "
+        "\"%s\", \"sm90_dq\": \"%s\", \"grads\": \"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": "
         "%.1f, \"fwdbwd_ms\": %.4f, "
         "\"fwdbwd_tflops\": %.1f}\n",
         static_cast<long long>(batch), static_cast<long long>(heads),
         static_cast<long long>(kv_heads), static_cast<long long>(seq),
         static_cast<long long>(head_dim), static_cast<long long>(window), kernel.c_str(),
-        tiles_name.c_str(), sm90_dq.c_str(), fwd_ms, fwd_flop / fwd_ms * 1e-9, fwdbwd_ms,
-        fwdbwd_flop / fwdbwd_ms * 1e-9);
+        tiles_name.c_str(), sm90_dq.c_str(), grads.c_str(), fwd_ms, fwd_flop / fwd_ms * 1e-9,
+        fwdbwd_ms, fwdbwd_flop / fwdbwd_ms * 1e-9);
 
     if (!dump.empty()) {
       // One more forward + backward on the same inputs (the result is deterministic), then
@@ -237,9 +279,15 @@ int main(int argc, char** argv) {
       write_device(f, dout, q_n);
       write_device(f, out, q_n);
       write_device(f, lse, lse_n);
-      write_device(f, dq, q_n);
-      write_device(f, dk, kv_n);
-      write_device(f, dv, kv_n);
+      if (grads == "bf16") {
+        write_device_widened(f, dq_bf16, q_n);
+        write_device_widened(f, dk_bf16, kv_n);
+        write_device_widened(f, dv_bf16, kv_n);
+      } else {
+        write_device(f, dq, q_n);
+        write_device(f, dk, kv_n);
+        write_device(f, dv, kv_n);
+      }
       std::fclose(f);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
