@@ -252,16 +252,15 @@ struct HealthCounts {
 // fp32 or 8 bf16 values, a bf16 run's gradients) at a time where x is aligned. kCount
 // (grad_health): also the counts, into partial[gridDim.x * (1 + j) + blockIdx.x]; the sum is the
 // same code, so it equals sum_squares' bit for bit. Counts of up to 2^53 are exact in fp64.
-template <class T, bool kVec, bool kCount>
-__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
-  __shared__ double scratch[kWarpSize];
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  double acc = 0.0;
-  HealthCounts counts;
+// One thread's share of the x[i]^2 (kCount: and of the health counts): the values first,
+// first + stride, ... of x, taken as 16-byte packs where vec (x aligned), the tail one by one.
+template <class T, bool kCount>
+__device__ __forceinline__ double squares_share(const T* x, int64_t n, int64_t first,
+                                                int64_t stride, bool vec, HealthCounts& counts) {
   constexpr int kP = kPack<T>;
+  double acc = 0.0;
   int64_t packs = 0;
-  if constexpr (kVec) {
+  if (vec) {
     packs = n / kP;
     for (int64_t q = first; q < packs; q += stride) {
       const uint4 raw = *reinterpret_cast<const uint4*>(x + kP * q);
@@ -278,6 +277,16 @@ __global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t 
     acc += widen(x[i]) * widen(x[i]);
     if constexpr (kCount) counts.add(x[i]);
   }
+  return acc;
+}
+
+template <class T, bool kVec, bool kCount>
+__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
+  __shared__ double scratch[kWarpSize];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  HealthCounts counts;
+  double acc = squares_share<T, kCount>(x, n, first, stride, kVec, counts);
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
   if constexpr (kCount) {
@@ -296,6 +305,40 @@ __global__ void sum_squares_final_kernel(double* out, const double* partial, int
   for (int64_t b = threadIdx.x; b < n_partials; b += blockDim.x) acc += partial[b];
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) *out = accumulate ? *out + acc : acc;
+}
+
+// sum_squares_many: chunk c's blocks [first[c], first[c+1]) each take a grid-stride share of
+// its values (16-byte packs where aligned) and write one partial.
+inline constexpr int kSquaresChunksPerLaunch = 64;
+inline constexpr int64_t kSquaresBlocksPerChunk = 32;
+struct SquaresBatch {
+  SquaresChunk chunk[kSquaresChunksPerLaunch];
+  int first_block[kSquaresChunksPerLaunch + 1];
+  int n_chunks;
+};
+static_assert(sizeof(SquaresBatch) <= 4096, "sum_squares_many's arguments must fit 4 KiB");
+
+template <class T>
+__device__ __forceinline__ double chunk_squares(const T* x, int64_t n, int64_t first,
+                                                int64_t stride) {
+  HealthCounts unused;
+  return squares_share<T, false>(x, n, first, stride, reinterpret_cast<uintptr_t>(x) % 16 == 0,
+                                 unused);
+}
+
+__global__ void sum_squares_many_kernel(double* partial, const SquaresBatch batch) {
+  __shared__ double scratch[kWarpSize];
+  const int b = static_cast<int>(blockIdx.x);
+  int c = 0;
+  while (c + 1 < batch.n_chunks && batch.first_block[c + 1] <= b) ++c;
+  const SquaresChunk& chunk = batch.chunk[c];
+  const int64_t blocks = batch.first_block[c + 1] - batch.first_block[c];
+  const int64_t first = static_cast<int64_t>(b - batch.first_block[c]) * blockDim.x + threadIdx.x;
+  const int64_t stride = blocks * blockDim.x;
+  double acc = chunk.f32 != nullptr ? chunk_squares(chunk.f32, chunk.n, first, stride)
+                                    : chunk_squares(chunk.bf16, chunk.n, first, stride);
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[b] = acc;
 }
 
 // grad_health's pass 2: out[j] = the sum of partial row j (row 0 as sum_squares sums it).
@@ -370,6 +413,40 @@ void adamw_update(const AdamWChunkBf16* chunks, int64_t n_chunks, const AdamWSte
 void sum_squares(double* out, const bf16* x, int64_t n, bool accumulate, double* scratch,
                  cudaStream_t stream) {
   launch_sum_squares(out, x, n, accumulate, scratch, stream);
+}
+
+void sum_squares_many(double* out, const SquaresChunk* chunks, int64_t n_chunks, double* scratch,
+                      cudaStream_t stream) {
+  FRUGAL_CHECK(out != nullptr && scratch != nullptr, "sum_squares_many: null out or scratch");
+  bool accumulate = false;
+  int64_t c = 0;
+  do {  // at least one launch: with no chunks *out = 0
+    SquaresBatch batch{};
+    int blocks = 0;
+    while (c < n_chunks && batch.n_chunks < kSquaresChunksPerLaunch) {
+      const SquaresChunk& chunk = chunks[c];
+      FRUGAL_CHECK(chunk.n >= 0 && (chunk.f32 == nullptr) != (chunk.bf16 == nullptr),
+                   "sum_squares_many: chunk ", c, " needs one of f32, bf16 and n >= 0");
+      const int64_t items = chunk.f32 != nullptr ? (chunk.n + 3) / 4 : (chunk.n + 7) / 8;
+      const int64_t want = std::clamp<int64_t>((items + 8 * kSumThreads - 1) / (8 * kSumThreads), 1,
+                                               kSquaresBlocksPerChunk);
+      if (blocks + want > kSumSquaresManyScratch) break;
+      batch.chunk[batch.n_chunks] = chunk;
+      batch.first_block[batch.n_chunks] = blocks;
+      blocks += static_cast<int>(want);
+      ++batch.n_chunks;
+      ++c;
+    }
+    batch.first_block[batch.n_chunks] = blocks;
+    if (blocks > 0) {
+      sum_squares_many_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(scratch,
+                                                                                         batch);
+      CUDA_CHECK_LAUNCH();
+    }
+    sum_squares_final_kernel<<<1, kSumFinalThreads, 0, stream>>>(out, scratch, blocks, accumulate);
+    CUDA_CHECK_LAUNCH();
+    accumulate = true;
+  } while (c < n_chunks);
 }
 
 void grad_health(double* out, const float* x, int64_t n, double* scratch, cudaStream_t stream) {

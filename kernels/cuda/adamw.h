@@ -60,6 +60,22 @@ void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double
 void sum_squares(double* out, const __nv_bfloat16* x, int64_t n, bool accumulate, double* scratch,
                  cudaStream_t stream);
 
+// One tensor of sum_squares_many: fp32 or bf16 values (exactly one pointer set), n of them.
+struct SquaresChunk {
+  const float* f32 = nullptr;
+  const __nv_bfloat16* bf16 = nullptr;
+  int64_t n = 0;
+};
+// Doubles of scratch sum_squares_many needs.
+inline constexpr int64_t kSumSquaresManyScratch = 8192;
+// *out = the sum of every chunk's x[i]^2 in fp64: the global norm of a step's gradients in a few
+// launches instead of two per tensor (a 1.1B model has 201 tensors, most of them small, and the
+// launches' gaps cost more than their work). Each chunk gets a fixed number of blocks (a
+// function of its n), each block one partial in scratch (kSumSquaresManyScratch doubles), one
+// block sums a launch's partials in order: the same bits on every run.
+void sum_squares_many(double* out, const SquaresChunk* chunks, int64_t n_chunks, double* scratch,
+                      cudaStream_t stream);
+
 // The health monitor's pass (frugal::cpu::grad_health's twin): out[0] = sum_squares' value bit
 // for bit (not accumulated), out[1] = non-finite values, out[2] / out[3] = finite values a bf16
 // cast turns into zero or a subnormal / into inf (0 for bf16 input). out: kGradHealthValues

@@ -41,7 +41,7 @@ struct BoundDevice {
   DeviceContext* context = nullptr;
   std::unique_ptr<cuda::GemmContext> gemm;
   Tensor norm_sum;         // 1 f64: sum_squares' result
-  Tensor norm_scratch;     // cuda::kSumSquaresScratch f64
+  Tensor norm_scratch;     // cuda::kSumSquaresManyScratch f64
   Tensor target_error;     // 2 i32: cross_entropy's out-of-range target report
   int64_t loss_vocab = 0;  // vocabulary of the chunks since the last read_loss
 };
@@ -92,7 +92,8 @@ void bind(DeviceContext* context) {
   d.context = context;
   d.gemm = std::make_unique<cuda::GemmContext>();
   d.norm_sum = Tensor::empty({1}, DType::f64, context->device_memory());
-  d.norm_scratch = Tensor::empty({cuda::kSumSquaresScratch}, DType::f64, context->device_memory());
+  d.norm_scratch =
+      Tensor::empty({cuda::kSumSquaresManyScratch}, DType::f64, context->device_memory());
   d.target_error = zeros({2}, DType::i32, context->device_memory());
 }
 
@@ -451,20 +452,21 @@ void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, cons
 }
 
 double sum_squares(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return 0;
   BoundDevice& d = device();
-  bool first = true;
+  std::vector<cuda::SquaresChunk> chunks;
+  chunks.reserve(xs.size());
   for (const Tensor& x : xs) {
-    double* sum = static_cast<double*>(d.norm_sum.raw());
-    double* scratch = static_cast<double*>(d.norm_scratch.raw());
     if (x.dtype() == DType::bf16)  // a bf16 run's gradients
-      cuda::sum_squares(sum, bf(x), x.numel(), !first, scratch, stream());
+      chunks.push_back({.f32 = nullptr, .bf16 = bf(x), .n = x.numel()});
     else {
       expect(x, DType::f32, "norm input");
-      cuda::sum_squares(sum, f32(x), x.numel(), !first, scratch, stream());
+      chunks.push_back({.f32 = f32(x), .bf16 = nullptr, .n = x.numel()});
     }
-    first = false;
   }
-  if (first) return 0;
+  cuda::sum_squares_many(static_cast<double*>(d.norm_sum.raw()), chunks.data(),
+                         static_cast<int64_t>(chunks.size()),
+                         static_cast<double*>(d.norm_scratch.raw()), stream());
   return to_host(d.norm_sum, d.context->compute()).data<double>()[0];
 }
 

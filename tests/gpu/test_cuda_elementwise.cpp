@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -513,6 +514,53 @@ TEST_CASE("cuda sum_squares: fp64 global norm against the CPU", "[gpu]") {
       accumulate = true;
     }
   }
+}
+
+TEST_CASE("cuda sum_squares_many: one norm over many fp32 and bf16 tensors", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  // 150 tensors (three launches of at most 64), fp32 and bf16, aligned and one element off,
+  // empty and single ones among them.
+  const size_t count = 150;
+  std::deque<DeviceBuffer<float>> f32s;  // a deque: the buffers do not move
+  std::deque<DeviceBuffer<bf16>> bf16s;
+  std::vector<frugal::cuda::SquaresChunk> chunks;
+  // The reference in long double: a plain double sum of 20 million terms drifts by about 1e-12
+  // itself, the tolerance below.
+  long double want = 0.0L;
+  for (size_t t = 0; t < count; ++t) {
+    const size_t n = t % 17 == 0 ? 0 : t % 13 == 0 ? 1 : (t * 7919) % 300000 + 3;
+    const size_t offset = t % 3 == 0 ? 1 : 0;
+    if (t % 2 == 0) {
+      const FVec x = random_floats(n, rng);
+      f32s.emplace_back(n, offset);
+      f32s.back().upload(x);
+      for (float e : x) want += static_cast<long double>(e) * e;
+      chunks.push_back({.f32 = f32s.back().get(), .bf16 = nullptr, .n = int64_t(n)});
+    } else {
+      const Bf16Data x = random_bf16(n, rng);
+      bf16s.emplace_back(n, offset);
+      bf16s.back().upload(x.bits);
+      for (float e : x.f) want += static_cast<long double>(e) * e;
+      chunks.push_back({.f32 = nullptr, .bf16 = bf16s.back().get(), .n = int64_t(n)});
+    }
+  }
+  DeviceBuffer<double> out(1), scratch(static_cast<size_t>(frugal::cuda::kSumSquaresManyScratch));
+  frugal::cuda::sum_squares_many(out.get(), chunks.data(), int64_t(count), scratch.get(), nullptr);
+  const double got = out.download<double>()[0];
+  CHECK(std::fabs(got - static_cast<double>(want)) <= 1e-12 * static_cast<double>(want));
+  frugal::cuda::sum_squares_many(out.get(), chunks.data(), int64_t(count), scratch.get(), nullptr);
+  CHECK(out.download<double>()[0] == got);  // the same bits run to run
+  // One tensor, and none.
+  frugal::cuda::sum_squares_many(out.get(), chunks.data() + 1, 1, scratch.get(), nullptr);
+  double one = 0.0;
+  for (uint16_t bits : bf16s[0].download<uint16_t>()) {
+    const float e = frugal::bf16_to_float(bits);
+    one += double(e) * e;
+  }
+  CHECK(std::fabs(out.download<double>()[0] - one) <= 1e-12 * one);
+  frugal::cuda::sum_squares_many(out.get(), chunks.data(), 0, scratch.get(), nullptr);
+  CHECK(out.download<double>()[0] == 0.0);
 }
 
 TEST_CASE("cuda grad_health: counts as the CPU's, the sum as sum_squares' bit for bit", "[gpu]") {
