@@ -129,7 +129,9 @@ std::vector<PerToken> recomputed(CheckpointPolicy policy, const BlockWidths& w, 
 // block_backward's tensors (locals live to its end): dy; d_act, dg, du; d_n2, dh, d_attn; the
 // attention kernels' fp32 dq, dk, dv and their scratch (2 floats per head and token), then their
 // bf16 copies; rotary's dq, dk; d_n1 and dx. With the MLP in chunks, d_act, dg, du and d_n2 are
-// a chunk's, and the chunk's dh is copied into the whole one.
+// a chunk's, and the chunk's dh is copied into the whole one. (Where the Hopper backward writes
+// bf16 gradients, attention_backward_writes_bf16, the fp32 ones are never made: the plan, which
+// does not know the GPU, counts them anyway, a few percent of a block's temporaries too many.)
 std::vector<PerToken> backward_temporaries(const BlockWidths& w, bool chunks) {
   std::vector<PerToken> t = {
       {w.h, 2},  {w.f, 2, chunks}, {w.f, 2, chunks}, {w.f, 2, chunks}, {w.h, 2, chunks}, {w.h, 2},
