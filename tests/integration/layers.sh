@@ -20,7 +20,9 @@ for dir in "$root"/src/*/ "$root"/kernels/; do
   name=$(basename "$dir")
   actual=$(actual_deps "$dir" "$name" | tr '\n' ' ' | sed 's/ $//')
   documented=$(documented_deps "$name" | sort -u | tr '\n' ' ' | sed 's/ $//')
-  if ! printf '%s\n' "$table" | grep -q "^$name: "; then
+  # A here-string, not a pipe: grep -q stops at the first match, and under pipefail the
+  # writer's SIGPIPE would fail the test now and then.
+  if ! grep -q "^$name: " <<<"$table"; then
     echo "doc/architecture.md's layer table has no line for $name/ (it includes: ${actual:-nothing})"
     failed=1
   elif [ "$actual" != "$documented" ]; then
@@ -37,7 +39,7 @@ while [ -n "$remaining" ]; do
     deps=$(documented_deps "$name")
     blocked=0
     for d in $deps; do
-      if printf '%s\n' $remaining | grep -qx "$d"; then blocked=1; fi
+      if grep -qx "$d" <<<"$(printf '%s\n' $remaining)"; then blocked=1; fi
     done
     if [ "$blocked" -eq 1 ]; then next="$next $name"; else progress=1; fi
   done
@@ -45,7 +47,7 @@ while [ -n "$remaining" ]; do
   remaining=$(echo $next)
 done
 # Kernels know nothing of ranks or configuration: of src/, only core/.
-if grep -rhoE '#include "[a-z_]+/' "$root/kernels" | grep -vE '"(core|kernels)/' | grep -q .; then
+if [ -n "$(grep -rhoE '#include "[a-z_]+/' "$root/kernels" | grep -vE '"(core|kernels)/' || true)" ]; then
   echo "kernels/ includes more of src/ than core/:"; grep -rnE '#include "[a-z_]+/' "$root/kernels" | grep -vE '"(core|kernels)/'
   failed=1
 fi
