@@ -561,6 +561,19 @@ TEST_CASE("cuda sum_squares_many: one norm over many fp32 and bf16 tensors", "[g
   CHECK(std::fabs(out.download<double>()[0] - one) <= 1e-12 * one);
   frugal::cuda::sum_squares_many(out.get(), chunks.data(), 0, scratch.get(), nullptr);
   CHECK(out.download<double>()[0] == 0.0);
+
+  // Nine big tensors: more blocks than one launch's partials hold, so the launches split there.
+  const size_t big_n = 9000000;
+  const FVec big = random_floats(big_n, rng);
+  DeviceBuffer<float> d_big(big_n);
+  d_big.upload(big);
+  long double big_want = 0.0L;
+  for (float e : big) big_want += static_cast<long double>(e) * e;
+  const std::vector<frugal::cuda::SquaresChunk> bigs(
+      9, {.f32 = d_big.get(), .bf16 = nullptr, .n = int64_t(big_n)});
+  frugal::cuda::sum_squares_many(out.get(), bigs.data(), 9, scratch.get(), nullptr);
+  const double nine = static_cast<double>(9 * big_want);
+  CHECK(std::fabs(out.download<double>()[0] - nine) <= 1e-12 * nine);
 }
 
 TEST_CASE("cuda grad_health: counts as the CPU's, the sum as sum_squares' bit for bit", "[gpu]") {
