@@ -353,11 +353,15 @@ void backward(GradT* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, 
   const bool dq_aligned = flash::aligned(dq, 16);
   if (dq_sum == Sm90DqSum::kFused && !(kAccumulated && dq_aligned))
     fail("cuda flash attention sm90: the fused dQ needs fp32 gradients with dq 16-byte aligned");
-  if (s.batch == 0 || s.q_len == 0) return;
-  if (s.kv_len == 0) {  // no keys: dq = 0, nothing to add
-    if constexpr (!kAccumulated)
-      CUDA_CHECK(cudaMemsetAsync(dq, 0, sizeof(GradT) * s.batch * s.q_len * s.n_heads * s.head_dim,
-                                 stream));
+  if (s.batch == 0) return;
+  if (s.q_len == 0 || s.kv_len == 0) {  // no queries or no keys: zero gradients, nothing to add
+    if constexpr (!kAccumulated) {
+      const size_t q_bytes = sizeof(GradT) * s.batch * s.q_len * s.n_heads * s.head_dim;
+      const size_t kv_bytes = sizeof(GradT) * s.batch * s.kv_len * s.n_kv_heads * s.head_dim;
+      if (q_bytes > 0) CUDA_CHECK(cudaMemsetAsync(dq, 0, q_bytes, stream));
+      if (kv_bytes > 0) CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, stream));
+      if (kv_bytes > 0) CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, stream));
+    }
     return;
   }
   if (scratch == nullptr)
