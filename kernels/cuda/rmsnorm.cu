@@ -13,7 +13,7 @@
 // fixed order and adds the result to dw: each of its blocks owns 32 columns, its warps the
 // partial rows w, w + 8, ... (coalesced 128-byte reads), summed in shared memory in warp order.
 // (One thread per column reading all partials in turn, as before, left the GPU nearly empty:
-// 32 us a call at dim 2048, a tenth of the backward's own time.)
+// 32 us a call at dim 2048 on an H200, against the backward kernel's own 40; now 4 us.)
 // Rows whose length is a multiple of 8, with 16-byte aligned tensors, move 8 bf16 per load.
 #include <algorithm>
 
