@@ -328,7 +328,8 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
 // consecutive rows of one (batch, head) (blockIdx.x: batch * n_heads + head): lse, delta and
 // lse_log2, laid out [batch, head, row], are read and written coalesced, and each thread reads
 // its rows of dO and O 16 bytes at a time, every sector whole. (A warp per row scattered those
-// 4-byte accesses over the [batch, head, row] layout: 3.6x the memory's time at the 1.1B shape.)
+// 4-byte accesses over the [batch, head, row] layout: 44.6 against 36.3 ms over a profiled run
+// of the 1.1B model's step on an H200.)
 constexpr int kPrepareThreads = 256;
 
 template <int D>
@@ -498,16 +499,8 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int64_t at = kv_head + key * p.kv_stride + n * 8 + (lane % 4) * 2;
-      float2* dk2 = reinterpret_cast<float2*>(dk + at);
-      float2* dv2 = reinterpret_cast<float2*>(dv + at);
-      float2 x = *dk2;
-      x.x += p.scale * dk_acc[n][2 * r];
-      x.y += p.scale * dk_acc[n][2 * r + 1];
-      *dk2 = x;
-      x = *dv2;
-      x.x += dv_acc[n][2 * r];
-      x.y += dv_acc[n][2 * r + 1];
-      *dv2 = x;
+      put_gradient_pair(dk + at, p.scale * dk_acc[n][2 * r], p.scale * dk_acc[n][2 * r + 1]);
+      put_gradient_pair(dv + at, dv_acc[n][2 * r], dv_acc[n][2 * r + 1]);
     }
   }
 }
@@ -617,14 +610,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     const int row = r == 0 ? row_a : row_b;
     if (row >= p.q_len) continue;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      float2* dq2 =
-          reinterpret_cast<float2*>(dq + q_head + row * p.q_stride + n * 8 + (lane % 4) * 2);
-      float2 x = *dq2;
-      x.x += p.scale * dq_acc[n][2 * r];
-      x.y += p.scale * dq_acc[n][2 * r + 1];
-      *dq2 = x;
-    }
+    for (int n = 0; n < D / 8; ++n)
+      put_gradient_pair(dq + q_head + row * p.q_stride + n * 8 + (lane % 4) * 2,
+                        p.scale * dq_acc[n][2 * r], p.scale * dq_acc[n][2 * r + 1]);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/cuda_check.h"
@@ -81,6 +82,23 @@ __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Two adjacent gradient values at `at` (an even element): added into fp32 (GradT float: the
+// gradients accumulate, a ring's blocks into the same buffers), or written as bf16 (the call
+// makes them whole, so nothing was there to add to).
+template <class GradT>
+__device__ __forceinline__ void put_gradient_pair(GradT* at, float x, float y) {
+  if constexpr (std::is_same_v<GradT, float>) {
+    float2* pair = reinterpret_cast<float2*>(at);
+    float2 sum = *pair;
+    sum.x += x;
+    sum.y += y;
+    *pair = sum;
+  } else {
+    static_assert(std::is_same_v<GradT, __nv_bfloat16>);
+    *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(x, y);
+  }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

@@ -487,23 +487,6 @@ inline CUtensorMap tensor_map(const bf16* data, int64_t batch, int64_t len, int6
   return map;
 }
 
-// Two adjacent gradient values at `at` (an even element): added into fp32 (GradT float: the
-// gradients accumulate, a ring's blocks into the same buffers), or written as bf16 (the call
-// makes them whole, so nothing was there to add to).
-template <class GradT>
-__device__ __forceinline__ void put_gradient_pair(GradT* at, float x, float y) {
-  if constexpr (std::is_same_v<GradT, float>) {
-    float2* pair = reinterpret_cast<float2*>(at);
-    float2 sum = *pair;
-    sum.x += x;
-    sum.y += y;
-    *pair = sum;
-  } else {
-    static_assert(std::is_same_v<GradT, bf16>);
-    *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(x, y);
-  }
-}
-
 // The rows [row0, row0 + kRows) of one head (those below len) of a backward block that adds
 // nothing to them (no query sees its keys, or its queries see no key): zeros when the gradients
 // are written (bf16), nothing to do when they accumulate. 16-byte stores by kThreads threads
