@@ -51,7 +51,7 @@ void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* do
 
 // Whether attention_backward should write this call's gradients once as bf16 instead: the Hopper
 // kernels take it, and writing is the faster way for this shape (flash_attention_sm90.h).
-// bf16_tensors are all of dout, q, k, v, out, dq, dk, dv.
+// bf16_tensors: those at hand of dout, q, k, v, out, dq, dk, dv (the alignment TMA needs).
 bool attention_backward_writes_bf16(const AttentionShape& s,
                                     std::initializer_list<const void*> bf16_tensors,
                                     bool allow_sm90);

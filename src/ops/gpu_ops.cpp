@@ -264,19 +264,17 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                                   const Tensor& v, const Attention& fwd,
                                   const cpu::AttentionShape& s) {
   expect(dout, DType::bf16, "attention output gradient");
-  {
-    // One whole attention: the Hopper kernels write bf16 gradients directly.
+  // One whole attention: the Hopper kernels write bf16 gradients directly (the arena's new
+  // tensors meet their alignment, so the inputs decide).
+  const bool sm90 = kernel_options().attention_sm90;
+  if (cuda::attention_backward_writes_bf16(s, {bf(dout), bf(q), bf(k), bf(v), bf(fwd.out)}, sm90)) {
     Tensor dq = empty(q.shape(), DType::bf16), dk = empty(k.shape(), DType::bf16),
            dv = empty(v.shape(), DType::bf16);
-    const bool sm90 = kernel_options().attention_sm90;
-    if (cuda::attention_backward_writes_bf16(
-            s, {bf(dout), bf(q), bf(k), bf(v), bf(fwd.out), bf(dq), bf(dk), bf(dv)}, sm90)) {
-      Tensor scratch =
-          empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))}, DType::f32);
-      cuda::attention_backward(bf(dq), bf(dk), bf(dv), bf(dout), bf(q), bf(k), bf(v), bf(fwd.out),
-                               f32(fwd.lse), s, f32(scratch), sm90, stream());
-      return {dq, dk, dv};
-    }
+    Tensor scratch =
+        empty({std::max<int64_t>(1, cuda::attention_backward_scratch_floats(s))}, DType::f32);
+    cuda::attention_backward(bf(dq), bf(dk), bf(dv), bf(dout), bf(q), bf(k), bf(v), bf(fwd.out),
+                             f32(fwd.lse), s, f32(scratch), sm90, stream());
+    return {dq, dk, dv};
   }
   // Otherwise the kernels accumulate in fp32 (as for a ring, which adds several blocks into
   // them); the layers before attention read bf16.
