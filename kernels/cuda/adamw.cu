@@ -330,8 +330,7 @@ __device__ __forceinline__ double chunk_squares(const T* x, int64_t n, int64_t f
 __global__ void sum_squares_many_kernel(double* partial, const SquaresBatch batch) {
   __shared__ double scratch[kWarpSize];
   const int b = static_cast<int>(blockIdx.x);
-  int c = 0;
-  while (c + 1 < batch.n_chunks && batch.first_block[c + 1] <= b) ++c;
+  const int c = chunk_of_block(batch, b);
   const SquaresChunk& chunk = batch.chunk[c];
   const int64_t blocks = batch.first_block[c + 1] - batch.first_block[c];
   const int64_t first = static_cast<int64_t>(b - batch.first_block[c]) * blockDim.x + threadIdx.x;
