@@ -9,8 +9,8 @@
 //
 // Forward: work items of (128 query rows, head, batch), longest rows first; persistent (one
 // block per SM walking the items) for sequences of up to 4k tokens, a block per item beyond. Each
-// consumer holds O (64 rows x D, fp32) in registers; per key tile of 128: S = Q K^T (wgmma, both
-// from shared memory), mask (only tiles crossing the diagonal or kv_len), online softmax in fp32
+// consumer holds O (64 rows x D, fp32) in registers; per key tile of 128: S = Q K^T (wgmma; Q
+// from shared memory, or at head dim 64 from registers, read once per item), mask (only tiles crossing the diagonal or kv_len), online softmax in fp32
 // (exp2, scale folded in), O += P V with P in registers as bf16. S of the next tile is issued
 // before P V of this one, so the softmax of one tile overlaps the tensor cores' P V of the one
 // before (FlashAttention-3's intra-warpgroup pipelining); the two consumers interleave too.
@@ -31,8 +31,9 @@
 //     last block first (attention_backward_tiles.h; a per-tile counter in the scratch,
 //     acquire/release), so every dq element is summed in a fixed order. 5 products per pair
 //     of tiles. Or (kSeparateKernel) a second kernel, one block per (128 query rows, head,
-//     batch) like the forward, recomputes S and dP per key tile of 64 and sums dQ += dS K in
-//     registers. 7 products. The default fuses where that measured faster (the launcher).
+//     batch) like the forward, holds its rows of Q and dO in registers as the A operands,
+//     recomputes S and dP per key tile (128 keys at head dim 64, 64 at 128) and sums dQ += dS K
+//     in registers. 7 products. The default fuses where that measured faster (the launcher).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -162,12 +163,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
+    // At head dim 64 this consumer's rows of Q stay in registers for the item (the A operand of
+    // every S: those products read only K from shared memory), and the tile is handed back at
+    // once, so the next item's Q loads during this one. At 128 the registers are taken (ptxas
+    // spills): Q is read from shared memory until the item's last S.
+    constexpr bool kQInRegisters = D == 64;
+    mbarrier_wait(q_full, items & 1);
+    [[maybe_unused]] uint32_t q_frag[D / 16][4];
+    if constexpr (kQInRegisters) {
+      load_a_fragments<D, kBlockM>(q_frag, sq, consumer * kRowsPerConsumer, warp, lane);
+      mbarrier_arrive(q_empty);
+    }
     // Issues S = Q K_t^T (64 rows x 128 keys per consumer) into s, once tile t has landed.
     auto issue_scores = [&](float(&s)[kBlockN / 2], int t) {
       const int stage = (loaded + t) % kStages;
       mbarrier_wait(bars.full(stage), ((loaded + t) / kStages) & 1);
       wgmma_fence();
-      issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
+      if constexpr (kQInRegisters)
+        issue_product_rs_k<D, kBlockN>(s, q_frag, k_tile(stage));
+      else
+        issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
     };
     // Online softmax of tile t, rows in fp32 (a row's 128 scores are spread over the 4 lanes of
     // a quad): masks s, updates the row max and sum, turns s into P (relative to the new max)
@@ -210,14 +225,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // FlashAttention-3's overlap within a warpgroup: S_{t+1} is issued before O += P_t V_t, and
     // its softmax runs while the tensor cores still work on P_t V_t. P_t (pa, bf16) and O stay
     // untouched until that product has completed; s is free for S_{t+1} once P_t is in pa.
-    mbarrier_wait(q_full, items & 1);
     float s[kBlockN / 2], correction[2];
     uint32_t pa[kBlockN / 16][4];
     issue_scores(s, 0);
     wgmma_wait<0>();
     pin_registers(s);
-    if (n_tiles == 1) mbarrier_arrive(q_empty);  // the item's last S has read Q
-    softmax(s, 0, correction);                   // O is still 0: nothing to rescale
+    if (!kQInRegisters && n_tiles == 1) mbarrier_arrive(q_empty);  // the item's last S read Q
+    softmax(s, 0, correction);  // O is still 0: nothing to rescale
     accumulators_to_a<kBlockN>(pa, s);
     // O += P_t V_t (issued, not waited for).
     auto issue_pv = [&](int t) {
@@ -234,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv(t);
       wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
       pin_registers(s);
-      if (t + 2 == n_tiles) mbarrier_arrive(q_empty);  // the item's last S has read Q
+      if (!kQInRegisters && t + 2 == n_tiles) mbarrier_arrive(q_empty);  // the last S read Q
       softmax(s, t + 1, correction);
       wgmma_wait<0>();
       pin_registers(o);

@@ -23,7 +23,10 @@
 //    between 8-row groups along k, LBO = the distance between the 64-column blocks along n.
 // Accumulators of m64nNk16 are, per warp, the m16n8 layout of mma.sync repeated N / 8 times
 // (value 4 j + e: row lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2), which is also
-// the register A operand's layout, so P and dS go to the next product in registers.
+// the register A operand's layout, so P and dS go to the next product in registers. A tile a
+// consumer multiplies on every step (Q in the forward at head dim 64, Q and dO in the dQ pass)
+// is read into that layout once with ldmatrix (load_a_fragments): those products then read only
+// their B tile from shared memory.
 //
 // The global tensors are described to TMA as 4-d [batch][len][heads][D] with box
 // [1][rows][1][64]: rows past len (the tail of a sequence) come back as zeros, never the next
@@ -238,6 +241,14 @@ __device__ __forceinline__ void stmatrix_x4_transposed(uint32_t address, const u
       "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
       : "memory");
 }
+// Four 8x8 bf16 matrices into register r of the warp's m16n8 fragments: lanes 8 i .. 8 i + 7
+// give the addresses of the 16-byte rows of matrix i (stmatrix's counterpart, untransposed).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t address, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
 // TMA reduce: the box at coordinates (column, head, row, batch) of `map` += the tile at src,
 // element by element in the map's type, in this thread's current bulk group (elements outside
 // the tensor are left alone).
@@ -349,6 +360,47 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
 }
 
+// A from registers, B K-major (imm-trans-b = 0): B's contraction index runs along its rows,
+// as in wgmma_m64n64_ss.
+__device__ __forceinline__ void wgmma_m64n64_rs_k(float (&d)[32], const uint32_t (&a)[4],
+                                                  uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+}
+
+__device__ __forceinline__ void wgmma_m64n128_rs_k(float (&d)[64], const uint32_t (&a)[4],
+                                                   uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+}
+
 __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
                                                  bool accumulate) {
   asm volatile(
@@ -422,6 +474,36 @@ __device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[N / 16][4],
     a[kk][2] = pack_bf16(d[8 * kk + 4], d[8 * kk + 5]);
     a[kk][3] = pack_bf16(d[8 * kk + 6], d[8 * kk + 7]);
   }
+}
+
+// The register A operands of rows [row0, row0 + 64) of the K-major tile (kRows rows of D): this
+// warp's 16 rows (row0 + 16 warp ..), one fragment per 16 contraction columns, read through the
+// 128-byte swizzle (lane l gives row l % 8 + 8 ((l / 8) % 2) of the columns' left or right 8).
+template <int D, int kRows>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[D / 16][4], uint32_t tile, int row0,
+                                                 int warp, int lane) {
+  const int row = row0 + 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int chunk = 2 * (kk % 4) + lane / 16;
+    ldmatrix_x4(tile + (kk / 4) * column_block_bytes(kRows) + row * kSwizzleBytes +
+                    ((chunk ^ (row % 8)) * 16),
+                a[kk]);
+  }
+}
+// acc = A B^T over the head dim, A in registers (load_a_fragments), B all kN rows of the K-major
+// tile b, as one commit group: issue_product_ss with A read once into registers.
+template <int D, int kN>
+__device__ __forceinline__ void issue_product_rs_k(float (&acc)[kN / 2],
+                                                   const uint32_t (&a)[D / 16][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    if constexpr (kN == 64)
+      wgmma_m64n64_rs_k(acc, a[kk], k_major<kN>(b, 0, kk), kk > 0);
+    else
+      wgmma_m64n128_rs_k(acc, a[kk], k_major<kN>(b, 0, kk), kk > 0);
+  }
+  wgmma_commit();
 }
 
 // The two kinds of product every kernel here issues, each closed as one commit group (the

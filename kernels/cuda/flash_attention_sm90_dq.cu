@@ -10,16 +10,21 @@ namespace {
 
 // ---- backward: dQ ----------------------------------------------------------------------------
 
-constexpr int kDqBlockM = 2 * kRowsPerConsumer, kDqBlockN = 64;
+constexpr int kDqBlockM = 2 * kRowsPerConsumer;
+// Keys per tile: 128 at head dim 64, where S and dP are then m64n128 products (wider wgmmas
+// read less shared memory per FLOP) and the registers allow it; 64 at head dim 128, whose dQ
+// accumulator takes the room.
+template <int D>
+constexpr int kDqBlockN = D == 64 ? 128 : 64;
 
-// Q, dO, then kStages (K, V) stages of 64 keys, then the barriers (Q and dO loaded; per stage
-// full and empty).
+// Q, dO, then kStages (K, V) stages of kDqBlockN keys, then the barriers (Q and dO loaded; per
+// stage full and empty).
 template <int D, int kStages>
 struct DqSmem {
   static constexpr int kQ = 0;
   static constexpr int kDout = kQ + tile_bytes(kDqBlockM, D);
   static constexpr int kKv = kDout + tile_bytes(kDqBlockM, D);
-  static constexpr int kTileBytes = tile_bytes(kDqBlockN, D);
+  static constexpr int kTileBytes = tile_bytes(kDqBlockN<D>, D);
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   static constexpr int kBarriers = kKv + kStages * kStageBytes;
   static constexpr int kBytes = kBarriers + 8 * (1 + 2 * kStages);
@@ -36,7 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const float* __restrict__ delta, const Params p) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = DqSmem<D, kStages>;
-  constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN;
+  constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN<D>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = swizzle_aligned(smem_raw);
   const int b = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, g = h / p.group;
@@ -86,16 +91,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < D / 2; ++i) dq_acc[i] = 0.0f;
 
   mbarrier_wait(qdo_full, 0);
+  // This consumer's rows of Q and dO, the A operands of S and dP on every key tile, stay in
+  // registers: those products then read only K and V from shared memory.
+  uint32_t q_frag[D / 16][4], dout_frag[D / 16][4];
+  load_a_fragments<D, kBlockM>(q_frag, sq, consumer * kRowsPerConsumer, warp, lane);
+  load_a_fragments<D, kBlockM>(dout_frag, sdo, consumer * kRowsPerConsumer, warp, lane);
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % kStages;
     mbarrier_wait(bars.full(stage), (t / kStages) & 1);
 
-    // S = Q K^T and dP = dO V^T: 64 rows x 64 keys per consumer, as two groups so that P is
+    // S = Q K^T and dP = dO V^T: 64 rows x kBlockN keys per consumer, as two groups so that P is
     // computed while the tensor cores still work on dP.
     float s[kBlockN / 2], dp[kBlockN / 2];
     wgmma_fence();
-    issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
-    issue_product_ss<D, kBlockM, kBlockN>(dp, sdo, consumer * kRowsPerConsumer, v_tile(stage));
+    issue_product_rs_k<D, kBlockN>(s, q_frag, k_tile(stage));
+    issue_product_rs_k<D, kBlockN>(dp, dout_frag, v_tile(stage));
     wgmma_wait<1>();  // S has completed
     pin_registers(s);
 
@@ -157,8 +167,8 @@ void dq_for(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf1
   allow_shared_memory(kernel, smem);
   const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, kDqBlockM);
   const CUtensorMap dout_map = tensor_map(dout, s.batch, s.q_len, s.n_heads, D, kDqBlockM);
-  const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN);
-  const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN);
+  const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN<D>);
+  const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN<D>);
   const dim3 grid(static_cast<unsigned>(s.batch * s.n_heads),
                   grid_blocks(s.q_len, kDqBlockM, "q_len"));
   kernel<<<grid, kThreads, smem, stream>>>(dq, q_map, k_map, v_map, dout_map, lse_log2, delta, p);
