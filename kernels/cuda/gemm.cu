@@ -230,6 +230,13 @@ void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy
              /*trans_b=*/true, k, n, m, 1.0f, 1.0f, stream);
 }
 
+void linear_backward_weight(GemmContext& ctx, __nv_bfloat16* dw, const __nv_bfloat16* dy,
+                            const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
+                            cudaStream_t stream) {
+  ctx.matmul(dw, CUDA_R_16BF, k, x, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
+             /*trans_b=*/true, k, n, m, 1.0f, 1.0f, stream);
+}
+
 // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T: b is cuBLAS's A, a its B.
 // b stored [k, n] row-major is column-major [n, k] (ld n): op(b)^T as it is; stored [n, k]
 // (trans_b) it is column-major [k, n] (ld k), transposed. Likewise a, with ld k or m.

@@ -33,5 +33,11 @@ int64_t rmsnorm_backward_scratch_floats(int64_t rows, int64_t dim);
 void rmsnorm_backward(__nv_bfloat16* dx, float* dw, const __nv_bfloat16* dy, const __nv_bfloat16* x,
                       const __nv_bfloat16* w, const float* rstd, const __nv_bfloat16* dresidual,
                       int64_t rows, int64_t dim, float* dw_scratch, cudaStream_t stream);
+// The same with a bf16 dw (not null), each element rounded once after its fp32 add: the
+// gradient shards of a bf16 run take the sum directly.
+void rmsnorm_backward(__nv_bfloat16* dx, __nv_bfloat16* dw, const __nv_bfloat16* dy,
+                      const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,
+                      const __nv_bfloat16* dresidual, int64_t rows, int64_t dim, float* dw_scratch,
+                      cudaStream_t stream);
 
 }  // namespace frugal::cuda

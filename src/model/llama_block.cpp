@@ -178,6 +178,11 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
   if (ctx.checksum_act) a.act_checksum_recomputed = ops::sum_squares({a.act});
 }
 
+GradSums block_grad_sums(const BlockContext& ctx, int64_t tokens) {
+  const bool once = !ctx.fp8 && !ctx.lora && !ctx.config->qkv_bias() && !mlp_in_chunks(ctx, tokens);
+  return once ? GradSums::kOnce : GradSums::kSeveral;
+}
+
 Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights& w, BlockWeights& g,
                       const BlockContext& ctx) {
   Fp8InputCasts casts;  // FP8: the transposed casts of n1 and n2, each made once

@@ -113,6 +113,10 @@ Tensor block_forward(const Tensor& x, const BlockWeights& w, const BlockContext&
                      BlockActivations* saved);
 // Fills in what the policy dropped.
 void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx);
+// How block_backward adds into the block's gradients (ParameterProvider::grads): once each, by
+// linear_backward and rmsnorm_backward, unless FP8 linears, LoRA adapters, q/k/v biases or the
+// MLP in chunks bring other ops or several adds (`tokens`: the micro-batch's rows).
+GradSums block_grad_sums(const BlockContext& ctx, int64_t tokens);
 // Gradients: returns dx, accumulates weight gradients into `grads`. Needs recompute() first.
 // With the MLP in chunks (llama_mlp.h) the MLP's intermediates the policy dropped are made
 // here, a chunk at a time, and never exist whole.

@@ -26,6 +26,18 @@ struct TrainableShard {
                       // layout, such as AdamW's moments, is checkpointed by it)
 };
 
+// How the backward adds into a unit's gradients during one micro-batch, which decides what
+// grads() may hand out.
+enum class GradSums {
+  // Some gradient takes several adds (chunks, tied weights), or an op that adds only into fp32:
+  // fp32 buffers, summed and then rounded once into bf16 gradient shards.
+  kSeveral,
+  // One add into each gradient, by ops that add into bf16 as well (on a GPU: linear_backward's
+  // GEMM and rmsnorm_backward, each rounding once): bf16 gradient shards may be handed out as
+  // they are, with the same one rounding per micro-batch and no fp32 buffer in between.
+  kOnce,
+};
+
 class ParameterProvider {
  public:
   virtual ~ParameterProvider() = default;
@@ -54,7 +66,8 @@ class ParameterProvider {
   virtual void release(int64_t unit) = 0;
 
   // Full-size gradient buffers of `unit` to accumulate (+=) into; valid until grads_done.
-  virtual std::vector<Tensor> grads(int64_t unit) = 0;
+  // `sums` says how they will be added into (fp32 unless kOnce lets bf16 shards through).
+  virtual std::vector<Tensor> grads(int64_t unit, GradSums sums) = 0;
   // The backward has finished adding into grads(unit) for this micro-batch (ZeRO-3 starts
   // the reduce-scatter). May be called more than once per step for a tied unit.
   virtual void grads_done(int64_t unit) = 0;

@@ -198,14 +198,20 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   if (dresidual.defined()) expect(dresidual, DType::bf16, "rmsnorm residual gradient");
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
   Tensor dx = empty(x.shape(), DType::bf16);
-  Tensor scratch;
-  if (dw.defined()) {
-    expect(dw, DType::f32, "rmsnorm weight gradient");
-    scratch = empty({cuda::rmsnorm_backward_scratch_floats(rows, dim)}, DType::f32);
+  const __nv_bfloat16* dres = dresidual.defined() ? bf(dresidual) : nullptr;
+  if (!dw.defined()) {
+    cuda::rmsnorm_backward(bf(dx), static_cast<float*>(nullptr), bf(dy), bf(x), bf(w), f32(rstd),
+                           dres, rows, dim, nullptr, stream());
+    return dx;
   }
-  cuda::rmsnorm_backward(bf(dx), dw.defined() ? f32(dw) : nullptr, bf(dy), bf(x), bf(w), f32(rstd),
-                         dresidual.defined() ? bf(dresidual) : nullptr, rows, dim,
-                         dw.defined() ? f32(scratch) : nullptr, stream());
+  if (dw.dtype() != DType::bf16) expect(dw, DType::f32, "rmsnorm weight gradient");
+  Tensor scratch = empty({cuda::rmsnorm_backward_scratch_floats(rows, dim)}, DType::f32);
+  if (dw.dtype() == DType::bf16)
+    cuda::rmsnorm_backward(bf(dx), bf(dw), bf(dy), bf(x), bf(w), f32(rstd), dres, rows, dim,
+                           f32(scratch), stream());
+  else
+    cuda::rmsnorm_backward(bf(dx), f32(dw), bf(dy), bf(x), bf(w), f32(rstd), dres, rows, dim,
+                           f32(scratch), stream());
   return dx;
 }
 
@@ -228,7 +234,10 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   Tensor dx = dx_sum ? *dx_sum : empty({m, k}, DType::bf16);
   cuda::linear_backward_input(gemm(), bf(dx), bf(dy), bf(w), m, n, k, stream(),
                               /*accumulate=*/dx_sum != nullptr);
-  if (dw.defined()) {
+  if (!dw.defined()) return dx;
+  if (dw.dtype() == DType::bf16) {
+    cuda::linear_backward_weight(gemm(), bf(dw), bf(dy), bf(x), m, n, k, stream());
+  } else {
     expect(dw, DType::f32, "linear weight gradient");
     cuda::linear_backward_weight(gemm(), f32(dw), bf(dy), bf(x), m, n, k, stream());
   }

@@ -4,7 +4,9 @@
 //
 // Dtypes by device: on the CPU everything is f32. On a GPU activations and the gathered
 // weights the layers read are bf16 (math in fp32 inside the kernels), while weight gradients,
-// master weights and optimizer state are f32; the attention gradients come back in bf16.
+// master weights and optimizer state are f32 (bf16 with optim.state_dtype = bf16, where
+// linear_backward and rmsnorm_backward also add into bf16 weight gradients, one rounding per
+// call); the attention gradients come back in bf16.
 #pragma once
 
 #include <functional>
@@ -103,15 +105,15 @@ void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens
 // x [T, H], w [H] -> y [T, H]; rstd [T] saved when not null
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd);
 // returns dx, plus dresidual when it is defined (the gradient that reaches x through the
-// residual path, added in the same pass); dw accumulated
+// residual path, added in the same pass); dw accumulated (on a GPU f32 or bf16)
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                         Tensor& dw, const Tensor& dresidual = Tensor());
 
 // x [T, K], w [N, K] (Hugging Face layout) -> x w^T [T, N], plus residual [T, N] when it is
 // defined (on a GPU in the GEMM's epilogue: the residual stream's add costs no pass of its own)
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& residual = Tensor());
-// returns dx; dw accumulated (dw may be undefined for a frozen weight). With dx_sum, dx is
-// added into *dx_sum (on a GPU by the GEMM itself) and *dx_sum is returned: the input gradient
+// returns dx; dw accumulated (on a GPU f32 or bf16; undefined for a frozen weight). With dx_sum, dx
+// is added into *dx_sum (on a GPU by the GEMM itself) and *dx_sum is returned: the input gradient
 // of projections that share their input, without a separate add per projection.
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
                        Tensor* dx_sum = nullptr);

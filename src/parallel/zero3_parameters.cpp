@@ -107,6 +107,7 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     fp8_slots_.push_back(std::move(fp8_slots));
     progress.advance(1);
   }
+  grad_shards_handed_out_.assign(units_.size(), false);
   // The total, for a slow one (benchmarks read it: tools/bench/qlora_70b_one_gpu).
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
   if (seconds >= 5)
@@ -355,9 +356,14 @@ void Zero3Parameters::release(int64_t unit) {
 
 // --- gradients -----------------------------------------------------------------------------
 
-std::vector<Tensor> Zero3Parameters::grads(int64_t unit) {
+std::vector<Tensor> Zero3Parameters::grads(int64_t unit, GradSums sums) {
   FRUGAL_CHECK(!grad_shards_.at(unit).empty(), "gradients asked of inference-only parameters");
   if (direct_grads()) return unpadded(unit, grad_shards_[unit]);  // accumulate straight into them
+  if (sums == GradSums::kOnce && direct_bf16_grads()) {
+    updates_.wait(unit);  // its gradient shards are about to be written
+    grad_shards_handed_out_.at(size_t(unit)) = true;
+    return unpadded(unit, grad_shards_[unit]);
+  }
   auto it = full_grads_.find(unit);
   if (it == full_grads_.end()) {
     std::vector<Tensor> full;
@@ -442,6 +448,10 @@ void Zero3Parameters::wait_replica_sums() {
 
 void Zero3Parameters::grads_done(int64_t unit) {
   if (direct_grads()) return;
+  if (grad_shards_handed_out_.at(size_t(unit))) {  // the backward added into them itself
+    grad_shards_handed_out_[size_t(unit)] = false;
+    return;
+  }
   updates_.wait(unit);  // its gradient shards are about to be written
   auto it = full_grads_.find(unit);
   FRUGAL_CHECK(it != full_grads_.end(), "grads_done of unit ", unit, " without gradients");

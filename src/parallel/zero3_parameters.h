@@ -93,7 +93,7 @@ class Zero3Parameters : public ParameterProvider {
   // Whether any weight is gathered as FP8 while set_fp8_gathers(true) holds.
   bool has_fp8_gathers() const;
   void release(int64_t unit) override;
-  std::vector<Tensor> grads(int64_t unit) override;
+  std::vector<Tensor> grads(int64_t unit, GradSums sums) override;
   void grads_done(int64_t unit) override;
   void finish_backward() override;
   void zero_grads() override;
@@ -163,11 +163,20 @@ class Zero3Parameters : public ParameterProvider {
     return alone() && !has_replicas() && arenas_.grads->device() == arenas_.gathered->device() &&
            arenas_.master == DType::f32;
   }
+  // One rank with bf16 gradient shards on a GPU, which a backward that adds once into each
+  // gradient (GradSums::kOnce) takes directly instead of fp32 sums added in afterwards.
+  bool direct_bf16_grads() const {
+    return alone() && !has_replicas() && arenas_.grads->device() == arenas_.gathered->device() &&
+           arenas_.grads->device() != Device::cpu && arenas_.master == DType::bf16;
+  }
 
   // By unit and parameter: the master shards (undefined where encoded, and for a frozen weight
   // on a GPU, which needs only its copy), the gradient shards (undefined where frozen; none
   // without gradients), and the encoded weights (null where not).
   std::vector<std::vector<Tensor>> shards_, grad_shards_;
+  // By unit: its bf16 gradient shards were handed out by grads() this micro-batch
+  // (direct_bf16_grads), so grads_done has nothing to add.
+  std::vector<bool> grad_shards_handed_out_;
   std::vector<std::vector<std::unique_ptr<WeightEncoding>>> encoded_;
   // The scaling slots of the weights gathered as FP8 while fp8_gathers_ (none for the others).
   std::vector<std::vector<std::optional<ops::Fp8Slot>>> fp8_slots_;

@@ -303,6 +303,10 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   // The MLP in chunks (FP8's MLP linears keep it whole: counted whole whenever [fp8] is on).
   const int64_t chunk = mlp_chunk_rows(tokens, m, c.train.mlp_chunk_tokens);
   const bool chunks = chunk < tokens && !c.fp8.enabled;
+  // One rank with bf16 state on the GPU: a block whose gradients each take one add (the model's
+  // block_grad_sums) is handed its bf16 gradient shards, so it has no fp32 sums to gather.
+  const bool block_grads_direct = ranks == 1 && !host_state && master == 2 && !lora &&
+                                  !c.fp8.enabled && !m.qkv_bias() && !(chunk < tokens);
   std::vector<PerToken> saved = kept(c.train.activation_checkpointing, w);
   const std::vector<PerToken> again = recomputed(c.train.activation_checkpointing, w, chunks);
   const std::vector<PerToken> temporaries = backward_temporaries(w, chunks);
@@ -369,7 +373,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
     add_tensors(p, MemoryPart::block_work, temporaries, tokens, 1, chunk);
     add_weights(p, block);
     add_weights(p, block);  // the next one, gathered ahead
-    add_full_grads(p, block);
+    if (!block_grads_direct) add_full_grads(p, block);
     add_in_flight(p, last ? head : block);
     add_dequantized(p);
     add_ring(p);

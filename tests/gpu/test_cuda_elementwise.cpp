@@ -264,8 +264,9 @@ TEST_CASE("cuda rmsnorm: forward, fused residual forward and backward against th
       check_close_bf16(d_dx.download<uint16_t>(), dx, kBf16Tol, "rmsnorm dx");
       check_close(d_dw.download<float>(), dw, 1e-4, "rmsnorm dw");
 
-      frugal::cuda::rmsnorm_backward(d_dx.get(), nullptr, d_dy.get(), d_s.get(), d_w.get(),
-                                     d_rstd.get(), d_dres.get(), rows, dim, nullptr, nullptr);
+      frugal::cuda::rmsnorm_backward(d_dx.get(), static_cast<float*>(nullptr), d_dy.get(),
+                                     d_s.get(), d_w.get(), d_rstd.get(), d_dres.get(), rows, dim,
+                                     nullptr, nullptr);
       frugal::cpu::add_inplace(dx.data(), dres.f.data(), static_cast<int64_t>(n));
       check_close_bf16(d_dx.download<uint16_t>(), dx, kBf16Tol, "rmsnorm dx + dresidual");
     }
@@ -671,6 +672,46 @@ TEST_CASE("cuda kernels are bitwise reproducible run to run", "[gpu]") {
   CHECK(a.dw == b.dw);
   CHECK(a.dtable == b.dtable);
   CHECK(a.norm == b.norm);
+}
+
+// A bf16 run's block gradients take the RMSNorm's weight gradient directly: the same fp32 sum
+// as the fp32 path (the same partials, the same order) added to the widened bf16 value and
+// rounded once, bit for bit.
+TEST_CASE("cuda rmsnorm backward adds into a bf16 dw as the fp32 one, rounded once", "[gpu]") {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  const std::pair<int64_t, int64_t> shapes[] = {{1037, 200}, {4096, 2048}, {5, 7}};
+  for (const auto& [rows, dim] : shapes) {
+    CAPTURE(rows, dim);
+    const size_t n = static_cast<size_t>(rows * dim), d = static_cast<size_t>(dim);
+    const Bf16Data x = random_bf16(n, rng), w = random_bf16(d, rng), dy = random_bf16(n, rng),
+                   dw0 = random_bf16(d, rng);
+    DeviceBuffer<bf16> d_x(n), d_w(d), d_dy(n), d_y(n), d_dx(n), d_dw_bf16(d);
+    DeviceBuffer<float> d_rstd(static_cast<size_t>(rows)), d_dw(d),
+        scratch(static_cast<size_t>(frugal::cuda::rmsnorm_backward_scratch_floats(rows, dim)));
+    d_x.upload(x.bits);
+    d_w.upload(w.bits);
+    d_dy.upload(dy.bits);
+    d_dw.upload(dw0.f);
+    d_dw_bf16.upload(dw0.bits);
+    frugal::cuda::rmsnorm_forward(d_y.get(), d_rstd.get(), d_x.get(), d_w.get(), rows, dim, kEps,
+                                  nullptr);
+    frugal::cuda::rmsnorm_backward(d_dx.get(), d_dw.get(), d_dy.get(), d_x.get(), d_w.get(),
+                                   d_rstd.get(), nullptr, rows, dim, scratch.get(), nullptr);
+    const auto dx_fp32_path = d_dx.download<uint16_t>();
+    frugal::cuda::rmsnorm_backward(d_dx.get(), d_dw_bf16.get(), d_dy.get(), d_x.get(), d_w.get(),
+                                   d_rstd.get(), nullptr, rows, dim, scratch.get(), nullptr);
+    const FVec dw = d_dw.download<float>();
+    const auto dw_bf16 = d_dw_bf16.download<uint16_t>();
+    size_t mismatches = 0, changed = 0;
+    for (size_t i = 0; i < d; ++i) {
+      mismatches += dw_bf16[i] != frugal::float_to_bf16(dw[i]);
+      changed += dw_bf16[i] != dw0.bits[i];
+    }
+    CHECK(mismatches == 0);
+    CHECK(changed > 0);  // it did add
+    CHECK(d_dx.download<uint16_t>() == dx_fp32_path);
+  }
 }
 
 // optim.state_dtype = bf16: the kernels a bf16 run adds, against the CPU's fp32 math on the

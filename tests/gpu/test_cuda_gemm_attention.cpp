@@ -113,6 +113,39 @@ TEST_CASE("cuda linear GEMMs match the CPU on awkward sizes", "[gpu][gemm]") {
   }
 }
 
+// A bf16 run's block gradients take the weight gradient GEMM directly: dw (bf16) += dy^T x with
+// one rounding, against the exact sum (float64) of the bf16 inputs and dw's old values: within
+// one rounding (half a bf16 ulp) plus the fp32 accumulation's error.
+TEST_CASE("cuda linear: the weight gradient added into bf16, rounded once", "[gpu][gemm]") {
+  if (!have_gpu()) return;
+  const int64_t M = 1000, N = 130, K = 96;
+  std::mt19937 rng(29);
+  const Bf16Data x = random_bf16(static_cast<size_t>(M * K), rng);
+  const Bf16Data dy = random_bf16(static_cast<size_t>(M * N), rng);
+  const Bf16Data dw0 = random_bf16(static_cast<size_t>(N * K), rng, 8.0f);
+  DeviceBuffer<Bf16> x_d(x.h.size()), dy_d(dy.h.size()), dw_d(dw0.h.size());
+  x_d.upload(x.h);
+  dy_d.upload(dy.h);
+  dw_d.upload(dw0.h);
+  frugal::cuda::GemmContext ctx;
+  frugal::cuda::linear_backward_weight(ctx, dw_d.get(), dy_d.get(), x_d.get(), M, N, K, nullptr);
+  const std::vector<float> dw = from_bf16(dw_d.download<uint16_t>());
+  size_t bad = 0;
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < K; ++j) {
+      double exact = dw0.f[size_t(i * K + j)], magnitude = std::fabs(exact);
+      for (int64_t r = 0; r < M; ++r) {
+        const double term = double(dy.f[size_t(r * N + i)]) * x.f[size_t(r * K + j)];
+        exact += term;
+        magnitude += std::fabs(term);
+      }
+      // Half an ulp of bf16 (8 bits of mantissa), with fp32's sum error over the terms.
+      const double tolerance = std::fabs(exact) * std::ldexp(1.0, -8) + magnitude * 1e-5;
+      bad += std::fabs(dw[size_t(i * K + j)] - exact) > tolerance;
+    }
+  CHECK(bad == 0);
+}
+
 TEST_CASE("cuda linear: the residual in the epilogue, input gradients accumulated", "[gpu][gemm]") {
   if (!have_gpu()) return;
   const int64_t M = 257, N = 130, K = 96;

@@ -62,7 +62,7 @@ void check(QuantKind kind) {
   CHECK(q_loss == model.forward_loss(b, reference));
   CHECK(q_loss != model.forward_loss(b, original));  // the quantization did something
   CHECK(quantized.stored_bytes() < fp32_bytes / 2);
-  CHECK_THROWS_AS(quantized.grads(1), Error);
+  CHECK_THROWS_AS(quantized.grads(1, frugal::GradSums::kSeveral), Error);
 }
 
 }  // namespace
