@@ -103,6 +103,16 @@ const GemmContext::Plan& GemmContext::plan_for(const PlanKey& key) {
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &alignments[2], sizeof(uint32_t));
+  // An output narrower than fp32 (bf16, the FP8 GEMMs' bf16) is rounded once: split-K partial
+  // sums may meet only in the compute type (an fp32 workspace), never in the output's type or
+  // by atomic adds into it (each partial rounded, and in place added in whatever order they
+  // come). The GPU test of a bf16 weight gradient GEMM (1000-row reduction) found 2840 of 12480
+  // elements off by more than half an ulp without this (H200, 2026-12-03).
+  if (status == CUBLAS_STATUS_SUCCESS && d_type != CUDA_R_32F) {
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &schemes, sizeof(schemes));
+  }
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.d, plan.d,
                                             pref, 1, &result, &n_results);
