@@ -10,8 +10,9 @@
 // Forward: work items of (128 query rows, head, batch), longest rows first; persistent (one
 // block per SM walking the items) for sequences of up to 4k tokens, a block per item beyond. Each
 // consumer holds O (64 rows x D, fp32) in registers; per key tile of 128: S = Q K^T (wgmma; Q
-// from shared memory, or at head dim 64 from registers, read once per item), mask (only tiles crossing the diagonal or kv_len), online softmax in fp32
-// (exp2, scale folded in), O += P V with P in registers as bf16. S of the next tile is issued
+// from shared memory, or at head dim 64 from registers, read once per item), mask (only tiles
+// crossing the diagonal or kv_len), online softmax in fp32 (exp2, scale folded in), O += P V
+// with P in registers as bf16. S of the next tile is issued
 // before P V of this one, so the softmax of one tile overlaps the tensor cores' P V of the one
 // before (FlashAttention-3's intra-warpgroup pipelining); the two consumers interleave too.
 //
