@@ -204,14 +204,15 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
                            dres, rows, dim, nullptr, stream());
     return dx;
   }
-  if (dw.dtype() != DType::bf16) expect(dw, DType::f32, "rmsnorm weight gradient");
   Tensor scratch = empty({cuda::rmsnorm_backward_scratch_floats(rows, dim)}, DType::f32);
-  if (dw.dtype() == DType::bf16)
+  if (dw.dtype() == DType::bf16) {
     cuda::rmsnorm_backward(bf(dx), bf(dw), bf(dy), bf(x), bf(w), f32(rstd), dres, rows, dim,
                            f32(scratch), stream());
-  else
+  } else {
+    expect(dw, DType::f32, "rmsnorm weight gradient");
     cuda::rmsnorm_backward(bf(dx), f32(dw), bf(dy), bf(x), bf(w), f32(rstd), dres, rows, dim,
                            f32(scratch), stream());
+  }
   return dx;
 }
 

@@ -158,16 +158,18 @@ class Zero3Parameters : public ParameterProvider {
   Zero3Arenas arenas_;
   // One rank needs no collective: the shards are the whole weights and gradients.
   bool alone() const { return comm_.size() == 1; }
-  // One rank whose backward can accumulate straight into its fp32 gradient shards.
-  bool direct_grads() const {
-    return alone() && !has_replicas() && arenas_.grads->device() == arenas_.gathered->device() &&
-           arenas_.master == DType::f32;
+  // One rank, no replicas, its gradient shards on the device the backward runs on: nothing
+  // to reduce or move, so the backward may add into the shards themselves.
+  bool grad_shards_at_hand() const {
+    return alone() && !has_replicas() && arenas_.grads->device() == arenas_.gathered->device();
   }
-  // One rank with bf16 gradient shards on a GPU, which a backward that adds once into each
-  // gradient (GradSums::kOnce) takes directly instead of fp32 sums added in afterwards.
+  // fp32 shards: every backward accumulates straight into them.
+  bool direct_grads() const { return grad_shards_at_hand() && arenas_.master == DType::f32; }
+  // bf16 shards on a GPU: a backward that adds once into each gradient (GradSums::kOnce) takes
+  // them directly instead of fp32 sums added in afterwards.
   bool direct_bf16_grads() const {
-    return alone() && !has_replicas() && arenas_.grads->device() == arenas_.gathered->device() &&
-           arenas_.grads->device() != Device::cpu && arenas_.master == DType::bf16;
+    return grad_shards_at_hand() && arenas_.grads->device() != Device::cpu &&
+           arenas_.master == DType::bf16;
   }
 
   // By unit and parameter: the master shards (undefined where encoded, and for a frozen weight
