@@ -4,7 +4,15 @@
 // Every thread keeps a running (max, sum of exp(x - max)) over its strided columns; the pairs
 // are merged with a fixed shuffle tree and then warp by warp in order, so the result does not
 // depend on timing. The per-row losses are summed by one block in a fixed order.
+//
+// bf16 rows whose length is a multiple of 8 (every vocabulary in use) take the vector kernel:
+// 16-byte loads and stores, and each thread keeps its first kCached vectors of the row in
+// registers, so the gradient pass reads the row again only beyond threads x 8 x kCached
+// columns (65,536 with 512 threads). The scalar kernel (2-byte accesses, the row read twice)
+// measured 1.1 ms of the 1.1B model's 110 ms step on an H200 (32,000 columns, 8192 rows).
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/cuda/cross_entropy.h"
@@ -16,6 +24,8 @@ namespace {
 
 constexpr int kRowThreads = 256;  // threads per row (cross_entropy_kernel)
 constexpr int kSumThreads = 256;  // threads of the single block that sums the row losses
+constexpr int kCached = 16;       // 16-byte vectors per thread held in registers (vector kernel)
+constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -29,40 +39,12 @@ __device__ __forceinline__ void merge_softmax(float& max_a, float& sum_a, float 
   max_a = new_max;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kRowThreads)
-    cross_entropy_kernel(float* row_loss, __nv_bfloat16* dlogits, const T* logits,
-                         const int32_t* targets, int64_t vocab, float grad_scale,
-                         int32_t* error_info) {
-  __shared__ float warp_max[kRowThreads / 32], warp_sum[kRowThreads / 32];
+// The block's logsumexp from each thread's (max, sum): a fixed shuffle tree within each warp,
+// then the warps in order by thread 0; every thread gets the result.
+template <int kThreads>
+__device__ float block_logsumexp(float max, float sum) {
+  __shared__ float warp_max[kThreads / 32], warp_sum[kThreads / 32];
   __shared__ float row_lse;
-  const int64_t r = blockIdx.x;
-  const T* x = logits + r * vocab;
-  __nv_bfloat16* dx = dlogits != nullptr ? dlogits + r * vocab : nullptr;
-  const int32_t target = targets[r];
-  const bool out_of_range = target >= vocab;
-  if (target < 0 || out_of_range) {
-    // Masked (or invalid, reported below) rows count nothing and have no gradient.
-    if (dx != nullptr)
-      for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) dx[c] = __float2bfloat16(0.0f);
-    if (threadIdx.x == 0) {
-      row_loss[r] = 0.0f;
-      if (out_of_range && atomicCAS(error_info, 0, static_cast<int32_t>(r) + 1) == 0)
-        error_info[1] = target;
-    }
-    return;
-  }
-
-  float max = -INFINITY, sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-    const float value = to_float(x[c]);
-    if (value > max) {
-      sum = sum * expf(max - value) + 1.0f;
-      max = value;
-    } else {
-      sum += expf(value - max);
-    }
-  }
   for (int offset = 16; offset > 0; offset /= 2) {
     const float other_max = __shfl_xor_sync(0xffffffffu, max, offset);
     const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -76,18 +58,150 @@ __global__ void __launch_bounds__(kRowThreads)
   __syncthreads();
   if (threadIdx.x == 0) {
     float block_max = warp_max[0], block_sum = warp_sum[0];
-    for (int w = 1; w < kRowThreads / 32; ++w)
+    for (int w = 1; w < kThreads / 32; ++w)
       merge_softmax(block_max, block_sum, warp_max[w], warp_sum[w]);
     row_lse = block_max + logf(block_sum);
-    row_loss[r] = row_lse - to_float(x[target]);
   }
   __syncthreads();
+  return row_lse;
+}
+
+// Masked (or invalid, reported) rows count nothing and have no gradient.
+__device__ bool skip_row(float* row_loss, int64_t r, int32_t target, int64_t vocab,
+                         int32_t* error_info) {
+  const bool out_of_range = target >= vocab;
+  if (target >= 0 && !out_of_range) return false;
+  if (threadIdx.x == 0) {
+    row_loss[r] = 0.0f;
+    if (out_of_range && atomicCAS(error_info, 0, static_cast<int32_t>(r) + 1) == 0)
+      error_info[1] = target;
+  }
+  return true;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_kernel(float* row_loss, __nv_bfloat16* dlogits, const T* logits,
+                         const int32_t* targets, int64_t vocab, float grad_scale,
+                         int32_t* error_info) {
+  const int64_t r = blockIdx.x;
+  const T* x = logits + r * vocab;
+  __nv_bfloat16* dx = dlogits != nullptr ? dlogits + r * vocab : nullptr;
+  const int32_t target = targets[r];
+  if (skip_row(row_loss, r, target, vocab, error_info)) {
+    if (dx != nullptr)
+      for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) dx[c] = __float2bfloat16(0.0f);
+    return;
+  }
+
+  float max = -INFINITY, sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
+    const float value = to_float(x[c]);
+    if (value > max) {
+      sum = sum * expf(max - value) + 1.0f;
+      max = value;
+    } else {
+      sum += expf(value - max);
+    }
+  }
+  const float lse = block_logsumexp<kRowThreads>(max, sum);
+  if (threadIdx.x == 0) row_loss[r] = lse - to_float(x[target]);
   if (dx == nullptr) return;
-  const float lse = row_lse;
   for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
     const float p = expf(to_float(x[c]) - lse);
     dx[c] = __float2bfloat16(grad_scale * (c == target ? p - 1.0f : p));
   }
+}
+
+// The 8 values of a 16-byte vector of bf16.
+struct Vec8 {
+  float v[8];
+};
+__device__ __forceinline__ Vec8 unpack(uint4 bits) {
+  Vec8 out;
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 f = __bfloat1622float2(pairs[e]);
+    out.v[2 * e] = f.x;
+    out.v[2 * e + 1] = f.y;
+  }
+  return out;
+}
+
+// The vector kernel (bf16 rows, vocab a multiple of 8, 16-byte aligned rows): the same
+// arithmetic as cross_entropy_kernel, 8 columns per access. exp(x - m) is exp2(x log2e -
+// m log2e), one FMA and one ex2 per column.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_vec_kernel(float* row_loss, __nv_bfloat16* dlogits, const __nv_bfloat16* logits,
+                             const int32_t* targets, int64_t vocab, float grad_scale,
+                             int32_t* error_info) {
+  const int64_t r = blockIdx.x;
+  const int64_t n_vec = vocab / 8;
+  const uint4* x = reinterpret_cast<const uint4*>(logits + r * vocab);
+  uint4* dx = dlogits != nullptr ? reinterpret_cast<uint4*>(dlogits + r * vocab) : nullptr;
+  const int32_t target = targets[r];
+  if (skip_row(row_loss, r, target, vocab, error_info)) {
+    if (dx != nullptr)
+      for (int64_t c = threadIdx.x; c < n_vec; c += kThreads) dx[c] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+
+  uint4 cached[kCached];
+#pragma unroll
+  for (int j = 0; j < kCached; ++j) {
+    const int64_t c = threadIdx.x + int64_t(j) * kThreads;
+    if (c < n_vec) cached[j] = x[c];
+  }
+  float max = -INFINITY, sum = 0.0f;
+  const auto absorb = [&](uint4 bits) {
+    const Vec8 f = unpack(bits);
+    float m = f.v[0];
+#pragma unroll
+    for (int e = 1; e < 8; ++e) m = fmaxf(m, f.v[e]);
+    if (m > max) {  // rescale the sum once per vector, not per column
+      sum *= exp2f((max - m) * kLog2e);
+      max = m;
+    }
+    const float shift = max * kLog2e;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum += exp2f(fmaf(f.v[e], kLog2e, -shift));
+  };
+#pragma unroll
+  for (int j = 0; j < kCached; ++j)
+    if (threadIdx.x + int64_t(j) * kThreads < n_vec) absorb(cached[j]);
+  for (int64_t c = threadIdx.x + int64_t(kCached) * kThreads; c < n_vec; c += kThreads)
+    absorb(x[c]);
+  const float lse = block_logsumexp<kThreads>(max, sum);
+  if (threadIdx.x == 0)
+    row_loss[r] = lse - __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(x)[target]);
+  if (dx == nullptr) return;
+
+  const float lse_log2 = lse * kLog2e;
+  const auto gradient = [&](int64_t c, uint4 bits) {
+    const Vec8 f = unpack(bits);
+    uint4 out;
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        p[h] = exp2f(fmaf(f.v[2 * e + h], kLog2e, -lse_log2));
+        if (c * 8 + 2 * e + h == target) p[h] -= 1.0f;
+      }
+      pairs[e] = __floats2bfloat162_rn(grad_scale * p[0], grad_scale * p[1]);
+    }
+    dx[c] = out;
+  };
+#pragma unroll
+  for (int j = 0; j < kCached; ++j) {
+    const int64_t c = threadIdx.x + int64_t(j) * kThreads;
+    if (c < n_vec) gradient(c, cached[j]);
+  }
+  for (int64_t c = threadIdx.x + int64_t(kCached) * kThreads; c < n_vec; c += kThreads)
+    gradient(c, x[c]);
 }
 
 // *loss_sum += sum of row_loss[0, rows), in a fixed order: strided per thread, then a tree.
@@ -113,8 +227,22 @@ void cross_entropy_for(float* loss_sum, float* row_loss, __nv_bfloat16* dlogits,
   FRUGAL_CHECK(rows >= 0 && vocab > 0, "cross_entropy rows ", rows, " vocab ", vocab);
   FRUGAL_CHECK(rows <= INT32_MAX - 1, "cross_entropy: too many rows in one chunk: ", rows);
   if (rows == 0) return;
-  cross_entropy_kernel<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      row_loss, dlogits, logits, targets, vocab, grad_scale, error_info);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vector_rows = std::is_same_v<T, __nv_bfloat16> && vocab % 8 == 0 && aligned(logits) &&
+                           (dlogits == nullptr || aligned(dlogits));
+  const unsigned grid = static_cast<unsigned>(rows);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // 256 threads hold rows of up to 32,768 columns in registers, 512 up to 65,536.
+    if (vector_rows && vocab <= 256 * 8 * kCached)
+      cross_entropy_vec_kernel<256><<<grid, 256, 0, stream>>>(row_loss, dlogits, logits, targets,
+                                                              vocab, grad_scale, error_info);
+    else if (vector_rows)
+      cross_entropy_vec_kernel<512><<<grid, 512, 0, stream>>>(row_loss, dlogits, logits, targets,
+                                                              vocab, grad_scale, error_info);
+  }
+  if (!vector_rows)
+    cross_entropy_kernel<T><<<grid, kRowThreads, 0, stream>>>(row_loss, dlogits, logits, targets,
+                                                              vocab, grad_scale, error_info);
   CUDA_CHECK_LAUNCH();
   sum_rows_kernel<<<1, kSumThreads, 0, stream>>>(loss_sum, row_loss, rows);
   CUDA_CHECK_LAUNCH();
