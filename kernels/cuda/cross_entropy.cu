@@ -6,10 +6,11 @@
 // depend on timing. The per-row losses are summed by one block in a fixed order.
 //
 // bf16 rows whose length is a multiple of 8 (every vocabulary in use) take the vector kernel:
-// 16-byte loads and stores, and each thread keeps its first kCached vectors of the row in
-// registers, so the gradient pass reads the row again only beyond threads x 8 x kCached
-// columns (65,536 with 512 threads). The scalar kernel (2-byte accesses, the row read twice)
-// measured 1.1 ms of the 1.1B model's 110 ms step on an H200 (32,000 columns, 8192 rows).
+// 16-byte loads and stores, and each of its 512 threads keeps its first kCached vectors of the
+// row in registers, so the gradient pass reads the row again only beyond 512 x 8 x kCached
+// columns (32,768 with 8 vectors a thread, 65,536 with 16). The scalar kernel (2-byte accesses,
+// the row read twice) measured 1.1 ms of the 1.1B model's 110 ms step on an H200 (32,000
+// columns, 8192 rows).
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -24,7 +25,6 @@ namespace {
 
 constexpr int kRowThreads = 256;  // threads per row (cross_entropy_kernel)
 constexpr int kSumThreads = 256;  // threads of the single block that sums the row losses
-constexpr int kCached = 16;       // 16-byte vectors per thread held in registers (vector kernel)
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -132,7 +132,7 @@ __device__ __forceinline__ Vec8 unpack(uint4 bits) {
 // The vector kernel (bf16 rows, vocab a multiple of 8, 16-byte aligned rows): the same
 // arithmetic as cross_entropy_kernel, 8 columns per access. exp(x - m) is exp2(x log2e -
 // m log2e), one FMA and one ex2 per column.
-template <int kThreads>
+template <int kThreads, int kCached>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_vec_kernel(float* row_loss, __nv_bfloat16* dlogits, const __nv_bfloat16* logits,
                              const int32_t* targets, int64_t vocab, float grad_scale,
@@ -232,13 +232,13 @@ void cross_entropy_for(float* loss_sum, float* row_loss, __nv_bfloat16* dlogits,
                            (dlogits == nullptr || aligned(dlogits));
   const unsigned grid = static_cast<unsigned>(rows);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    // 256 threads hold rows of up to 32,768 columns in registers, 512 up to 65,536.
-    if (vector_rows && vocab <= 256 * 8 * kCached)
-      cross_entropy_vec_kernel<256><<<grid, 256, 0, stream>>>(row_loss, dlogits, logits, targets,
-                                                              vocab, grad_scale, error_info);
+    // Fewer registers a thread where the row fits: more rows in flight on each SM.
+    if (vector_rows && vocab <= 512 * 8 * 8)
+      cross_entropy_vec_kernel<512, 8><<<grid, 512, 0, stream>>>(row_loss, dlogits, logits, targets,
+                                                                 vocab, grad_scale, error_info);
     else if (vector_rows)
-      cross_entropy_vec_kernel<512><<<grid, 512, 0, stream>>>(row_loss, dlogits, logits, targets,
-                                                              vocab, grad_scale, error_info);
+      cross_entropy_vec_kernel<512, 16><<<grid, 512, 0, stream>>>(
+          row_loss, dlogits, logits, targets, vocab, grad_scale, error_info);
   }
   if (!vector_rows)
     cross_entropy_kernel<T><<<grid, kRowThreads, 0, stream>>>(row_loss, dlogits, logits, targets,
