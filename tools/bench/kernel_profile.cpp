@@ -108,6 +108,7 @@ struct Profile {
   std::vector<std::string> busy_names;
   std::map<std::string, uint32_t> busy_ids;
   Totals memcpy_h2d, memcpy_d2h, memcpy_other, memset;
+  std::map<uint64_t, Totals> memset_sizes;  // by bytes set: who issues them is not recorded
   uint64_t first_start = 0, window_start = 0, window_end = 0, skip_ns = 0;
   uint64_t dropped = 0;
   uint64_t seen = 0, skipped = 0;  // records delivered, and those before the window
@@ -188,6 +189,9 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t stream, uint8_t* buffer, size
       if (!counts(p, m->start, m->end)) continue;
       ++p.memset.count;
       p.memset.ns += m->end - m->start;
+      Totals& sized = p.memset_sizes[m->bytes];
+      ++sized.count;
+      sized.ns += m->end - m->start;
       add_busy(p, m->start, m->end, "(memset)");
     }
   }
@@ -276,6 +280,18 @@ void write_profile() {
   write_json(out, "memcpy_d2h", p.memcpy_d2h);
   write_json(out, "memcpy_other", p.memcpy_other);
   write_json(out, "memset", p.memset);
+  // The most frequent memset sizes, which tell apart the callers that set whole gradients from
+  // the small flags and counters.
+  std::vector<std::pair<uint64_t, Totals>> sizes(p.memset_sizes.begin(), p.memset_sizes.end());
+  std::sort(sizes.begin(), sizes.end(),
+            [](const auto& a, const auto& b) { return a.second.count > b.second.count; });
+  sizes.resize(std::min<size_t>(sizes.size(), 12));
+  std::fprintf(out, "  \"memset_sizes\": [");
+  for (size_t k = 0; k < sizes.size(); ++k)
+    std::fprintf(out, "%s{\"bytes\": %llu, \"count\": %llu, \"ms\": %.3f}", k ? ", " : "",
+                 static_cast<unsigned long long>(sizes[k].first),
+                 static_cast<unsigned long long>(sizes[k].second.count), sizes[k].second.ns * 1e-6);
+  std::fprintf(out, "],\n");
   std::fprintf(out, "  \"families\": {\n");
   size_t i = 0;
   for (const auto& [name, t] : families)
@@ -315,7 +331,21 @@ void write_profile() {
       last = b.what;
     }
   }
+  // What the GPU ran right after each memset (and the idle time between): a library's own
+  // memsets (a GEMM's flags) show up as its kernels, the program's as whatever reads the
+  // cleared buffer.
+  std::map<std::string, Totals> after_memset;
+  for (size_t i = 0; i + 1 < p.busy.size(); ++i) {
+    const Busy &set = p.busy[i], &next = p.busy[i + 1];
+    if (p.busy_names[set.what] != "(memset)") continue;
+    Totals& t = after_memset[p.busy_names[next.what]];
+    ++t.count;
+    const uint64_t gap = next.start > set.end ? next.start - set.end : 0;
+    t.ns += gap;
+    t.max_ns = std::max(t.max_ns, gap);
+  }
   std::fprintf(out, "  ],\n  \"idle_ms\": %.3f,\n", idle_ns * 1e-6);
+  write_ranked(out, "after_memset", after_memset, 12, true);
   write_ranked(out, "idle_after", idle_after, 20, true);
   write_ranked(out, "idle_before", idle_before, 20, true);
   write_ranked(out, "runtime_api", p.runtime_api, p.runtime_api.size(), false);
