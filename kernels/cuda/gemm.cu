@@ -14,7 +14,7 @@
 //             ld n); D = dx (ld k). No transposes.
 //   weight    dW [n, k] += dy^T [n, m] x    ->  dW^T [k, n] += x^T [k, m] . op_T(dy^T [n, m])
 //             (m', n', k') = (k, n, m); A = x (stored [k, m], ld k); B = dy (stored [n, m],
-//             ld n, transposed); D = dw (fp32, ld k), beta = 1.
+//             ld n, transposed); D = dw (fp32 or bf16, ld k), beta = 1 (0: overwritten).
 #include <algorithm>
 #include <cstdint>
 
@@ -235,16 +235,22 @@ void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloa
 
 void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool accumulate) {
+  // No rows: nothing to add, or an overwritten gradient of zeros (cuBLASLt rejects k' = 0).
+  if (m == 0 && !accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * n * k, stream));
+  if (m == 0) return;
   ctx.matmul(dw, CUDA_R_32F, k, x, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
-             /*trans_b=*/true, k, n, m, 1.0f, 1.0f, stream);
+             /*trans_b=*/true, k, n, m, 1.0f, accumulate ? 1.0f : 0.0f, stream);
 }
 
 void linear_backward_weight(GemmContext& ctx, __nv_bfloat16* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool accumulate) {
+  if (m == 0 && !accumulate)
+    CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(__nv_bfloat16) * n * k, stream));
+  if (m == 0) return;
   ctx.matmul(dw, CUDA_R_16BF, k, x, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
-             /*trans_b=*/true, k, n, m, 1.0f, 1.0f, stream);
+             /*trans_b=*/true, k, n, m, 1.0f, accumulate ? 1.0f : 0.0f, stream);
 }
 
 // Row-major c = op(a) op(b) is column-major c^T = op(b)^T op(a)^T: b is cuBLAS's A, a its B.

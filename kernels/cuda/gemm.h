@@ -98,15 +98,16 @@ void linear_forward(GemmContext& ctx, __nv_bfloat16* y, const __nv_bfloat16* x,
 void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloat16* dy,
                            const __nv_bfloat16* w, int64_t m, int64_t n, int64_t k,
                            cudaStream_t stream, bool accumulate = false);
-// dw[n, k] (fp32, ACCUMULATED: +=) += dy[m, n]^T . x[m, k], so micro-batches add up.
+// dw[n, k] (fp32) += dy[m, n]^T . x[m, k], so micro-batches add up; without accumulate, dw =
+// the product (what dw held is not read).
 void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
-                            cudaStream_t stream);
-// The same into a bf16 dw (+=, one rounding of the fp32 product plus what dw holds): the
-// gradient shards of a bf16 run, which take each micro-batch's sum directly.
+                            cudaStream_t stream, bool accumulate = true);
+// The same into a bf16 dw (one rounding of the fp32 product plus what dw holds): the gradient
+// shards of a bf16 run, which take each micro-batch's sum directly.
 void linear_backward_weight(GemmContext& ctx, __nv_bfloat16* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool accumulate = true);
 
 // out[m, n] = a_scale * b_scale * a[m, k] . b[n, k]^T, FP8 operands row-major with k contiguous
 // (a of dtype a_type, b of b_type: E4M3 x E4M3, or one of them E5M2), out bf16 (overwritten) or

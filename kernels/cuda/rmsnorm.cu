@@ -140,13 +140,13 @@ __global__ void rmsnorm_backward_kernel(bf16* dx, float* dw_partial, const bf16*
       for (int k = 0; k < W; ++k) dw_partial[blockIdx.x * dim + j + k] = dw_acc[j + k];
 }
 
-// dw[j] += sum over b of partial[b, j]: block x owns columns 32x .. 32x + 31, lane l column
-// 32x + l; warp w sums rows w, w + kReduceWarps, ... in order, then warp 0 adds the warps' sums
-// in warp order. The same order on every run: bitwise reproducible. A bf16 dw is rounded once,
-// after the add in fp32.
+// dw[j] += sum over b of partial[b, j] (without accumulate, dw[j] = the sum): block x owns
+// columns 32x .. 32x + 31, lane l column 32x + l; warp w sums rows w, w + kReduceWarps, ... in
+// order, then warp 0 adds the warps' sums in warp order. The same order on every run: bitwise
+// reproducible. A bf16 dw is rounded once, after the add in fp32.
 template <class DwT>
 __global__ void rmsnorm_dw_reduce_kernel(DwT* dw, const float* partial, int64_t n_partials,
-                                         int64_t dim) {
+                                         int64_t dim, bool accumulate) {
   __shared__ float warp_sums[kReduceWarps][kWarpSize];
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -160,9 +160,9 @@ __global__ void rmsnorm_dw_reduce_kernel(DwT* dw, const float* partial, int64_t 
   float total = warp_sums[0][lane];
   for (int k = 1; k < kReduceWarps; ++k) total += warp_sums[k][lane];
   if constexpr (std::is_same_v<DwT, float>)
-    dw[j] += total;
+    dw[j] = accumulate ? dw[j] + total : total;
   else
-    dw[j] = __float2bfloat16(__bfloat162float(dw[j]) + total);
+    dw[j] = __float2bfloat16(accumulate ? __bfloat162float(dw[j]) + total : total);
 }
 
 bool use_vectors(int64_t dim, const void* a, const void* b, const void* c, const void* d,
@@ -186,7 +186,7 @@ void check_shape(const char* what, int64_t rows, int64_t dim) {
 template <int W, class DwT>
 void launch_backward(bf16* dx, DwT* dw, const bf16* dy, const bf16* x, const bf16* w,
                      const float* rstd, const bf16* dresidual, int64_t rows, int64_t dim,
-                     float* dw_scratch, cudaStream_t stream) {
+                     float* dw_scratch, cudaStream_t stream, bool accumulate) {
   const int threads = row_threads(dim, W);
   if (dw == nullptr) {
     rmsnorm_backward_kernel<W, false><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
@@ -209,7 +209,7 @@ void launch_backward(bf16* dx, DwT* dw, const bf16* dy, const bf16* x, const bf1
   CUDA_CHECK_LAUNCH();
   const auto reduce_blocks = static_cast<unsigned>((dim + kWarpSize - 1) / kWarpSize);
   rmsnorm_dw_reduce_kernel<DwT>
-      <<<reduce_blocks, kReduceThreads, 0, stream>>>(dw, dw_scratch, blocks, dim);
+      <<<reduce_blocks, kReduceThreads, 0, stream>>>(dw, dw_scratch, blocks, dim, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -245,29 +245,35 @@ namespace {
 template <class DwT>
 void backward(bf16* dx, DwT* dw, const bf16* dy, const bf16* x, const bf16* w, const float* rstd,
               const bf16* dresidual, int64_t rows, int64_t dim, float* dw_scratch,
-              cudaStream_t stream) {
+              cudaStream_t stream, bool accumulate) {
   check_shape("rmsnorm_backward", rows, dim);
-  if (rows == 0) return;
+  if (rows == 0) {  // nothing to add, or an overwritten dw of zeros
+    if (dw != nullptr && !accumulate)
+      CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(DwT) * static_cast<size_t>(dim), stream));
+    return;
+  }
   if (use_vectors(dim, dx, dy, x, w, dresidual))
-    launch_backward<kGroup>(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream);
+    launch_backward<kGroup>(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream,
+                            accumulate);
   else
-    launch_backward<1>(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream);
+    launch_backward<1>(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream,
+                       accumulate);
 }
 
 }  // namespace
 
 void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
                       const float* rstd, const bf16* dresidual, int64_t rows, int64_t dim,
-                      float* dw_scratch, cudaStream_t stream) {
-  backward(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream);
+                      float* dw_scratch, cudaStream_t stream, bool accumulate) {
+  backward(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream, accumulate);
 }
 
 void rmsnorm_backward(bf16* dx, bf16* dw, const bf16* dy, const bf16* x, const bf16* w,
                       const float* rstd, const bf16* dresidual, int64_t rows, int64_t dim,
-                      float* dw_scratch, cudaStream_t stream) {
+                      float* dw_scratch, cudaStream_t stream, bool accumulate) {
   FRUGAL_CHECK(dw != nullptr,
                "rmsnorm_backward: a bf16 dw must be given (the fp32 one may be null)");
-  backward(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream);
+  backward(dx, dw, dy, x, w, rstd, dresidual, rows, dim, dw_scratch, stream, accumulate);
 }
 
 }  // namespace frugal::cuda

@@ -27,17 +27,18 @@ int64_t rmsnorm_backward_scratch_floats(int64_t rows, int64_t dim);
 
 // dx[r, :] overwritten, plus dresidual[r, :] when it is not null (the gradient that reaches the
 // same tensor through the residual path, so the caller needs no separate add; it may alias dx).
-// dw (fp32, dim) is accumulated, deterministically, when not null: then dw_scratch must hold
-// rmsnorm_backward_scratch_floats(rows, dim) floats. x and rstd are what the forward saw and
-// saved (for the fused forward, x is s).
+// dw (fp32, dim) is accumulated, deterministically, when not null (overwritten without
+// accumulate): then dw_scratch must hold rmsnorm_backward_scratch_floats(rows, dim) floats. x
+// and rstd are what the forward saw and saved (for the fused forward, x is s).
 void rmsnorm_backward(__nv_bfloat16* dx, float* dw, const __nv_bfloat16* dy, const __nv_bfloat16* x,
                       const __nv_bfloat16* w, const float* rstd, const __nv_bfloat16* dresidual,
-                      int64_t rows, int64_t dim, float* dw_scratch, cudaStream_t stream);
+                      int64_t rows, int64_t dim, float* dw_scratch, cudaStream_t stream,
+                      bool accumulate = true);
 // The same with a bf16 dw (not null), each element rounded once after its fp32 add: the
 // gradient shards of a bf16 run take the sum directly.
 void rmsnorm_backward(__nv_bfloat16* dx, __nv_bfloat16* dw, const __nv_bfloat16* dy,
                       const __nv_bfloat16* x, const __nv_bfloat16* w, const float* rstd,
                       const __nv_bfloat16* dresidual, int64_t rows, int64_t dim, float* dw_scratch,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool accumulate = true);
 
 }  // namespace frugal::cuda

@@ -68,6 +68,11 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
                         int p, const BlockContext& ctx, const BlockActivations& a,
                         Fp8InputCasts& casts, Tensor* dx_sum) {
   Tensor dx;
+  // Overwritten gradients come only with one write each (GradSums::kOnce): no FP8, bias or
+  // adapter ops, which add.
+  FRUGAL_CHECK(g.write == GradWrite::kAdd ||
+                   (!in_fp8(ctx, p) && !g.bias[p].defined() && !w.lora_a[p].defined()),
+               "projection ", p, ": overwritten gradients with an op that adds into them");
   if (in_fp8(ctx, p)) {
     dx = fp8_linear_backward(dy, x, fp8_weight_of(w, ctx, p, true), g.at(p), fp8_linear_of(ctx, p),
                              casts);
@@ -76,7 +81,7 @@ Tensor project_backward(const Tensor& dy, const Tensor& x, const BlockWeights& w
       dx = *dx_sum;
     }
   } else {
-    dx = ops::linear_backward(dy, x, w.projection(p), g.at(p), dx_sum);
+    dx = ops::linear_backward(dy, x, w.projection(p), g.at(p), dx_sum, g.write);
   }
   if (g.bias[p].defined()) ops::bias_backward(dy, g.bias[p]);  // not frozen
   if (!w.lora_a[p].defined()) return dx;

@@ -29,6 +29,12 @@ BlockWeights BlockWeights::from_unit(const std::vector<Tensor>& u, const LoraCon
   return w;
 }
 
+BlockWeights BlockWeights::from_unit(const UnitGrads& grads, const LoraConfig* lora) {
+  BlockWeights g = from_unit(grads.tensors, lora);
+  g.write = grads.write;
+  return g;
+}
+
 Tensor& BlockWeights::at(int p) {
   switch (p) {
     case kInputNorm:
@@ -205,7 +211,8 @@ Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights&
   Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a, casts);
   project_backward(merge_heads(dk), a.n1, w, g, kKProj, ctx, a, casts, &d_n1);
   project_backward(merge_heads(d_qkv.dv), a.n1, w, g, kVProj, ctx, a, casts, &d_n1);
-  return ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm, /*dresidual=*/dh);
+  return ops::rmsnorm_backward(d_n1, a.x, w.input_norm, a.rstd1, g.input_norm, /*dresidual=*/dh,
+                               g.write);
 }
 
 }  // namespace frugal

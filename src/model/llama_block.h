@@ -30,6 +30,8 @@ struct BlockWeights {
   // when used: `unit` of `provider`.
   ParameterProvider* provider = nullptr;
   int64_t unit = -1;
+  // As gradients: whether the backward adds into them or overwrites them (UnitGrads::write).
+  GradWrite write = GradWrite::kAdd;
 
   // The base tensor of BlockParam p.
   Tensor& at(int p);
@@ -45,6 +47,8 @@ struct BlockWeights {
   // A unit's tensors: the 9 base ones, the q/k/v biases if the model has them, then the
   // adapters `lora` places (lora.h).
   static BlockWeights from_unit(const std::vector<Tensor>& unit, const LoraConfig* lora = nullptr);
+  // A unit's gradients, with how they are written.
+  static BlockWeights from_unit(const UnitGrads& grads, const LoraConfig* lora);
 };
 
 // The sequence-mixing step, when it is not ordinary attention over the local rows: ring
@@ -117,7 +121,8 @@ void block_recompute(BlockActivations& a, const BlockWeights& w, const BlockCont
 // linear_backward and rmsnorm_backward, unless FP8 linears, LoRA adapters, q/k/v biases or the
 // MLP in chunks bring other ops or several adds (`tokens`: the micro-batch's rows).
 GradSums block_grad_sums(const BlockContext& ctx, int64_t tokens);
-// Gradients: returns dx, accumulates weight gradients into `grads`. Needs recompute() first.
+// Gradients: returns dx, accumulates weight gradients into `grads` (or overwrites them:
+// grads.write). Needs recompute() first.
 // With the MLP in chunks (llama_mlp.h) the MLP's intermediates the policy dropped are made
 // here, a chunk at a time, and never exist whole.
 Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights& w,

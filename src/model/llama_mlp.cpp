@@ -120,7 +120,7 @@ Tensor backward_rows(const Tensor& dy, const Tensor& h, const BlockActivations& 
   Tensor d_n2 = project_backward(d_mlp.dg, c.n2, w, g, kGateProj, ctx, c, casts);
   project_backward(d_mlp.du, c.n2, w, g, kUpProj, ctx, c, casts, &d_n2);
   return ops::rmsnorm_backward(d_n2, h, w.post_attention_norm, c.rstd2, g.post_attention_norm,
-                               /*dresidual=*/dy);
+                               /*dresidual=*/dy, g.write);
 }
 
 }  // namespace

@@ -135,10 +135,10 @@ Tensor LlamaModel::head_forward_backward(const Tensor& x, const Batch& batch,
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const int64_t head = head_unit(config_);
   std::vector<Tensor> head_w = params.gather(head);
-  std::vector<Tensor> head_g = params.grads(head, GradSums::kSeveral);
+  std::vector<Tensor> head_g = params.grads(head, GradSums::kSeveral).tensors;
   Tensor lm_head = head_weight(head_w, params);
   Tensor lm_head_grad = config_.tie_word_embeddings
-                            ? params.grads(embed_unit(), GradSums::kSeveral)[0]
+                            ? params.grads(embed_unit(), GradSums::kSeveral).tensors[0]
                             : head_g[kLmHead];
   Tensor rstd;
   Tensor xn = ops::rmsnorm(x, head_w[kFinalNorm], eps, &rstd);
@@ -195,10 +195,11 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
     if (offload && offload->offloads(i)) saved[i].x = offload->take(i, dx);
     if (offload && i > 0 && offload->offloads(i - 1)) offload->fetch(i - 1, dx);
     BlockWeights w = block_weights(params, block_unit(i));
-    BlockWeights g = BlockWeights::from_unit(
-        params.grads(block_unit(i), block_grad_sums(ctx, saved[i].x.size(0))), lora_);
     BlockContext layer_ctx = layer_context(ctx, i, true);
     if (checking) layer_ctx.perturb_recompute = recompute_check_->perturb_layer == i;
+    // The layer's context: FP8 linears, which add only into fp32, are set there.
+    BlockWeights g = BlockWeights::from_unit(
+        params.grads(block_unit(i), block_grad_sums(layer_ctx, saved[i].x.size(0))), lora_);
     block_recompute(saved[i], w, layer_ctx);
     dx = block_backward(dx, saved[i], w, g, layer_ctx);
     if (checking) {
@@ -214,7 +215,7 @@ double LlamaModel::forward_backward(const Batch& host_batch, ParameterProvider& 
   }
 
   {
-    std::vector<Tensor> embed_g = params.grads(embed_unit(), GradSums::kSeveral);
+    std::vector<Tensor> embed_g = params.grads(embed_unit(), GradSums::kSeveral).tensors;
     if (embed_g[0].defined()) ops::embedding_backward(embed_g[0], dx, batch.tokens);  // not frozen
   }
   params.grads_done(embed_unit());

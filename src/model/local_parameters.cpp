@@ -24,9 +24,9 @@ LocalParameters::LocalParameters(std::vector<UnitSpec> units, uint64_t seed, flo
   }
 }
 
-std::vector<Tensor> LocalParameters::grads(int64_t unit, GradSums) {
+UnitGrads LocalParameters::grads(int64_t unit, GradSums) {
   FRUGAL_CHECK(!grads_.at(unit).empty(), "gradients asked of inference-only parameters");
-  return grads_[unit];
+  return {grads_[unit]};
 }
 
 void LocalParameters::zero_grads() {

@@ -20,7 +20,7 @@ class LocalParameters : public ParameterProvider {
 
   std::vector<Tensor> gather(int64_t unit) override { return units_.at(unit); }
   void release(int64_t) override {}
-  std::vector<Tensor> grads(int64_t unit, GradSums sums) override;
+  UnitGrads grads(int64_t unit, GradSums sums) override;
   void grads_done(int64_t) override {}
   void zero_grads() override;
   std::vector<TrainableShard> trainable() override;

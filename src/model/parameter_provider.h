@@ -12,6 +12,7 @@
 #include "core/stateful.h"
 #include "core/tensor.h"
 #include "ops/fp8.h"
+#include "ops/grad_write.h"
 
 namespace frugal {
 
@@ -36,6 +37,14 @@ enum class GradSums {
   // GEMM and rmsnorm_backward, each rounding once): bf16 gradient shards may be handed out as
   // they are, with the same one rounding per micro-batch and no fp32 buffer in between.
   kOnce,
+};
+
+// A unit's gradient buffers as grads() hands them out, and how the backward writes them: added
+// into, or (kOnce only, the step's first micro-batch) overwritten, when the provider left them
+// uncleared at the step's start.
+struct UnitGrads {
+  std::vector<Tensor> tensors;  // in UnitSpec order, undefined where frozen
+  GradWrite write = GradWrite::kAdd;
 };
 
 class ParameterProvider {
@@ -65,16 +74,18 @@ class ParameterProvider {
   }
   virtual void release(int64_t unit) = 0;
 
-  // Full-size gradient buffers of `unit` to accumulate (+=) into; valid until grads_done.
-  // `sums` says how they will be added into (fp32 unless kOnce lets bf16 shards through).
-  virtual std::vector<Tensor> grads(int64_t unit, GradSums sums) = 0;
+  // Full-size gradient buffers of `unit` to write into as UnitGrads::write says (+= unless
+  // kOnce lets the provider skip clearing them); valid until grads_done. `sums` says how they
+  // will be added into (fp32 unless kOnce lets bf16 shards through).
+  virtual UnitGrads grads(int64_t unit, GradSums sums) = 0;
   // The backward has finished adding into grads(unit) for this micro-batch (ZeRO-3 starts
   // the reduce-scatter). May be called more than once per step for a tied unit.
   virtual void grads_done(int64_t unit) = 0;
   // All grads_done of this micro-batch have been issued; wait for outstanding reductions.
   virtual void finish_backward() {}
 
-  // Start of an optimizer step: zero the gradients.
+  // Start of an optimizer step: the gradients start from zero (cleared now, or overwritten by
+  // their first write: UnitGrads::write).
   virtual void zero_grads() = 0;
   // A micro-batch's forward and backward follow; `last`: the step's last one, after which the
   // gradients are final (hybrid sharding sums each unit's across the replicas as they come in).

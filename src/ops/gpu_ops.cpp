@@ -193,7 +193,7 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd) {
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        Tensor& dw, const Tensor& dresidual) {
+                        Tensor& dw, const Tensor& dresidual, GradWrite dw_write) {
   expect(dy, DType::bf16, "rmsnorm output gradient");
   if (dresidual.defined()) expect(dresidual, DType::bf16, "rmsnorm residual gradient");
   const int64_t dim = x.size(-1), rows = x.numel() / dim;
@@ -205,13 +205,14 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
     return dx;
   }
   Tensor scratch = empty({cuda::rmsnorm_backward_scratch_floats(rows, dim)}, DType::f32);
+  const bool accumulate = dw_write == GradWrite::kAdd;
   if (dw.dtype() == DType::bf16) {
     cuda::rmsnorm_backward(bf(dx), bf(dw), bf(dy), bf(x), bf(w), f32(rstd), dres, rows, dim,
-                           f32(scratch), stream());
+                           f32(scratch), stream(), accumulate);
   } else {
     expect(dw, DType::f32, "rmsnorm weight gradient");
     cuda::rmsnorm_backward(bf(dx), f32(dw), bf(dy), bf(x), bf(w), f32(rstd), dres, rows, dim,
-                           f32(scratch), stream());
+                           f32(scratch), stream(), accumulate);
   }
   return dx;
 }
@@ -228,7 +229,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& residual) {
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                       Tensor* dx_sum) {
+                       Tensor* dx_sum, GradWrite dw_write) {
   expect(dy, DType::bf16, "linear output gradient");
   if (dx_sum) expect(*dx_sum, DType::bf16, "linear input gradient sum");
   const int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
@@ -236,11 +237,12 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tenso
   cuda::linear_backward_input(gemm(), bf(dx), bf(dy), bf(w), m, n, k, stream(),
                               /*accumulate=*/dx_sum != nullptr);
   if (!dw.defined()) return dx;
+  const bool accumulate = dw_write == GradWrite::kAdd;
   if (dw.dtype() == DType::bf16) {
-    cuda::linear_backward_weight(gemm(), bf(dw), bf(dy), bf(x), m, n, k, stream());
+    cuda::linear_backward_weight(gemm(), bf(dw), bf(dy), bf(x), m, n, k, stream(), accumulate);
   } else {
     expect(dw, DType::f32, "linear weight gradient");
-    cuda::linear_backward_weight(gemm(), f32(dw), bf(dy), bf(x), m, n, k, stream());
+    cuda::linear_backward_weight(gemm(), f32(dw), bf(dy), bf(x), m, n, k, stream(), accumulate);
   }
   return dx;
 }

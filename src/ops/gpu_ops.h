@@ -40,10 +40,10 @@ Tensor embedding(const Tensor& tokens, const Tensor& table);
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens);
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd);
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        Tensor& dw, const Tensor& dresidual);
+                        Tensor& dw, const Tensor& dresidual, GradWrite dw_write);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& residual);
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                       Tensor* dx_sum);
+                       Tensor* dx_sum, GradWrite dw_write);
 Tensor rope(const Tensor& x, const Tensor& positions, const RotaryFrequencies& rotary,
             bool backward);
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -257,13 +257,14 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd) {
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        Tensor& dw, const Tensor& dresidual) {
+                        Tensor& dw, const Tensor& dresidual, GradWrite dw_write) {
   expect_shape(dy, x.shape(), "rmsnorm output gradient");
   if (dresidual.defined()) expect_shape(dresidual, x.shape(), "rmsnorm residual gradient");
   int64_t dim = x.size(-1), rows = x.numel() / dim;
   expect_shape(rstd, {rows}, "rmsnorm rstd");
-  FRUGAL_ON_GPU(x, rmsnorm_backward(dy, x, w, rstd, dw, dresidual));
+  FRUGAL_ON_GPU(x, rmsnorm_backward(dy, x, w, rstd, dw, dresidual, dw_write));
   Tensor dx = empty_like(x);
+  if (dw.defined() && dw_write == GradWrite::kOverwrite) zero(dw);  // the CPU kernel adds
   cpu::rmsnorm_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
                         dy.data<float>(), x.data<float>(), w.data<float>(), rstd.data<float>(),
                         rows, dim);
@@ -288,13 +289,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& residual) {
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                       Tensor* dx_sum) {
+                       Tensor* dx_sum, GradWrite dw_write) {
   int64_t k = x.size(-1), m = x.numel() / k, n = w.size(0);
   expect_shape(dy, {m, n}, "linear output gradient");
   if (dw.defined()) expect_shape(dw, w.shape(), "linear weight gradient");
   if (dx_sum) expect_shape(*dx_sum, {m, k}, "linear input gradient sum");
-  FRUGAL_ON_GPU(x, linear_backward(dy, x, w, dw, dx_sum));
+  FRUGAL_ON_GPU(x, linear_backward(dy, x, w, dw, dx_sum, dw_write));
   Tensor dx = Tensor::empty({m, k}, DType::f32, compute_arena(x));
+  if (dw.defined() && dw_write == GradWrite::kOverwrite) zero(dw);  // the CPU kernel adds
   cpu::linear_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
                        dy.data<float>(), x.data<float>(), w.data<float>(), m, n, k);
   if (!dx_sum) return dx;

@@ -17,6 +17,7 @@
 #include "core/tensor.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
+#include "ops/grad_write.h"
 
 namespace frugal {
 class DeviceContext;
@@ -105,18 +106,21 @@ void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens
 // x [T, H], w [H] -> y [T, H]; rstd [T] saved when not null
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor* rstd);
 // returns dx, plus dresidual when it is defined (the gradient that reaches x through the
-// residual path, added in the same pass); dw accumulated (on a GPU f32 or bf16)
+// residual path, added in the same pass); dw accumulated, or overwritten (dw_write; on a GPU f32
+// or bf16)
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        Tensor& dw, const Tensor& dresidual = Tensor());
+                        Tensor& dw, const Tensor& dresidual = Tensor(),
+                        GradWrite dw_write = GradWrite::kAdd);
 
 // x [T, K], w [N, K] (Hugging Face layout) -> x w^T [T, N], plus residual [T, N] when it is
 // defined (on a GPU in the GEMM's epilogue: the residual stream's add costs no pass of its own)
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& residual = Tensor());
-// returns dx; dw accumulated (on a GPU f32 or bf16; undefined for a frozen weight). With dx_sum, dx
-// is added into *dx_sum (on a GPU by the GEMM itself) and *dx_sum is returned: the input gradient
-// of projections that share their input, without a separate add per projection.
+// returns dx; dw accumulated, or overwritten (dw_write; on a GPU f32 or bf16; undefined for a
+// frozen weight). With dx_sum, dx is added into *dx_sum (on a GPU by the GEMM itself) and *dx_sum
+// is returned: the input gradient of projections that share their input, without a separate add
+// per projection.
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
-                       Tensor* dx_sum = nullptr);
+                       Tensor* dx_sum = nullptr, GradWrite dw_write = GradWrite::kAdd);
 
 // What a rotary embedding rotates by: pair i of a token at position p turns by the float angle
 // p * inv_freq[i] (head_dim / 2 entries), and cos, sin are multiplied by attention_scaling

@@ -108,6 +108,7 @@ Zero3Parameters::Zero3Parameters(std::vector<UnitSpec> units, Comm& comm, const 
     progress.advance(1);
   }
   grad_shards_handed_out_.assign(units_.size(), false);
+  shards_uncleared_.assign(units_.size(), false);
   // The total, for a slow one (benchmarks read it: tools/bench/qlora_70b_one_gpu).
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
   if (seconds >= 5)
@@ -356,14 +357,19 @@ void Zero3Parameters::release(int64_t unit) {
 
 // --- gradients -----------------------------------------------------------------------------
 
-std::vector<Tensor> Zero3Parameters::grads(int64_t unit, GradSums sums) {
+UnitGrads Zero3Parameters::grads(int64_t unit, GradSums sums) {
   FRUGAL_CHECK(!grad_shards_.at(unit).empty(), "gradients asked of inference-only parameters");
-  if (direct_grads()) return unpadded(unit, grad_shards_[unit]);  // accumulate straight into them
+  if (direct_grads()) {  // accumulate straight into them
+    const GradWrite write = first_write(unit, sums);
+    return {unpadded(unit, grad_shards_[unit]), write};
+  }
   if (sums == GradSums::kOnce && direct_bf16_grads()) {
     updates_.wait(unit);  // its gradient shards are about to be written
     grad_shards_handed_out_.at(size_t(unit)) = true;
-    return unpadded(unit, grad_shards_[unit]);
+    const GradWrite write = first_write(unit, sums);
+    return {unpadded(unit, grad_shards_[unit]), write};
   }
+  first_write(unit, sums);  // fp32 sums go into the shards (grads_done): cleared if need be
   auto it = full_grads_.find(unit);
   if (it == full_grads_.end()) {
     std::vector<Tensor> full;
@@ -373,7 +379,17 @@ std::vector<Tensor> Zero3Parameters::grads(int64_t unit, GradSums sums) {
                                                      : Tensor());
     it = full_grads_.emplace(unit, std::move(full)).first;
   }
-  return unpadded(unit, it->second);
+  return {unpadded(unit, it->second)};
+}
+
+GradWrite Zero3Parameters::first_write(int64_t unit, GradSums sums) {
+  if (!shards_uncleared_.at(size_t(unit))) return GradWrite::kAdd;
+  shards_uncleared_[size_t(unit)] = false;
+  if (sums == GradSums::kOnce) return GradWrite::kOverwrite;
+  updates_.wait(unit);  // its gradient shards are about to be written
+  for (Tensor& g : grad_shards_[unit])
+    if (g.defined()) ops::zero(g);
+  return GradWrite::kAdd;
 }
 
 GradReduction Zero3Parameters::post_reduce_scatter(int64_t unit, std::vector<Tensor> full) {
@@ -476,6 +492,8 @@ void Zero3Parameters::grads_done(int64_t unit) {
 void Zero3Parameters::finish_backward() {
   complete_reduction();
   placement_.finish_backward(grad_shards_);
+  for (size_t u = 0; u < units_.size(); ++u)  // no gradient reached these units
+    if (shards_uncleared_[u]) first_write(int64_t(u), GradSums::kSeveral);
   FRUGAL_CHECK(full_grads_.empty(), full_grads_.size(),
                " units still hold whole gradients at the end of the backward");
   // The step's gradients are final: every unit's crosses the replicas (those posted during the
@@ -487,6 +505,10 @@ void Zero3Parameters::zero_grads() {
   FRUGAL_CHECK(replica_ops_.empty(), replica_ops_.size(),
                " sums across the replicas still in flight at the start of a step");
   std::fill(replica_summed_.begin(), replica_summed_.end(), false);
+  if (clears_lazily()) {
+    for (size_t u = 0; u < units_.size(); ++u) shards_uncleared_[u] = !grad_shards_[u].empty();
+    return;
+  }
   // (No wait for apply_update's thread: with it, the placement only marks the shards; the
   // gradients land in them after the forward has waited for every unit's update.)
   placement_.zero_grads(grad_shards_);

@@ -93,7 +93,7 @@ class Zero3Parameters : public ParameterProvider {
   // Whether any weight is gathered as FP8 while set_fp8_gathers(true) holds.
   bool has_fp8_gathers() const;
   void release(int64_t unit) override;
-  std::vector<Tensor> grads(int64_t unit, GradSums sums) override;
+  UnitGrads grads(int64_t unit, GradSums sums) override;
   void grads_done(int64_t unit) override;
   void finish_backward() override;
   void zero_grads() override;
@@ -179,6 +179,14 @@ class Zero3Parameters : public ParameterProvider {
   // By unit: its bf16 gradient shards were handed out by grads() this micro-batch
   // (direct_bf16_grads), so grads_done has nothing to add.
   std::vector<bool> grad_shards_handed_out_;
+  // Shards at hand (direct_grads, direct_bf16_grads): zero_grads leaves them as they are (a
+  // pass over every gradient each step, 2.2 GB at the 1.1B shape in bf16) and marks them here.
+  // A unit's first grads() decides (first_write): a backward that writes each gradient once
+  // (kOnce) overwrites them, any other clears them first; finish_backward clears those that no
+  // gradient reached.
+  bool clears_lazily() const { return direct_grads() || direct_bf16_grads(); }
+  GradWrite first_write(int64_t unit, GradSums sums);
+  std::vector<bool> shards_uncleared_;
   std::vector<std::vector<std::unique_ptr<WeightEncoding>>> encoded_;
   // The scaling slots of the weights gathered as FP8 while fp8_gathers_ (none for the others).
   std::vector<std::vector<std::optional<ops::Fp8Slot>>> fp8_slots_;

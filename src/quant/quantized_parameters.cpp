@@ -62,7 +62,7 @@ std::vector<Tensor> QuantizedParameters::gather(int64_t unit) {
   return out;
 }
 
-std::vector<Tensor> QuantizedParameters::grads(int64_t unit, GradSums) {
+UnitGrads QuantizedParameters::grads(int64_t unit, GradSums) {
   fail("unit ", units_.at(unit).name, " of a quantized model is frozen: it has no gradients");
 }
 

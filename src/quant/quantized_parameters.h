@@ -29,9 +29,9 @@ class QuantizedParameters : public ParameterProvider {
   QuantizedParameters(std::vector<UnitSpec> units, QuantKind kind,
                       const std::function<Tensor(const ParamSpec&)>& load);
 
-  std::vector<Tensor> gather(int64_t unit) override;  // dequantized into fresh buffers
-  void release(int64_t) override {}                   // the buffers go with their last user
-  std::vector<Tensor> grads(int64_t unit, GradSums sums) override;  // an Error: the base is frozen
+  std::vector<Tensor> gather(int64_t unit) override;      // dequantized into fresh buffers
+  void release(int64_t) override {}                       // the buffers go with their last user
+  UnitGrads grads(int64_t unit, GradSums sums) override;  // an Error: the base is frozen
   void grads_done(int64_t) override {}
   void zero_grads() override {}
   std::vector<TrainableShard> trainable() override { return {}; }

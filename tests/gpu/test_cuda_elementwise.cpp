@@ -677,7 +677,8 @@ TEST_CASE("cuda kernels are bitwise reproducible run to run", "[gpu]") {
 // A bf16 run's block gradients take the RMSNorm's weight gradient directly: the same fp32 sum
 // as the fp32 path (the same partials, the same order) added to the widened bf16 value and
 // rounded once, bit for bit.
-TEST_CASE("cuda rmsnorm backward adds into a bf16 dw as the fp32 one, rounded once", "[gpu]") {
+TEST_CASE("cuda rmsnorm backward adds into a bf16 dw as the fp32 one, rounded once, or overwrites",
+          "[gpu]") {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(23);
   const std::pair<int64_t, int64_t> shapes[] = {{1037, 200}, {4096, 2048}, {5, 7}};
@@ -711,6 +712,23 @@ TEST_CASE("cuda rmsnorm backward adds into a bf16 dw as the fp32 one, rounded on
     CHECK(mismatches == 0);
     CHECK(changed > 0);  // it did add
     CHECK(d_dx.download<uint16_t>() == dx_fp32_path);
+
+    // Overwritten (a step's first write into a dw nobody cleared: NaN here): the sum alone,
+    // which the calls above added to dw0 in fp32, and rounded once into bf16.
+    d_dw.upload(FVec(d, std::nanf("")));
+    d_dw_bf16.upload(std::vector<uint16_t>(d, 0x7fc0));
+    frugal::cuda::rmsnorm_backward(d_dx.get(), d_dw.get(), d_dy.get(), d_x.get(), d_w.get(),
+                                   d_rstd.get(), nullptr, rows, dim, scratch.get(), nullptr,
+                                   /*accumulate=*/false);
+    frugal::cuda::rmsnorm_backward(d_dx.get(), d_dw_bf16.get(), d_dy.get(), d_x.get(), d_w.get(),
+                                   d_rstd.get(), nullptr, rows, dim, scratch.get(), nullptr,
+                                   /*accumulate=*/false);
+    const FVec sum = d_dw.download<float>();
+    const auto sum_bf16 = d_dw_bf16.download<uint16_t>();
+    size_t wrong = 0;
+    for (size_t i = 0; i < d; ++i)
+      wrong += !(dw0.f[i] + sum[i] == dw[i]) || sum_bf16[i] != frugal::float_to_bf16(sum[i]);
+    CHECK(wrong == 0);
   }
 }
 

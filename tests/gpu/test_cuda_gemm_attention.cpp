@@ -115,7 +115,9 @@ TEST_CASE("cuda linear GEMMs match the CPU on awkward sizes", "[gpu][gemm]") {
 
 // A bf16 run's block gradients take the weight gradient GEMM directly: dw (bf16) += dy^T x with
 // one rounding, against the exact sum (float64) of the bf16 inputs and dw's old values: within
-// one rounding (half a bf16 ulp) plus the fp32 accumulation's error.
+// one rounding (half a bf16 ulp) plus the fp32 accumulation's error. Overwritten (a step's first
+// write into gradients nobody cleared), dw's old values are NaN and must not be read: dw is the
+// product alone, bf16 and fp32.
 TEST_CASE("cuda linear: the weight gradient added into bf16, rounded once", "[gpu][gemm]") {
   if (!have_gpu()) return;
   const int64_t M = 1000, N = 130, K = 96;
@@ -126,24 +128,43 @@ TEST_CASE("cuda linear: the weight gradient added into bf16, rounded once", "[gp
   DeviceBuffer<Bf16> x_d(x.h.size()), dy_d(dy.h.size()), dw_d(dw0.h.size());
   x_d.upload(x.h);
   dy_d.upload(dy.h);
-  dw_d.upload(dw0.h);
   frugal::cuda::GemmContext ctx;
-  frugal::cuda::linear_backward_weight(ctx, dw_d.get(), dy_d.get(), x_d.get(), M, N, K, nullptr);
-  const std::vector<float> dw = from_bf16(dw_d.download<uint16_t>());
-  size_t bad = 0;
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t j = 0; j < K; ++j) {
-      double exact = dw0.f[size_t(i * K + j)], magnitude = std::fabs(exact);
-      for (int64_t r = 0; r < M; ++r) {
-        const double term = double(dy.f[size_t(r * N + i)]) * x.f[size_t(r * K + j)];
-        exact += term;
-        magnitude += std::fabs(term);
+  // Bad elements against the float64 sum of `old` (none: overwritten) and the product, given
+  // the result and how many bits of mantissa it was rounded to.
+  const auto beyond_one_rounding = [&](const std::vector<float>& dw, const std::vector<float>* old,
+                                       int mantissa_bits) {
+    size_t bad = 0;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        double exact = old ? (*old)[size_t(i * K + j)] : 0.0, magnitude = std::fabs(exact);
+        for (int64_t r = 0; r < M; ++r) {
+          const double term = double(dy.f[size_t(r * N + i)]) * x.f[size_t(r * K + j)];
+          exact += term;
+          magnitude += std::fabs(term);
+        }
+        // Half an ulp of the result's type, with fp32's sum error over the terms.
+        const double tolerance =
+            std::fabs(exact) * std::ldexp(1.0, -mantissa_bits) + magnitude * 1e-5;
+        bad += !(std::fabs(dw[size_t(i * K + j)] - exact) <= tolerance);  // NaN is bad
       }
-      // Half an ulp of bf16 (8 bits of mantissa), with fp32's sum error over the terms.
-      const double tolerance = std::fabs(exact) * std::ldexp(1.0, -8) + magnitude * 1e-5;
-      bad += std::fabs(dw[size_t(i * K + j)] - exact) > tolerance;
-    }
-  CHECK(bad == 0);
+    return bad;
+  };
+
+  dw_d.upload(dw0.h);
+  frugal::cuda::linear_backward_weight(ctx, dw_d.get(), dy_d.get(), x_d.get(), M, N, K, nullptr);
+  CHECK(beyond_one_rounding(from_bf16(dw_d.download<uint16_t>()), &dw0.f, 8) == 0);
+
+  const std::vector<uint16_t> nan_bf16(dw0.h.size(), 0x7fc0);
+  dw_d.upload(nan_bf16);
+  frugal::cuda::linear_backward_weight(ctx, dw_d.get(), dy_d.get(), x_d.get(), M, N, K, nullptr,
+                                       /*accumulate=*/false);
+  CHECK(beyond_one_rounding(from_bf16(dw_d.download<uint16_t>()), nullptr, 8) == 0);
+
+  DeviceBuffer<float> dw32_d(dw0.h.size());
+  dw32_d.upload(std::vector<float>(dw0.h.size(), std::nanf("")));
+  frugal::cuda::linear_backward_weight(ctx, dw32_d.get(), dy_d.get(), x_d.get(), M, N, K, nullptr,
+                                       /*accumulate=*/false);
+  CHECK(beyond_one_rounding(dw32_d.download(), nullptr, 23) == 0);
 }
 
 TEST_CASE("cuda linear: the residual in the epilogue, input gradients accumulated", "[gpu][gemm]") {

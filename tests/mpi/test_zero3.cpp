@@ -351,6 +351,58 @@ TEST_CASE("ZeRO-3 equals one rank", "[zero3][mpi]") {
   SECTION("tied embeddings, selective") { check_equivalence(true, CheckpointPolicy::selective); }
 }
 
+// Every rank alone (its gradient shards at hand): zero_grads clears nothing. A unit's first
+// grads() under GradSums::kOnce is to be overwritten (the old values are left), any later one
+// added into; a first kSeveral one clears the shards then; finish_backward clears the units no
+// gradient reached. The training itself is checked by "ZeRO-3 equals one rank" on one rank.
+TEST_CASE("ZeRO-3 alone clears gradients only where no first write overwrites them",
+          "[zero3][mpi]") {
+  auto world = make_mpi_world_comm(60);
+  const std::unique_ptr<Comm> alone = world->split(world->rank(), 0);
+  REQUIRE(alone->size() == 1);
+  const LlamaConfig config = odd_config(false);
+  Arena params_arena("test params", Device::cpu), grads_arena("test grads", Device::cpu),
+      gathered_arena("test gathered", Device::cpu);
+  Zero3Parameters params(llama_units(config), *alone,
+                         {&params_arena, &grads_arena, &gathered_arena}, 5, 0.05f);
+  // The last step's gradients: all ones.
+  const auto fill_ones = [&] {
+    for (TrainableShard& s : params.trainable())
+      std::fill_n(s.grad.data<float>(), s.grad.numel(), 1.0f);
+  };
+  const auto all_equal = [](const std::vector<Tensor>& unit, float value) {
+    for (const Tensor& g : unit)
+      for (int64_t i = 0; i < g.numel(); ++i)
+        if (g.data<float>()[i] != value) return false;
+    return true;
+  };
+  fill_ones();
+  params.zero_grads();
+  const UnitGrads first = params.grads(block_unit(0), GradSums::kOnce);
+  CHECK(first.write == GradWrite::kOverwrite);
+  CHECK(all_equal(first.tensors, 1.0f));  // left for the backward to overwrite
+  params.grads_done(block_unit(0));
+  CHECK(params.grads(block_unit(0), GradSums::kOnce).write == GradWrite::kAdd);
+  params.grads_done(block_unit(0));
+  const UnitGrads head = params.grads(head_unit(config), GradSums::kSeveral);
+  CHECK(head.write == GradWrite::kAdd);
+  CHECK(all_equal(head.tensors, 0.0f));  // cleared for its several adds
+  params.grads_done(head_unit(config));
+  params.finish_backward();
+  for (int64_t unit : {embed_unit(), block_unit(1), block_unit(2)}) {
+    INFO("unit " << unit << ", which got no gradient");
+    CHECK(all_equal(params.grads(unit, GradSums::kSeveral).tensors, 0.0f));
+    params.grads_done(unit);
+  }
+  CHECK(all_equal(params.grads(block_unit(0), GradSums::kOnce).tensors, 1.0f));
+  params.grads_done(block_unit(0));
+  // The next step starts over.
+  params.zero_grads();
+  CHECK(params.grads(block_unit(0), GradSums::kOnce).write == GradWrite::kOverwrite);
+  params.grads_done(block_unit(0));
+  params.finish_backward();
+}
+
 TEST_CASE("shard layout pads rows to a multiple of the ranks", "[zero3]") {
   ShardLayout l = shard_layout({"w", {37, 48}}, 4);
   CHECK(l.shard_rows == 10);

@@ -78,11 +78,12 @@ void check_gradients(const LoraConfig& lora, CheckpointPolicy policy,
   const std::vector<TrainableShard> shards = params.trainable();
   CHECK(shards.size() == 2 * lora.targets.size() * size_t(config.num_hidden_layers));
   for (const TrainableShard& s : shards) CHECK((is_lora_a(s.name) || is_lora_b(s.name)));
-  CHECK_FALSE(params.grads(block_unit(0), GradSums::kSeveral)[kQProj].defined());
+  CHECK_FALSE(params.grads(block_unit(0), GradSums::kSeveral).tensors[kQProj].defined());
   // Qwen2's biases are the base's: frozen with it.
   if (config.qkv_bias())
-    CHECK_FALSE(params.grads(block_unit(0), GradSums::kSeveral)[kBlockParamCount].defined());
-  CHECK_FALSE(params.grads(embed_unit(), GradSums::kSeveral)[0].defined());
+    CHECK_FALSE(
+        params.grads(block_unit(0), GradSums::kSeveral).tensors[kBlockParamCount].defined());
+  CHECK_FALSE(params.grads(embed_unit(), GradSums::kSeveral).tensors[0].defined());
 
   std::mt19937 rng(3);
   for (size_t k = 0; k < shards.size(); ++k) {
