@@ -1,7 +1,8 @@
 // A CUDA injection library that times every kernel, copy and memset of a program with CUPTI's
 // activity records and, at exit, writes where the GPU time went: by kernel family and by
-// kernel; where the GPU idled between them (and after what); and the host's time in CUDA
-// runtime calls, by function. Any CUDA program can be profiled alike, frugal and PyTorch, in
+// kernel; where the GPU idled between them (and after what); the memsets by size and what ran
+// right after each (which tells a library's own from the program's); and the host's time in
+// CUDA runtime calls, by function. Any CUDA program can be profiled alike, frugal and PyTorch, in
 // the same way:
 //
 //   CUDA_INJECTION64_PATH=build-cuda/libfrugal_kernel_profile.so
