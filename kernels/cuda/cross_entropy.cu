@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/pack16.cuh"
 
 namespace frugal::cuda {
 
@@ -26,9 +27,6 @@ namespace {
 constexpr int kRowThreads = 256;  // threads per row (cross_entropy_kernel)
 constexpr int kSumThreads = 256;  // threads of the single block that sums the row losses
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // Merges the running softmax state (max_b, sum_b) into (max_a, sum_a).
 __device__ __forceinline__ void merge_softmax(float& max_a, float& sum_a, float max_b,
@@ -227,9 +225,8 @@ void cross_entropy_for(float* loss_sum, float* row_loss, __nv_bfloat16* dlogits,
   FRUGAL_CHECK(rows >= 0 && vocab > 0, "cross_entropy rows ", rows, " vocab ", vocab);
   FRUGAL_CHECK(rows <= INT32_MAX - 1, "cross_entropy: too many rows in one chunk: ", rows);
   if (rows == 0) return;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vector_rows = std::is_same_v<T, __nv_bfloat16> && vocab % 8 == 0 && aligned(logits) &&
-                           (dlogits == nullptr || aligned(dlogits));
+  const bool vector_rows =
+      std::is_same_v<T, __nv_bfloat16> && vocab % 8 == 0 && all_aligned16(logits, dlogits);
   const unsigned grid = static_cast<unsigned>(rows);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     // Fewer registers a thread where the row fits: more rows in flight on each SM.

@@ -121,6 +121,13 @@ void embedding_forward(bf16* out, const int32_t* tokens, const bf16* table, int6
 
 namespace {
 
+// The bits of the sort's keys, which are at most vocab (embedding_keys_kernel).
+int sort_bits(int64_t vocab) {
+  int bits = 1;
+  while (bits < 32 && (int64_t{1} << bits) <= vocab) ++bits;
+  return bits;
+}
+
 // The sort's temporary storage for n_tokens pairs of keys below 2^bits, in bytes.
 size_t sort_bytes(int64_t n_tokens, int bits) {
   size_t bytes = 0;
@@ -136,9 +143,9 @@ int64_t sort_offset_ints(int64_t n_tokens) { return (6 * n_tokens + 63) / 64 * 6
 
 }  // namespace
 
-int64_t embedding_backward_scratch_ints(int64_t n_tokens) {
-  // The sort's storage for 32-bit keys: at least what fewer bits need.
-  return sort_offset_ints(n_tokens) + static_cast<int64_t>(sort_bytes(n_tokens, 32) + 3) / 4;
+int64_t embedding_backward_scratch_ints(int64_t n_tokens, int64_t vocab) {
+  return sort_offset_ints(n_tokens) +
+         static_cast<int64_t>(sort_bytes(n_tokens, sort_bits(vocab)) + 3) / 4;
 }
 
 void embedding_backward(float* dtable, const bf16* dout, const int32_t* tokens, int64_t n_tokens,
@@ -155,11 +162,8 @@ void embedding_backward(float* dtable, const bf16* dout, const int32_t* tokens, 
   int32_t* next = sorted_positions + n_tokens;
   int32_t* not_first = next + n_tokens;
   void* sort_storage = scratch + sort_offset_ints(n_tokens);
-  int bits = 1;  // keys are at most vocab
-  while (bits < 32 && (int64_t{1} << bits) <= vocab) ++bits;
-  size_t storage_bytes = sort_bytes(n_tokens, bits);
-  FRUGAL_CHECK(storage_bytes <= sort_bytes(n_tokens, 32),
-               "embedding_backward: the sort needs more storage than its scratch holds");
+  const int bits = sort_bits(vocab);
+  size_t storage_bytes = sort_bytes(n_tokens, bits);  // what embedding_backward_scratch_ints gave
   const auto blocks = static_cast<unsigned>((n_tokens + kChainThreads - 1) / kChainThreads);
   embedding_keys_kernel<<<blocks, kChainThreads, 0, stream>>>(keys, positions, tokens, n_tokens,
                                                               vocab);

@@ -396,20 +396,22 @@ __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(int(kB)));
 }
 
-template <int N>
+// The products of N columns above, by N.
+template <int N, BMajor kB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b,
                                          bool accumulate) {
   if constexpr (N == 64)
-    wgmma_m64n64_ss<BMajor::k>(d, a, b, accumulate);
+    wgmma_m64n64_ss<kB>(d, a, b, accumulate);
   else
-    wgmma_m64n128_ss<BMajor::k>(d, a, b, accumulate);
+    wgmma_m64n128_ss<kB>(d, a, b, accumulate);
 }
-template <int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+template <int N, BMajor kB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b,
+                                         bool accumulate) {
   if constexpr (N == 64)
-    wgmma_m64n64_rs<BMajor::mn>(d, a, b, true);
+    wgmma_m64n64_rs<kB>(d, a, b, accumulate);
   else
-    wgmma_m64n128_rs<BMajor::mn>(d, a, b, true);
+    wgmma_m64n128_rs<kB>(d, a, b, accumulate);
 }
 
 // Accumulator columns [16 kk, 16 kk + 16) (values 8 kk .. 8 kk + 7) as register A operands.
@@ -446,12 +448,8 @@ template <int D, int kN>
 __device__ __forceinline__ void issue_product_rs_k(float (&acc)[kN / 2],
                                                    const uint32_t (&a)[D / 16][4], uint32_t b) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    if constexpr (kN == 64)
-      wgmma_m64n64_rs<BMajor::k>(acc, a[kk], k_major<kN>(b, 0, kk), kk > 0);
-    else
-      wgmma_m64n128_rs<BMajor::k>(acc, a[kk], k_major<kN>(b, 0, kk), kk > 0);
-  }
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_rs<kN, BMajor::k>(acc, a[kk], k_major<kN>(b, 0, kk), kk > 0);
   wgmma_commit();
 }
 
@@ -464,7 +462,7 @@ __device__ __forceinline__ void issue_product_ss(float (&acc)[kN / 2], uint32_t 
                                                  uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<kN>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kN>(b, 0, kk), kk > 0);
+    wgmma_ss<kN, BMajor::k>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kN>(b, 0, kk), kk > 0);
   wgmma_commit();
 }
 // acc += A B: A in registers (kK / 16 fragments of 16 contraction columns), B the MN-major tile
@@ -473,7 +471,8 @@ template <int D, int kK>
 __device__ __forceinline__ void issue_product_rs(float (&acc)[D / 2],
                                                  const uint32_t (&a)[kK / 16][4], uint32_t b) {
 #pragma unroll
-  for (int kk = 0; kk < kK / 16; ++kk) wgmma_rs<D>(acc, a[kk], mn_major<kK>(b, kk));
+  for (int kk = 0; kk < kK / 16; ++kk)
+    wgmma_rs<D, BMajor::mn>(acc, a[kk], mn_major<kK>(b, kk), true);
   wgmma_commit();
 }
 

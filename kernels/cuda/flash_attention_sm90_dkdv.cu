@@ -296,8 +296,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_m64n64_ss<BMajor::mn>(dq_part, k_major<kBlockM>(ds_keys, 0, kk),
-                                    mn_major<kBlockN>(k_part, kk), kk > 0);
+        wgmma_ss<64, BMajor::mn>(dq_part, k_major<kBlockM>(ds_keys, 0, kk),
+                                 mn_major<kBlockN>(k_part, kk), kk > 0);
       wgmma_commit();
     }
     wgmma_wait<0>();

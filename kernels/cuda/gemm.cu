@@ -140,15 +140,17 @@ void GemmContext::matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void
   if (m == 0 || n == 0) return;
   if (c == nullptr) c = d;
   if (k == 0) {
-    // cuBLASLt rejects k = 0; D = beta * C is then all there is to do.
-    FRUGAL_CHECK(beta == 1.0f, "gemm with k = 0 supports only beta = 1, got ", beta);
-    if (c != d) {
-      const size_t element = d_type == CUDA_R_32F ? 4 : d_type == CUDA_R_16BF ? 2 : 0;
-      FRUGAL_CHECK(element > 0, "gemm with k = 0 and a separate C of dtype ", int(d_type));
-      CUDA_CHECK(cudaMemcpy2DAsync(d, size_t(ldd) * element, c, size_t(ldd) * element,
-                                   size_t(m) * element, size_t(n), cudaMemcpyDeviceToDevice,
+    // cuBLASLt rejects k = 0; D = beta * C is then all there is to do: C itself, or zeros.
+    FRUGAL_CHECK(beta == 1.0f || beta == 0.0f, "gemm with k = 0 supports beta 0 or 1, got ", beta);
+    if (c == d && beta == 1.0f) return;
+    const size_t element = d_type == CUDA_R_32F ? 4 : d_type == CUDA_R_16BF ? 2 : 0;
+    FRUGAL_CHECK(element > 0, "gemm with k = 0 into dtype ", int(d_type));
+    const size_t pitch = size_t(ldd) * element, width = size_t(m) * element;
+    if (beta == 0.0f)
+      CUDA_CHECK(cudaMemset2DAsync(d, pitch, 0, width, size_t(n), stream));
+    else
+      CUDA_CHECK(cudaMemcpy2DAsync(d, pitch, c, pitch, width, size_t(n), cudaMemcpyDeviceToDevice,
                                    stream));
-    }
     return;
   }
   const PlanKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, static_cast<int>(a_type),
@@ -236,9 +238,6 @@ void linear_backward_input(GemmContext& ctx, __nv_bfloat16* dx, const __nv_bfloa
 void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
                             cudaStream_t stream, bool accumulate) {
-  // No rows: nothing to add, or an overwritten gradient of zeros (cuBLASLt rejects k' = 0).
-  if (m == 0 && !accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * n * k, stream));
-  if (m == 0) return;
   ctx.matmul(dw, CUDA_R_32F, k, x, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
              /*trans_b=*/true, k, n, m, 1.0f, accumulate ? 1.0f : 0.0f, stream);
 }
@@ -246,9 +245,6 @@ void linear_backward_weight(GemmContext& ctx, float* dw, const __nv_bfloat16* dy
 void linear_backward_weight(GemmContext& ctx, __nv_bfloat16* dw, const __nv_bfloat16* dy,
                             const __nv_bfloat16* x, int64_t m, int64_t n, int64_t k,
                             cudaStream_t stream, bool accumulate) {
-  if (m == 0 && !accumulate)
-    CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(__nv_bfloat16) * n * k, stream));
-  if (m == 0) return;
   ctx.matmul(dw, CUDA_R_16BF, k, x, CUDA_R_16BF, k, /*trans_a=*/false, dy, CUDA_R_16BF, n,
              /*trans_b=*/true, k, n, m, 1.0f, accumulate ? 1.0f : 0.0f, stream);
 }

@@ -49,7 +49,8 @@ class GemmContext {
   // type and leading dimension (a residual added in the epilogue, where the product is still
   // fp32, so the sum is rounded once). Compute is fp32 (CUBLAS_COMPUTE_32F),
   // or, with tf32 and fp32 operands, CUBLAS_COMPUTE_32F_FAST_TF32: the operands rounded to
-  // TF32 (10 mantissa bits) on the tensor cores, accumulated in fp32.
+  // TF32 (10 mantissa bits) on the tensor cores, accumulated in fp32. k = 0 (a product of
+  // nothing, which cuBLASLt refuses) takes beta 0 or 1: D is zeros, or C.
   // The row-major launchers below are written in terms of this.
   void matmul(void* d, cudaDataType_t d_type, int64_t ldd, const void* a, cudaDataType_t a_type,
               int64_t lda, bool trans_a, const void* b, cudaDataType_t b_type, int64_t ldb,

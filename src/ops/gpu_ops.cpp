@@ -177,7 +177,8 @@ Tensor embedding(const Tensor& tokens, const Tensor& table) {
 void embedding_backward(Tensor& dtable, const Tensor& dout, const Tensor& tokens) {
   expect(dtable, DType::f32, "embedding gradient");
   expect(dout, DType::bf16, "embedding output gradient");
-  Tensor scratch = empty({cuda::embedding_backward_scratch_ints(tokens.numel())}, DType::i32);
+  Tensor scratch =
+      empty({cuda::embedding_backward_scratch_ints(tokens.numel(), dtable.size(0))}, DType::i32);
   cuda::embedding_backward(f32(dtable), bf(dout), i32(tokens), tokens.numel(), dtable.size(0),
                            dtable.size(1), i32(scratch), stream());
 }

@@ -381,7 +381,7 @@ TEST_CASE("cuda embedding: forward copies rows, backward sums in the CPU's order
           d_dout(nt * static_cast<size_t>(dim));
       DeviceBuffer<float> d_dtable(table_n);
       DeviceBuffer<int32_t> scratch(
-          static_cast<size_t>(frugal::cuda::embedding_backward_scratch_ints(n_tokens)));
+          static_cast<size_t>(frugal::cuda::embedding_backward_scratch_ints(n_tokens, vocab)));
       d_tokens.upload(tokens);
       d_table.upload(table.bits);
       d_dout.upload(dout.bits);
@@ -636,7 +636,7 @@ TEST_CASE("cuda kernels are bitwise reproducible run to run", "[gpu]") {
       d_dtable(static_cast<size_t>(vocab * dim)), d_grad(n),
       scratch(static_cast<size_t>(frugal::cuda::rmsnorm_backward_scratch_floats(rows, dim)));
   DeviceBuffer<int32_t> d_tokens(tokens.size()),
-      tok_scratch(static_cast<size_t>(frugal::cuda::embedding_backward_scratch_ints(rows)));
+      tok_scratch(static_cast<size_t>(frugal::cuda::embedding_backward_scratch_ints(rows, vocab)));
   DeviceBuffer<double> d_norm(1),
       norm_scratch(static_cast<size_t>(frugal::cuda::kSumSquaresScratch));
   d_x.upload(x.bits);

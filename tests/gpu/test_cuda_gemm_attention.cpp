@@ -118,7 +118,8 @@ TEST_CASE("cuda linear GEMMs match the CPU on awkward sizes", "[gpu][gemm]") {
 // one rounding (half a bf16 ulp) plus the fp32 accumulation's error. Overwritten (a step's first
 // write into gradients nobody cleared), dw's old values are NaN and must not be read: dw is the
 // product alone, bf16 and fp32.
-TEST_CASE("cuda linear: the weight gradient added into bf16, rounded once", "[gpu][gemm]") {
+TEST_CASE("cuda linear: the weight gradient added into bf16, rounded once, or overwritten",
+          "[gpu][gemm]") {
   if (!have_gpu()) return;
   const int64_t M = 1000, N = 130, K = 96;
   std::mt19937 rng(29);
@@ -165,6 +166,15 @@ TEST_CASE("cuda linear: the weight gradient added into bf16, rounded once", "[gp
   frugal::cuda::linear_backward_weight(ctx, dw32_d.get(), dy_d.get(), x_d.get(), M, N, K, nullptr,
                                        /*accumulate=*/false);
   CHECK(beyond_one_rounding(dw32_d.download(), nullptr, 23) == 0);
+
+  // No rows (an empty micro-batch): overwritten, the gradient is zeros; added into, unchanged.
+  dw_d.upload(nan_bf16);
+  frugal::cuda::linear_backward_weight(ctx, dw_d.get(), dy_d.get(), x_d.get(), 0, N, K, nullptr,
+                                       /*accumulate=*/false);
+  CHECK(dw_d.download<uint16_t>() == std::vector<uint16_t>(dw0.h.size(), 0));
+  dw_d.upload(dw0.h);
+  frugal::cuda::linear_backward_weight(ctx, dw_d.get(), dy_d.get(), x_d.get(), 0, N, K, nullptr);
+  CHECK(dw_d.download<uint16_t>() == dw0.h);
 }
 
 TEST_CASE("cuda linear: the residual in the epilogue, input gradients accumulated", "[gpu][gemm]") {
