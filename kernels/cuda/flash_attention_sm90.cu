@@ -20,14 +20,15 @@
 // recomputing P = exp2(S scale log2(e) - lse_log2):
 //  1. prepare (flash_attention_backward_prepare): lse_log2 and Delta = rowsum(dO O).
 //  2. dK/dV: one block per (128 keys, kv head, batch); each consumer owns 64 keys and
-//     computes S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T are register A operands of
-//     dV += P^T dO and dK += dS^T Q. The block walks the 64-row query tiles its keys are seen
+//     computes S^T = K Q^T and dP^T = V dO^T (at head dim 64 with its K and V rows held in
+//     registers), so P^T and dS^T are register A operands of dV += P^T dO and dK += dS^T Q. The block walks the 64-row query tiles its keys are seen
 //     by, upwards, every head of its group inner (GQA sums in registers). The producer warp
 //     also stages each tile's lse_log2 and Delta in shared memory.
 //  3. dQ, either in the same pass (Sm90DqSum::kFused; FlashAttention-3's design, made
 //     deterministic): the consumers store dS transposed in shared memory (stmatrix), compute
-//     their part of dQ = dS K (wgmma, both operands in shared memory) and hand it to the
-//     producer's second warp, which adds it into dq with the copy engine's fp32 reduce-add
+//     the block's part of dQ = dS K (wgmma, both operands in shared memory; at head dim 128 each
+//     consumer 64 columns, at 64 the consumers by turns) and hand it to the producer's second
+//     warp, which adds it into dq with the copy engine's fp32 reduce-add
 //     (cp.reduce.async.bulk.tensor). The key blocks that add to one query tile take turns, the
 //     last block first (attention_backward_tiles.h; a per-tile counter in the scratch,
 //     acquire/release), so every dq element is summed in a fixed order. 5 products per pair
@@ -390,7 +391,8 @@ void backward(GradT* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, 
   const float* delta = scratch + rows;
   // kAuto fuses where that measured faster on an H200 (doc/benchmarks.md): head_dim 128
   // without GQA, 1.14-1.17x the second kernel's forward + backward. With GQA, or at head_dim 64,
-  // fusing measured 0.56-0.96x. Written bf16 gradients take the second kernel.
+  // fusing measured 0.56-0.96x (at head dim 64 still about 0.7x once the consumers took turns
+  // at dS K). Written bf16 gradients take the second kernel.
   const bool fuse =
       dq_sum == Sm90DqSum::kFused || (kAccumulated && dq_sum == Sm90DqSum::kAuto && dq_aligned &&
                                       s.head_dim == 128 && s.n_heads == s.n_kv_heads);

@@ -27,10 +27,35 @@ __host__ __device__ constexpr int dq_part_offset(int row, int column) {
   return (column / kDqBoxColumns) * kDqBoxBytes + row * kSwizzleBytes +
          ((((column % kDqBoxColumns) / 4) ^ (row % 8)) * 16) + (column % 4) * 4;
 }
-// Named barriers of the fused kernel: dS written (D 128: both consumers, id 1; D 64: each its
-// own, ids 1 and 2), the dQ parts written (consumers to the writer warp) and free again.
-constexpr int kBarrierDsWritten = 1, kBarrierDqPartsWritten = 3, kBarrierDqPartsFree = 4;
-constexpr int kDqHandOffThreads = 2 * kWarpgroupThreads + 32;  // consumers + the writer warp
+// Who multiplies a step's dQ part dS K (64 queries x D, over all 128 keys of the block, so both
+// consumers' dS): at head dim 128 each consumer its 64 columns on every step; at 64 the
+// consumers take turns by step, each its whole part, which leaves nothing for the writer to sum
+// and half the parts to hand over.
+template <int D>
+__device__ __forceinline__ bool multiplies_dq(int consumer, int step) {
+  return D == 128 || step % 2 == consumer;
+}
+// Named barriers of the fused kernel: dS written (both consumers), and per consumer (id + c)
+// its dQ part written (to the writer warp) and free again (to the consumer).
+constexpr int kBarrierDsWritten = 1, kBarrierDqPartWritten = 2, kBarrierDqPartFree = 4;
+constexpr int kDqHandOffThreads = kWarpgroupThreads + 32;  // a consumer + the writer warp
+// Consumer `consumer`'s barrier kBarrier + consumer between it and the writer warp: kWait waits
+// for the other side, otherwise this side arrives and goes on. The ids reach ptxas as constants
+// (it reserves every barrier for a computed one).
+template <int kBarrier, bool kWait>
+__device__ __forceinline__ void dq_hand_off(int consumer) {
+  if (consumer == 0) {
+    if constexpr (kWait)
+      named_barrier_sync(kBarrier, kDqHandOffThreads);
+    else
+      named_barrier_arrive(kBarrier, kDqHandOffThreads);
+  } else {
+    if constexpr (kWait)
+      named_barrier_sync(kBarrier + 1, kDqHandOffThreads);
+    else
+      named_barrier_arrive(kBarrier + 1, kDqHandOffThreads);
+  }
+}
 
 // K, V, then kStages (Q, dO) stages, [fused: 2 dS tiles (64 queries x 128 keys, bf16, by step
 // parity), 2 dQ parts (one per consumer)], then per stage 64 lse_log2 and 64 Delta values, then
@@ -134,14 +159,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (kFusedDq && threadIdx.x < 64) {
       // The dQ writer: per step, once the blocks after this one have added theirs to the tile,
-      // the consumers' parts go to dq through the copy engine (TMA fp32 reduce-add of 32-column
+      // the step's parts go to dq through the copy engine (TMA fp32 reduce-add of 32-column
       // boxes; rows past q_len are clipped); the tile's turn passes on once those adds have
-      // landed. Lane 0 does the copies and the turns; D 64 has the warp add the parts first.
+      // landed. Lane 0 does the copies and the turns.
       const int lane = threadIdx.x - 32;
       const int n_tiles = flash_tiles::query_tiles(tiling);
-      const uint32_t part0 = base + Smem::kDqParts, part1 = part0 + kDqPartBytes;
-      float4* part0_values = reinterpret_cast<float4*>(smem + Smem::kDqParts);
-      const float4* part1_values = part0_values + kDqPartBytes / 16;
+      auto part = [&](int consumer) { return base + Smem::kDqParts + consumer * kDqPartBytes; };
       auto pass_turn = [&](int* turn) {
         if (lane == 0) {
           fence_proxy_async_global();
@@ -149,38 +172,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       };
       int* landing = nullptr;  // the previous step's tile, passed on once its adds have landed
-      named_barrier_arrive(kBarrierDqPartsFree, kDqHandOffThreads);
+      // Each part starts free (if its consumer writes it at all: barriers stay balanced).
+      for (int c = 0; c < 2; ++c)
+        if ((D == 128 ? 0 : c) < n_steps) dq_hand_off<kBarrierDqPartFree, false>(c);
       for (int step = 0; step < n_steps; ++step) {
         const int m = step_tile(step), h = step_head(step);
         int* turn = dq_turns + (static_cast<int64_t>(b) * p.n_heads + h) * n_tiles + m;
         const int my_turn = flash_tiles::last_key_block_of_tile(tiling, m, gridDim.x) - n;
-        named_barrier_sync(kBarrierDqPartsWritten, kDqHandOffThreads);
-        if constexpr (D == 64) {
-          // The consumers split the contraction (64 keys each): part0 += part1, in this order
-          // (the same layout, so element by element).
-          for (int at = lane; at < kDqPartBytes / 16; at += 32) {
-            float4 x = part0_values[at];
-            const float4 y = part1_values[at];
-            x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
-            part0_values[at] = x;
-          }
-          fence_proxy_async_shared();
-          __syncwarp();
-        }
+        for (int c = 0; c < 2; ++c)
+          if (multiplies_dq<D>(c, step)) dq_hand_off<kBarrierDqPartWritten, true>(c);
         if (lane == 0) {
           while (load_acquire(turn) != my_turn) {
           }
           fence_proxy_async_global();  // the adds of the blocks after this one come first
           const int row0 = m * kBlockM;
-          for (int part = 0; part < D / 64; ++part)
+          for (int c = 0; c < 2; ++c) {
+            if (!multiplies_dq<D>(c, step)) continue;
+            const int column0 = D == 128 ? 64 * c : 0;
             for (int box = 0; box < 2; ++box)
-              tma_add_tile(&dq_map, (part == 0 ? part0 : part1) + box * kDqBoxBytes,
-                           part * 64 + box * kDqBoxColumns, h, row0, b);
+              tma_add_tile(&dq_map, part(c) + box * kDqBoxBytes, column0 + box * kDqBoxColumns, h,
+                           row0, b);
+          }
           bulk_commit();
           bulk_wait_read<0>();
         }
         __syncwarp();
-        if (step + 1 < n_steps) named_barrier_arrive(kBarrierDqPartsFree, kDqHandOffThreads);
+        // A part is handed back if its consumer writes it again.
+        for (int c = 0; c < 2; ++c) {
+          const int next = D == 128 ? step + 1 : step + 2;
+          if (multiplies_dq<D>(c, step) && next < n_steps)
+            dq_hand_off<kBarrierDqPartFree, false>(c);
+        }
         if (landing != nullptr) {
           if (lane == 0) bulk_wait<1>();
           pass_turn(landing);
@@ -203,6 +225,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
 
   mbarrier_wait(kv_full, 0);
+  // At head dim 64 this consumer's rows of K and V, the A operands of S^T and dP^T on every
+  // step, stay in registers (32 of them): those products then read only Q and dO from shared
+  // memory. At 128 the accumulators take the room.
+  constexpr bool kKvInRegisters = D == 64;
+  [[maybe_unused]] uint32_t k_frag[D / 16][4], v_frag[D / 16][4];
+  if constexpr (kKvInRegisters) {
+    load_a_fragments<D, kBlockN>(k_frag, sk, consumer * kRowsPerConsumer, warp, lane);
+    load_a_fragments<D, kBlockN>(v_frag, sv, consumer * kRowsPerConsumer, warp, lane);
+  }
+  // Zero, but not to ptxas: see the end of the step.
+  const uint32_t opaque_zero = static_cast<uint32_t>(n_steps) >> 31;
   for (int step = 0; step < n_steps; ++step) {
     const int stage = step % kStages, i0 = step_tile(step) * kBlockM;
     mbarrier_wait(bars.full(stage), (step / kStages) & 1);
@@ -212,8 +245,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // work on dV.
     float st[kBlockM / 2], dpt[kBlockM / 2];
     wgmma_fence();
-    issue_product_ss<D, kBlockN, kBlockM>(st, sk, consumer * kRowsPerConsumer, q_tile(stage));
-    issue_product_ss<D, kBlockN, kBlockM>(dpt, sv, consumer * kRowsPerConsumer, dout_tile(stage));
+    if constexpr (kKvInRegisters) {
+      issue_product_rs_k<D, kBlockM>(st, k_frag, q_tile(stage));
+      issue_product_rs_k<D, kBlockM>(dpt, v_frag, dout_tile(stage));
+    } else {
+      issue_product_ss<D, kBlockN, kBlockM>(st, sk, consumer * kRowsPerConsumer, q_tile(stage));
+      issue_product_ss<D, kBlockN, kBlockM>(dpt, sv, consumer * kRowsPerConsumer, dout_tile(stage));
+    }
     wgmma_wait<1>();  // S^T has completed
     pin_registers(st);
 
@@ -279,36 +317,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_product_rs<D, kBlockM>(dk_acc, dsa, q_tile(stage));
     [[maybe_unused]] float dq_part[32];
     if constexpr (kFusedDq) {
-      // dQ part = dS K over 64 columns of D 128 (consumer c: columns [64 c, 64 c + 64), all 128
-      // keys, so both consumers' dS), or for D 64 over this consumer's 64 keys (the writer adds
-      // the two parts in a fixed order).
+      // dQ part = dS K, 64 columns of it (D 128: consumer c's columns [64 c, 64 c + 64)) over
+      // all 128 keys, by the consumer whose turn it is; the other only says its dS is written.
       fence_proxy_async_shared();
-      if constexpr (D == 128)
+      if (multiplies_dq<D>(consumer, step)) {
         named_barrier_sync(kBarrierDsWritten, kConsumerThreads);
-      else if (consumer == 0)  // constant ids: ptxas reserves every barrier for a computed one
-        named_barrier_sync(kBarrierDsWritten, kWarpgroupThreads);
-      else
-        named_barrier_sync(kBarrierDsWritten + 1, kWarpgroupThreads);
-      constexpr int kKeys = D == 128 ? kBlockN : kRowsPerConsumer;
-      const uint32_t ds_keys = D == 128 ? sds : sds + consumer * column_block_bytes(kBlockM);
-      const uint32_t k_part = D == 128 ? sk + consumer * column_block_bytes(kBlockN)
-                                       : sk + consumer * kRowsPerConsumer * kSwizzleBytes;
-      wgmma_fence();
+        const uint32_t k_columns = sk + (D == 128 ? consumer : 0) * column_block_bytes(kBlockN);
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_ss<64, BMajor::mn>(dq_part, k_major<kBlockM>(ds_keys, 0, kk),
-                                 mn_major<kBlockN>(k_part, kk), kk > 0);
-      wgmma_commit();
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+          wgmma_ss<64, BMajor::mn>(dq_part, k_major<kBlockM>(sds, 0, kk),
+                                   mn_major<kBlockN>(k_columns, kk), kk > 0);
+        wgmma_commit();
+      } else {
+        named_barrier_arrive(kBarrierDsWritten, kConsumerThreads);
+      }
     }
     wgmma_wait<0>();
     pin_registers(dk_acc);
     pin_registers(dv_acc);
     pin_registers(pa);  // the registers of A operands are read until the wgmma completes
     pin_registers(dsa);
+    if constexpr (kKvInRegisters) {
+      // An ordinary use of K and V at the end of every step. Read only by wgmmas, ptxas (CUDA
+      // 13.0) took them for dead after the first step's products and gave their registers to
+      // P^T and dS^T (the separate-dQ kernel's SASS; its dK and dV came out wrong).
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) k_frag[kk][e] ^= opaque_zero, v_frag[kk][e] ^= opaque_zero;
+    }
     mbarrier_arrive(bars.empty(stage));
-    if constexpr (kFusedDq) {
+    if (kFusedDq && multiplies_dq<D>(consumer, step)) {
       pin_registers(dq_part);
-      named_barrier_sync(kBarrierDqPartsFree, kDqHandOffThreads);
+      dq_hand_off<kBarrierDqPartFree, true>(consumer);
       unsigned char* part = smem + Smem::kDqParts + consumer * kDqPartBytes;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
@@ -318,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               part + dq_part_offset(warp * 16 + lane / 4 + 8 * r, 8 * j + 2 * (lane % 4))) =
               make_float2(p.scale * dq_part[4 * j + 2 * r], p.scale * dq_part[4 * j + 2 * r + 1]);
       fence_proxy_async_shared();
-      named_barrier_arrive(kBarrierDqPartsWritten, kDqHandOffThreads);
+      dq_hand_off<kBarrierDqPartWritten, false>(consumer);
     }
   }
 
