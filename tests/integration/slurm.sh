@@ -22,6 +22,12 @@ PATH=$PATH:/usr/sbin:/sbin
 for tool in munged slurmctld slurmd sbatch scontrol scancel squeue sinfo srun; do
   command -v "$tool" >/dev/null || skip "no $tool (tools/install-deps installs slurm-wlm and munge)"
 done
+# Every client call has a deadline: with slurmctld gone they retry for minutes.
+sbatch() { timeout 60 sbatch "$@"; }
+scontrol() { timeout 60 scontrol "$@"; }
+scancel() { timeout 60 scancel "$@"; }
+squeue() { timeout 10 squeue "$@"; }
+sinfo() { timeout 5 sinfo "$@"; }
 
 # --- a one-node cluster in $work/slurm ---------------------------------------------------------
 s=$work/slurm
@@ -46,16 +52,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' TERM INT  # (so that cleanup runs when ctest or a person stops the test)
 
-free_port() {  # a TCP port nothing listens on
-  local port
+# A TCP port nothing listens on, below the kernel's ephemeral range: there, the other tests'
+# connections (run beside this one) can take it before slurmctld binds it, which then exits
+# with "Address already in use".
+free_port() {
+  local low=32768 high port
+  read -r low high < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  [ "$low" -gt 12000 ] || low=32768
   for ((i = 0; i < 100; i++)); do
-    port=$((20000 + RANDOM % 30000))
+    port=$((10000 + RANDOM % (low - 10000)))
     (exec 3<> "/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return 0; }
   done
   return 1
 }
-ctld_port=$(free_port) && slurmd_port=$(free_port) || skip "found no free TCP port"
-[ "$ctld_port" != "$slurmd_port" ] || skip "found no second free TCP port"
 node=$(hostname -s)
 # The node's CPUs (nproc alone would say OMP_NUM_THREADS), at least the job's 2 tasks.
 cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
@@ -68,7 +77,15 @@ munged --foreground --force --key-file="$s/munge/munge.key" --socket="$s/munge/s
   > "$s/munged.out" 2>&1 &
 daemons+=($!)
 
-cat > "$s/slurm.conf" << EOF
+export SLURM_CONF=$s/slurm.conf
+for ((i = 0; i < 50; i++)); do [ -S "$s/munge/socket" ] && break; sleep 0.1; done
+[ -S "$s/munge/socket" ] || skip "munged did not start: $(tail -n 3 "$s/munged.out" "$s/munge/log" 2>&1)"
+
+# slurmctld and slurmd on fresh ports (ctld_pid, slurmd_pid; also in daemons for the cleanup).
+start_slurm() {
+  ctld_port=$(free_port) && slurmd_port=$(free_port) || skip "found no free TCP port"
+  [ "$ctld_port" != "$slurmd_port" ] || skip "found no second free TCP port"
+  cat > "$s/slurm.conf" << EOF
 ClusterName=frugaltest
 SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$ctld_port
@@ -102,14 +119,25 @@ JobCompType=jobcomp/none
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
-export SLURM_CONF=$s/slurm.conf
-for ((i = 0; i < 50; i++)); do [ -S "$s/munge/socket" ] && break; sleep 0.1; done
-[ -S "$s/munge/socket" ] || skip "munged did not start: $(tail -3 "$s/munged.out" "$s/munge/log" 2>&1)"
-slurmctld -D -i -f "$s/slurm.conf" > "$s/slurmctld.out" 2>&1 &
-daemons+=($!)
-slurmd -D -f "$s/slurm.conf" -N "$node" > "$s/slurmd.out" 2>&1 &
-daemons+=($!)
-start=$SECONDS
+  slurmctld -D -i -f "$s/slurm.conf" > "$s/slurmctld.out" 2>&1 &
+  ctld_pid=$!
+  slurmd -D -f "$s/slurm.conf" -N "$node" > "$s/slurmd.out" 2>&1 &
+  slurmd_pid=$!
+  daemons+=("$ctld_pid" "$slurmd_pid")
+  start=$SECONDS
+}
+# Whether the node comes up idle within 30 s while both daemons live (state: its last state).
+slurm_up() {
+  state=""
+  for ((i = 0; i < 300; i++)); do
+    kill -0 "$ctld_pid" 2>/dev/null && kill -0 "$slurmd_pid" 2>/dev/null || return 1
+    state=$(sinfo -h -n "$node" -o %T 2>/dev/null || true)
+    [ "$state" = idle ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+start_slurm
 
 # --- meanwhile: the data and the uninterrupted run ---------------------------------------------
 "$frugal" prepare /usr/share/games/fortunes/fortunes --out "$work/data" --vocab-size 400 >/dev/null
@@ -121,13 +149,15 @@ args=(--data.dir="$work/data" --model.hidden_size=64 --model.intermediate_size=1
       --parallel.device=cpu)
 "${mpi[@]}" -np 2 "$frugal" train "${args[@]}" --train.out_dir="$work/straight" > "$work/straight.log"
 
-state=""
-for ((i = 0; i < 300; i++)); do  # 30 s for the node to come up
-  state=$(sinfo -h -n "$node" -o %T 2>/dev/null || true)
-  [ "$state" = idle ] && break
-  sleep 0.1
+for attempt in 1 2 3; do  # a daemon that exits (a port taken meanwhile) is started again
+  slurm_up && break
+  why="node state '$state': $(tail -n 3 "$s/slurmctld.out" "$s/slurmd.out" 2>&1 || true)"
+  [ "$attempt" -lt 3 ] || skip "the Slurm daemons did not come up ($why)"
+  echo "slurm: the daemons did not come up (attempt $attempt; $why); starting them again"
+  kill "$ctld_pid" "$slurmd_pid" 2>/dev/null || true
+  wait "$ctld_pid" "$slurmd_pid" 2>/dev/null || true
+  start_slurm
 done
-[ "$state" = idle ] || skip "the Slurm daemons did not come up (node state '$state'): $(tail -3 "$s/slurmctld.out" "$s/slurmd.out" 2>&1)"
 echo "slurm: munged, slurmctld and slurmd up after $((SECONDS - start)) s (ports $ctld_port, $slurmd_port)"
 
 # --- the job -----------------------------------------------------------------------------------
