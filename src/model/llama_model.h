@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 #include "model/checkpoint_policy.h"
 #include "model/llama_config.h"
+#include "model/loss_chunk.h"
 #include "model/parameter_provider.h"
 
 namespace frugal {
@@ -77,7 +78,8 @@ class LlamaModel {
   // each sequence (all of them when last_rows <= 0).
   Tensor forward_logits(const Batch& batch, ParameterProvider& params, int64_t last_rows = 0);
 
-  // Rows of logits that the loss computes at once, bounding the [rows, vocab] buffer.
+  // Rows of logits that the loss computes at once, bounding the [rows, vocab] buffer
+  // (train.loss_chunk_tokens, loss_chunk.h).
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
   // The attention every block uses (ring attention across context-parallel ranks); null,
   // the default, is ordinary causal attention over each sequence's local rows. Not owned.
@@ -120,7 +122,7 @@ class LlamaModel {
   BlockWeights block_weights(ParameterProvider& params, int64_t unit) const;
 
   LlamaConfig config_;
-  int64_t loss_chunk_rows_ = 1024;
+  int64_t loss_chunk_rows_ = kDefaultLossChunkTokens;
   const AttentionOperator* attention_ = nullptr;
   const LoraConfig* lora_ = nullptr;
   const Fp8Scaling* fp8_ = nullptr;

@@ -108,6 +108,10 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "rows of a block's MLP computed at once, forward and backward (0: whole up to 16384 "
        "tokens per rank, else chunks whose [rows, intermediate] tensors are half a [tokens, "
        "hidden] one, at least 8192 rows)"},
+      {"train.loss_chunk_tokens", &t.loss_chunk_tokens, at_least(1),
+       "rows of logits the head and the loss compute at once: [rows, vocab] logits and their "
+       "gradient (larger is faster where memory allows: fewer passes over the head's weight "
+       "gradient)"},
       {"train.resume", &t.resume, kAny, "continue from out_dir/ckpt/LATEST when it exists"},
       {"train.sample_tokens", &t.sample_tokens, at_least(0),
        "tokens generated from sample_prompt at the end (0: none)"},

@@ -50,9 +50,6 @@ size_t size_class(size_t bytes) {
   return std::max<size_t>(1, (bytes + step - 1) / step) * step;
 }
 
-// LlamaModel's chunk of rows for the head and the loss (llama_model.h, loss_chunk_rows_).
-constexpr int64_t kLossChunkRows = 1024;
-
 using PartCounts = std::array<int64_t, size_t(MemoryPart::count)>;
 
 // The blocks in use in one phase of a step: size class -> blocks, by part.
@@ -357,7 +354,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
     Phase p = with_state(Phase());
     add_tensors(p, MemoryPart::activations, saved, tokens, layers);
     if (offload) add_tensors(p, MemoryPart::activations, input, tokens);
-    const int64_t rows = std::min(kLossChunkRows, tokens);
+    const int64_t rows = std::min(c.train.loss_chunk_tokens, tokens);
     add_tensors(p, MemoryPart::loss, {{w.h, 2}, {w.h, 2}, {1, 4}, {w.h, 2}}, tokens);
     p.add(MemoryPart::loss, size_t(rows * m.vocab_size * 2), 2);  // logits and their gradient
     p.add(MemoryPart::loss, size_t(rows * w.h * 2));

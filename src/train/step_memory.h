@@ -53,8 +53,8 @@ struct MemoryEstimate {
 };
 
 // The run as `config` says (train.type, optim.*, galore.rank, parallel.offload, train.seq_len,
-// micro_batch_size, activation_checkpointing, activation_offload, mlp_chunk_tokens, lora.*) on a
-// GPU, ZeRO-3 over mesh.shard ranks.
+// micro_batch_size, activation_checkpointing, activation_offload, mlp_chunk_tokens,
+// loss_chunk_tokens, lora.*) on a GPU, ZeRO-3 over mesh.shard ranks.
 MemoryEstimate estimate_memory(const TrainConfig& config, const MeshShape& mesh);
 
 }  // namespace frugal

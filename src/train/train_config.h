@@ -11,6 +11,7 @@
 #include "model/checkpoint_policy.h"
 #include "model/fp8_scaling.h"
 #include "model/llama_config.h"
+#include "model/loss_chunk.h"
 #include "optim/galore_modes.h"
 
 namespace frugal {
@@ -97,6 +98,7 @@ struct TrainSettings {
   CheckpointPolicy activation_checkpointing = CheckpointPolicy::none;
   ActivationOffload activation_offload = ActivationOffload::none;
   int64_t mlp_chunk_tokens = 0;  // 0: chosen from the tokens (model/llama_mlp.h)
+  int64_t loss_chunk_tokens = kDefaultLossChunkTokens;  // model/loss_chunk.h
   bool resume = false;
   int64_t sample_tokens = 48;
   std::string sample_prompt = "The ";

@@ -175,6 +175,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
 #endif
   model = std::make_unique<LlamaModel>(c.model);
   model->set_mlp_chunk_tokens(c.train.mlp_chunk_tokens);
+  model->set_loss_chunk_rows(c.train.loss_chunk_tokens);
   if (c.train.activation_offload == ActivationOffload::inputs)
     model->set_input_offload(memory->activation_inputs.get());
   if (mesh().cp_size > 1) {

@@ -1,18 +1,18 @@
-// Sequence-chunked MLP and activation offload against the plain path, on awkward sizes (hidden
-// 48, ffn 80, 2 sequences of 13 tokens cut into chunks of 5, 7 and 25 rows), for every
-// checkpoint policy, full training and LoRA with dropout. A chunk's rows go through the same
-// per-token kernels, but OpenBLAS picks its GEMM kernels by the number of rows and the weight
-// gradients sum over the chunks in turn, so a chunked run equals the plain one to fp32 rounding
-// (measured: relative 1e-9 on the loss); offloaded inputs change no bit, and their host memory
-// is every block's input but the last.
+// Sequence-chunked MLP, the head and loss in chunks of rows, and activation offload against the
+// plain path, on awkward sizes (hidden 48, ffn 80, 2 sequences of 13 tokens cut into chunks of
+// 5, 7 and 25 rows), for every checkpoint policy, full training and LoRA with dropout. A chunk's
+// rows go through the same per-token kernels, but OpenBLAS picks its GEMM kernels by the number
+// of rows and the weight gradients sum over the chunks in turn, so a chunked run equals the
+// plain one to fp32 rounding (measured: relative 1e-9 on the loss); offloaded inputs change no
+// bit, and their host memory is every block's input but the last.
 #include <cmath>
 
 #include "catch_compat.h"
-#include "model_support.h"
 #include "model/llama_mlp.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model/lora.h"
+#include "model_support.h"
 
 using namespace frugal;
 
@@ -42,12 +42,14 @@ struct Settings {
   int64_t chunk = 0;         // train.mlp_chunk_tokens (0: the automatic choice: whole here)
   Arena* offload = nullptr;  // activation offload's host arena
   const LoraConfig* lora = nullptr;
+  int64_t loss_chunk = kDefaultLossChunkTokens;  // train.loss_chunk_tokens (whole here)
 };
 
 Run run(const Settings& s) {
   const LlamaConfig config = awkward_config();
   LlamaModel model(config);
   model.set_mlp_chunk_tokens(s.chunk);
+  model.set_loss_chunk_rows(s.loss_chunk);
   model.set_input_offload(s.offload);
   std::vector<UnitSpec> units = llama_units(config);
   if (s.lora) {
@@ -108,6 +110,18 @@ TEST_CASE("the automatic MLP chunk: whole for short sequences, rows of half a hi
   CHECK(mlp_chunk_rows(32768, tiny, 0) == 8192);  // 5958 rows, raised to the floor
   CHECK(mlp_chunk_rows(131072, tiny, 5000) == 5000);
   CHECK(mlp_chunk_rows(100, tiny, 5000) == 100);
+}
+
+TEST_CASE("the head and loss in chunks of rows give the whole one's loss and gradients",
+          "[loss_chunks]") {
+  // 26 rows: the default takes them whole; 5 and 7 leave a short last chunk.
+  const Run plain = run({});
+  for (int64_t rows : {5, 7, 26}) {
+    INFO("chunks of " << rows << " rows");
+    Settings s;
+    s.loss_chunk = rows;
+    check_same(plain, run(s), rows == 26);
+  }
 }
 
 TEST_CASE("a chunked MLP gives the unchunked gradients under every policy", "[mlp_chunks]") {

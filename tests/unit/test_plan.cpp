@@ -135,6 +135,8 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
   ring.model.max_position_embeddings = 131072;
   ring.train.micro_batch_size = 1;
   ring.train.mlp_chunk_tokens = 131072;  // measured before the MLP ran in chunks
+  TrainConfig loss_chunks = tinyllama(P::none, S::bf16);
+  loss_chunks.train.loss_chunk_tokens = 4096;
   const MemoryCase cases[] = {
       // doc/benchmarks.md, "Results: one H200" (train_vs_torch, 4 x 2048 tokens)
       {"1.1B none fp32", tinyllama(P::none, S::fp32), ranks(1), 29.13, 0},
@@ -143,6 +145,8 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
       {"1.1B selective bf16", tinyllama(P::selective, S::bf16), ranks(1), 16.18, 0},
       {"1.1B full fp32", tinyllama(P::full, S::fp32), ranks(1), 20.29, 0},
       {"1.1B full bf16", tinyllama(P::full, S::bf16), ranks(1), 10.46, 0},
+      // "The head's loss in larger chunks" (issue 21): 4096 rows, 2026-12-03
+      {"1.1B none bf16, loss chunks 4096", loss_chunks, ranks(1), 19.51, 0},
       // "Offload: the host AdamW beside the GPU": full checkpointing
       {"1.1B full, offload optimizer", offload_optimizer, ranks(1), 4.47, 0},
       {"1.1B full, offload params", offload_params, ranks(1), 2.70, 0},

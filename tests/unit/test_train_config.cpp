@@ -69,6 +69,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"train.activation_checkpointing", "none"},
     {"train.activation_offload", "none"},
     {"train.mlp_chunk_tokens", "0"},
+    {"train.loss_chunk_tokens", "1024"},
     {"train.resume", "false"},
     {"train.sample_tokens", "48"},
     {"train.sample_prompt", "The "},
