@@ -297,6 +297,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       dpt[i] = st[i] * (dpt[i] - row_value(delta_t, i));
     }
     accumulators_to_a<kBlockM>(dsa, dpt);
+    // By step parity: a tile is written again two steps on, after every consumer that multiplied
+    // it has said at the dS barrier of the step between that its product completed.
     const uint32_t sds = base + Smem::kDs + (step % 2) * Smem::kDsTileBytes;
     if constexpr (kFusedDq) {
       // dS (queries x keys) for dQ = dS K: this consumer's dS^T fragments stored transposed
