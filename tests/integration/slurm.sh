@@ -24,7 +24,7 @@ for tool in munged slurmctld slurmd sbatch scontrol scancel squeue sinfo srun; d
 done
 # Every client call has a deadline: with slurmctld gone they retry for minutes.
 sbatch() { timeout 60 sbatch "$@"; }
-scontrol() { timeout 60 scontrol "$@"; }
+scontrol() { timeout 10 scontrol "$@"; }
 scancel() { timeout 60 scancel "$@"; }
 squeue() { timeout 10 squeue "$@"; }
 sinfo() { timeout 5 sinfo "$@"; }
@@ -166,11 +166,11 @@ echo "slurm: munged, slurmctld and slurmd up after $((SECONDS - start)) s (ports
 [ "$root/build/frugal" -ef "$frugal_binary" ] || export FRUGAL_BIN=$frugal_binary
 export TMPDIR=$work/tmp  # Open MPI's session files, apart from other runs on this machine
 cd "$work/submit"
-job_state() { scontrol show job -o "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+job_state() { { scontrol show job -o "$1" 2>/dev/null || true; } | { grep -o 'JobState=[A-Z_]*' || true; } | cut -d= -f2; }
 # wait_job JOB STATE SECONDS: until the job is in STATE, or fail (a job that ended otherwise).
 wait_job() {
-  local st=""
-  for ((i = 0; i < $3 * 10; i++)); do
+  local st="" deadline=$((SECONDS + $3))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     st=$(job_state "$1")
     [ "$st" = "$2" ] && return 0
     case $st in FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
@@ -179,7 +179,7 @@ wait_job() {
     sleep 0.1
   done
   echo "FAIL: job $1 is '$st' after $3 s, not $2"
-  scontrol show job "$1"
+  scontrol show job "$1" || true
   cat "$work/submit/frugal-$1.out" 2>/dev/null
   tail -5 "$s/slurmctld.log" "$s/slurmd.log"
   exit 1
@@ -193,12 +193,13 @@ check_log() {  # LOG PATTERN
 # gets the pre-timeout signal after 10 steps, stops with a checkpoint, requeues itself, resumes
 # and finishes with the losses of the uninterrupted run.
 signalled_job() {
-  local launcher=$1 out=$2 job log stop
+  local launcher=$1 out=$2 job log stop deadline
   job=$(FRUGAL_LAUNCHER=$launcher sbatch --parsable "$root/jobs/train-cpu.sbatch" "${args[@]}" \
-    --train.out_dir="$out")
+    --train.out_dir="$out") || { echo "FAIL: sbatch failed"; tail -n 5 "$s/slurmctld.log"; exit 1; }
   log=$work/submit/frugal-$job.out
   wait_job "$job" RUNNING 30
-  for ((i = 0; i < 600; i++)); do  # 60 s for 10 steps
+  deadline=$((SECONDS + 60))  # for 10 steps
+  while [ "$SECONDS" -lt "$deadline" ]; do
     [ "$(steps "$out/metrics.jsonl")" -ge 10 ] && break
     [ "$(job_state "$job")" = RUNNING ] || break
     sleep 0.1
@@ -210,9 +211,9 @@ signalled_job() {
 
   # One job, two attempts, one log: signal, clean stop, requeue, resume, the end.
   scontrol show job -o "$job" | grep -q 'Restarts=1 ' \
-    || { echo "FAIL: job $job was not requeued once"; scontrol show job "$job"; exit 1; }
+    || { echo "FAIL: job $job was not requeued once"; scontrol show job "$job" || true; exit 1; }
   scontrol show job -o "$job" | grep -q 'ExitCode=0:0 ' \
-    || { echo "FAIL: job $job's exit code"; scontrol show job "$job"; exit 1; }
+    || { echo "FAIL: job $job's exit code"; scontrol show job "$job" || true; exit 1; }
   check_log "$log" "attempt 1 on .*: $launcher "
   check_log "$log" "got SIGUSR1: passing SIGUSR1 to the ranks"
   stop=$(sed -n 's/^stopped by SIGUSR1 at step \([0-9]*\): checkpoint .*/\1/p' "$log")
@@ -233,7 +234,8 @@ signalled_job mpirun "$work/job-mpirun"  # mpirun inside the allocation works as
 
 # The finished job submitted again: nothing to train, said so, exit 0. Left to itself, the
 # script picks srun with Slurm's pmix plugin, which this cluster has but does not default to.
-again=$(sbatch --parsable "$root/jobs/train-cpu.sbatch" "${args[@]}" --train.out_dir="$work/job")
+again=$(sbatch --parsable "$root/jobs/train-cpu.sbatch" "${args[@]}" --train.out_dir="$work/job") \
+  || { echo "FAIL: sbatch failed"; tail -n 5 "$s/slurmctld.log"; exit 1; }
 wait_job "$again" COMPLETED 60
 check_log "frugal-$again.out" "attempt 1 on .*: srun --mpi=pmix "
 check_log "frugal-$again.out" "the run already reached step 400 = train.steps; nothing to train"
