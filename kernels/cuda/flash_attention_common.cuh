@@ -55,14 +55,14 @@ inline Params make_params(const ::frugal::cpu::AttentionShape& s) {
 }
 
 // Keys that query row `row` sees: j <= row + offset, clipped to [0, kv_len].
-__device__ __forceinline__ int keys_seen(int row, const Params& p) {
+__host__ __device__ __forceinline__ int keys_seen(int row, const Params& p) {
   return min(max(row + p.causal_offset + 1, 0), p.kv_len);
 }
 
 // The first key query row `row` sees: with a sliding window j > row + offset - window (as
 // transformers' sliding_window_overlay: kv_idx > q_idx - window), clipped to [0, kv_len];
 // 0 without one.
-__device__ __forceinline__ int first_key_seen(int row, const Params& p) {
+__host__ __device__ __forceinline__ int first_key_seen(int row, const Params& p) {
   return p.window > 0 ? min(max(row + p.causal_offset - p.window + 1, 0), p.kv_len) : 0;
 }
 

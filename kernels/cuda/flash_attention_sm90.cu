@@ -7,8 +7,10 @@
 // and flash_attention_sm90_dq.cu the backward's passes; flash_attention_sm90.cuh the block
 // shape, tile layout and instructions they all use.
 //
-// Forward: work items of (128 query rows, head, batch), longest rows first; persistent (one
-// block per SM walking the items) for sequences of up to 4k tokens, a block per item beyond. Each
+// Forward: work items of (128 query rows, head, batch), longest rows first within groups of
+// heads whose K and V tiles stay in L2 together (kernels/head_grouped_order.h; the backward's
+// passes order their blocks the same way); persistent (one block per SM walking the items) for
+// sequences of up to 4k tokens, a block per item beyond. Each
 // consumer holds O (64 rows x D, fp32) in registers; per key tile of 128: S = Q K^T (wgmma; Q
 // from shared memory, or at head dim 64 from registers, read once per item), mask (only tiles
 // crossing the diagonal or kv_len), online softmax in fp32 (exp2, scale folded in), O += P V
@@ -21,9 +23,10 @@
 //  1. prepare (flash_attention_backward_prepare): lse_log2 and Delta = rowsum(dO O).
 //  2. dK/dV: one block per (128 keys, kv head, batch); each consumer owns 64 keys and
 //     computes S^T = K Q^T and dP^T = V dO^T (at head dim 64 with its K and V rows held in
-//     registers), so P^T and dS^T are register A operands of dV += P^T dO and dK += dS^T Q. The block walks the 64-row query tiles its keys are seen
-//     by, upwards, every head of its group inner (GQA sums in registers). The producer warp
-//     also stages each tile's lse_log2 and Delta in shared memory.
+//     registers), so P^T and dS^T are register A operands of dV += P^T dO and dK += dS^T Q. The
+//     block walks the 64-row query tiles its keys are seen by, upwards, every head of its group
+//     inner (GQA sums in registers). The producer warp also stages each tile's lse_log2 and Delta
+//     in shared memory.
 //  3. dQ, either in the same pass (Sm90DqSum::kFused; FlashAttention-3's design, made
 //     deterministic): the consumers store dS transposed in shared memory (stmatrix), compute
 //     the block's part of dQ = dS K (wgmma, both operands in shared memory; at head dim 128 each
@@ -39,6 +42,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_sm90.cuh"
@@ -74,20 +81,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const __grid_constant__ CUtensorMap q_map,
                               const __grid_constant__ CUtensorMap k_map,
                               const __grid_constant__ CUtensorMap v_map, const Params p,
-                              int batch_heads, int q_blocks) {
+                              const HeadGroupedOrder order) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = ForwardSmem<D, kStages>;
   constexpr int kBlockM = kFwdBlockM, kBlockN = kFwdBlockN;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = swizzle_aligned(smem_raw);
-  const int n_work = batch_heads * q_blocks;
+  const int q_blocks = order.items_per_pair, n_work = order.pairs * q_blocks;
 
-  // Work item i: query block q_blocks - 1 - i / batch_heads of (batch, head) i % batch_heads, so
-  // the longest rows come first. The blocks take the items in rounds of gridDim.x, walking even
-  // rounds forwards and odd ones backwards: items shrink along a round, so a block that took a
-  // round's longest takes the next round's shortest, and the blocks end closer together than
-  // with a plain stride, which gives block 0 the longest of every round. With a block per item
-  // (the launcher's choice for long sequences) the walk is one round: block i, item i.
+  // Work item i (HeadGroupedOrder): rank 0 of a (batch, head) is its last query block, the
+  // longest. The blocks take the items in rounds of gridDim.x, walking even rounds forwards and
+  // odd ones backwards, so that a block's loads even out over the rounds (items along a round
+  // vary in length). With a block per item (the launcher's choice for long sequences) the walk
+  // is one round: block i, item i.
   auto item_of_round = [&](int round) {
     const int slot = round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
     return round * static_cast<int>(gridDim.x) + slot;
@@ -97,10 +103,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto work_at = [&](int i) {
     Work w;
-    const int bh = i % batch_heads;
+    int bh, rank;
+    order.at(i, bh, rank);
     w.b = bh / p.n_heads;
     w.h = bh % p.n_heads;
-    w.q0 = (q_blocks - 1 - i / batch_heads) * kBlockM;
+    w.q0 = (q_blocks - 1 - rank) * kBlockM;
     // Keys [kv_begin, kv_end) are seen by some row of the block (kv_begin > 0 only under a
     // sliding window): only those tiles are loaded.
     w.last_row = min(w.q0 + kBlockM, p.q_len) - 1;
@@ -299,29 +306,69 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   // Persistent (one block per SM, or per item if fewer, walking the items) while a sequence
   // holds at most kPersistentQueryBlocks items: the next item's loads overlap this one's
   // epilogue, 3-16% faster on an H200 at 2k-4k tokens. Longer sequences get a block per item,
-  // which the hardware hands out longest first as SMs free up: with items of very different
-  // lengths that ended more evenly than the two walks tried, a plain stride and the rounds
-  // walked both ways (4-9% faster at 8k-16k tokens).
+  // which the hardware hands out in order as SMs free up: with items of very different lengths
+  // that ended more evenly than the two walks tried, a plain stride and the rounds walked both
+  // ways (4-9% faster at 8k-16k tokens).
   constexpr int64_t kPersistentQueryBlocks = 32;
   const int64_t batch_heads = s.batch * s.n_heads;
   const int64_t q_blocks = grid_blocks(s.q_len, kFwdBlockM, "q_len");
   const int64_t items = batch_heads * q_blocks;
   if (items > INT32_MAX / 2)  // the kernel's item indices stay ints
     fail("cuda flash attention sm90: ", items, " blocks of query rows is too many");
+  // The order (HeadGroupedOrder) for the hand-out; a (batch, head) pair's share of its kv head's
+  // K and V is what its items read from L2.
+  const Params p = make_params(s);
+  const int64_t kv_bytes_per_pair = 2 * s.kv_len * tile_bytes(1, D) / p.group;
+  int pairs_per_group =
+      sm90::pairs_per_group(p, static_cast<int>(batch_heads), static_cast<int>(q_blocks),
+                            key_tiles_by_rank<kFwdBlockM, kFwdBlockN>, kv_bytes_per_pair);
   int64_t blocks = items;
   if (q_blocks <= kPersistentQueryBlocks) {
     int device = 0, sms = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     blocks = std::min<int64_t>(sms, items);
+    // The fixed walk takes the heads one at a time (a round then spans a few heads) unless all
+    // pairs stay together (their tiles fit in L2): the group sizes chosen for the hand-out of a
+    // grid gave the SMs uneven loads under the fixed walk in a simulation (up to 1.4x the
+    // ideal end), one head at a time as even as all pairs together (within 3 %).
+    if (pairs_per_group != batch_heads) pairs_per_group = 1;
   }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
-      out, lse, q_map, k_map, v_map, make_params(s), static_cast<int>(batch_heads),
-      static_cast<int>(q_blocks));
+  const HeadGroupedOrder order{static_cast<int>(batch_heads), static_cast<int>(q_blocks),
+                               pairs_per_group};
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(out, lse, q_map, k_map, v_map,
+                                                                    p, order);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
+
+namespace sm90 {
+
+int pairs_per_group(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,
+                    int64_t shared_bytes_per_pair) {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  // The shape as far as the tiles and the choice depend on it (tiles_by_rank names the kernel
+  // and its block sizes).
+  using Key = std::tuple<int, TilesByRank, int, int, int64_t, int, int, int, int, int>;
+  const Key key{device,  tiles_by_rank, pairs,           items_per_pair, shared_bytes_per_pair,
+                p.q_len, p.kv_len,      p.causal_offset, p.window,       p.group};
+  static std::mutex mutex;
+  static std::map<Key, int> chosen;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = chosen.find(key);
+  if (found != chosen.end()) return found->second;
+  int sms = 0, l2_bytes = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const int group = work_order::choose_pairs_per_group(pairs, tiles_by_rank(p, items_per_pair),
+                                                       shared_bytes_per_pair, sms, l2_bytes);
+  chosen.emplace(key, group);
+  return group;
+}
+
+}  // namespace sm90
 
 bool flash_attention_sm90_supports(const AttentionShape& s,
                                    std::initializer_list<const void*> bf16_tensors,

@@ -36,11 +36,14 @@
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes from the runtime)
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attention_common.cuh"
+#include "kernels/head_grouped_order.h"
 
 // Only the sm_90a device pass compiles the kernel bodies; other architectures get empty
 // kernels that flash_attention_sm90_supports never lets run.
@@ -55,6 +58,7 @@ namespace frugal::cuda::sm90 {
 using namespace flash;
 using bf16 = __nv_bfloat16;
 using ::frugal::cpu::AttentionShape;
+using work_order::HeadGroupedOrder;
 
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = 3 * kWarpgroupThreads;  // producer + 2 consumers
@@ -515,6 +519,31 @@ inline CUtensorMap tensor_map(const bf16* data, int64_t batch, int64_t len, int6
     fail("cuda flash attention sm90: cuTensorMapEncodeTiled failed (CUresult ", int(status),
          ") for batch ", batch, " len ", len, " heads ", heads, " head_dim ", head_dim);
   return map;
+}
+
+// Tiles of a kernel's work items by HeadGroupedOrder rank, for `items_per_pair` items.
+using TilesByRank = std::vector<int> (*)(const Params& p, int items_per_pair);
+
+// HeadGroupedOrder's group size for a grid of `pairs` pairs on this device
+// (work_order::choose_pairs_per_group with its SMs and L2), remembered per launch shape: the
+// choice can take a millisecond, a launch looks it up in well under a microsecond, and the
+// tiles are counted only the first time.
+int pairs_per_group(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,
+                    int64_t shared_bytes_per_pair);
+
+// The key tiles (of kBlockN keys) each block of kBlockM query rows loads, by HeadGroupedOrder
+// rank: rank 0 is the last block, the one that sees the most keys (as the forward and dQ
+// kernels count them).
+template <int kBlockM, int kBlockN>
+std::vector<int> key_tiles_by_rank(const Params& p, int q_blocks) {  // a TilesByRank
+  std::vector<int> tiles(q_blocks);
+  for (int rank = 0; rank < q_blocks; ++rank) {
+    const int q0 = (q_blocks - 1 - rank) * kBlockM;
+    const int kv_end = keys_seen(std::min(q0 + kBlockM, p.q_len) - 1, p);
+    const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+    tiles[rank] = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
+  }
+  return tiles;
 }
 
 // The rows [row0, row0 + kRows) of one head (those below len) of a backward block that adds

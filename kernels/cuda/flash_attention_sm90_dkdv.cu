@@ -1,6 +1,7 @@
 // The Hopper attention backward's dK/dV pass, with dQ fused in on request (the outline is in
 // flash_attention_sm90.cu, the instructions in flash_attention_sm90.cuh).
 #include <cstdint>
+#include <vector>
 
 #include "kernels/attention_backward_tiles.h"
 #include "kernels/cuda/flash_attention.h"
@@ -82,15 +83,12 @@ struct DkdvSmem {
 // attention_backward_tiles.h; otherwise dq is left to flash_sm90_backward_dq_kernel. dk, dv:
 // as put_gradient_pair.
 template <int D, int kStages, bool kFusedDq, class GradT>
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_sm90_backward_dkdv_kernel(GradT* __restrict__ dk, GradT* __restrict__ dv,
-                                    const __grid_constant__ CUtensorMap dq_map, int* dq_turns,
-                                    const __grid_constant__ CUtensorMap q_map,
-                                    const __grid_constant__ CUtensorMap k_map,
-                                    const __grid_constant__ CUtensorMap v_map,
-                                    const __grid_constant__ CUtensorMap dout_map,
-                                    const float* __restrict__ lse_log2,
-                                    const float* __restrict__ delta, const Params p) {
+__global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
+    GradT* __restrict__ dk, GradT* __restrict__ dv, const __grid_constant__ CUtensorMap dq_map,
+    int* dq_turns, const __grid_constant__ CUtensorMap q_map,
+    const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+    const __grid_constant__ CUtensorMap dout_map, const float* __restrict__ lse_log2,
+    const float* __restrict__ delta, const Params p, const HeadGroupedOrder order) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = DkdvSmem<D, kStages, kFusedDq>;
   constexpr int kBlockM = kDkdvBlockM, kBlockN = kDkdvBlockN;
@@ -100,11 +98,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Fused: the key blocks of one kv head are neighbours in the grid (x), the last (shortest)
   // first, as they add to dq first; so they run together, and dq's tiles stay in L2 between
   // their adds. A block waits only for blocks of lower index, which CUDA starts first (in
-  // practice: not a documented guarantee). Otherwise x = (batch, kv head) and y = key block from
-  // the first: the longest blocks are launched first.
-  const int batch_head = kFusedDq ? blockIdx.y : blockIdx.x;
-  const int b = batch_head / p.n_kv_heads, g = batch_head % p.n_kv_heads;
-  const int n = kFusedDq ? gridDim.x - 1 - blockIdx.x : blockIdx.y, j0 = n * kBlockN;
+  // practice: not a documented guarantee). Otherwise block x in HeadGroupedOrder over (batch,
+  // kv head) pairs, rank = key block from the first (the longest): the blocks of a group of kv
+  // heads run together and share their Q and dO tiles in L2.
+  int batch_head, n;
+  if constexpr (kFusedDq) {
+    batch_head = blockIdx.y;
+    n = gridDim.x - 1 - blockIdx.x;
+  } else {
+    order.at(blockIdx.x, batch_head, n);
+  }
+  const int b = batch_head / p.n_kv_heads, g = batch_head % p.n_kv_heads, j0 = n * kBlockN;
   const flash_tiles::BackwardTiling tiling{p.q_len,  p.kv_len, p.causal_offset,
                                            p.window, kBlockM,  kBlockN};
   const flash_tiles::TileRange tiles = flash_tiles::query_tiles_of_key_block(tiling, n);
@@ -404,6 +408,19 @@ CUtensorMap dq_tensor_map(float* dq, int64_t batch, int64_t len, int64_t heads, 
   return map;
 }
 
+// The steps (query tiles, one per head of the group) of each key block, by HeadGroupedOrder
+// rank: rank n is key block n, from the first (the longest under the causal mask). A TilesByRank.
+std::vector<int> dkdv_steps_by_rank(const Params& p, int key_blocks) {
+  const flash_tiles::BackwardTiling tiling{p.q_len,  p.kv_len,    p.causal_offset,
+                                           p.window, kDkdvBlockM, kDkdvBlockN};
+  std::vector<int> steps(key_blocks);
+  for (int n = 0; n < key_blocks; ++n) {
+    const flash_tiles::TileRange tiles = flash_tiles::query_tiles_of_key_block(tiling, n);
+    steps[n] = p.group * (tiles.end - tiles.begin);
+  }
+  return steps;
+}
+
 // Stages: as many as the 227 KiB of shared memory per block take with room to spare.
 template <int D>
 constexpr int kDkdvStages = D == 128 ? 2 : 3;
@@ -424,13 +441,24 @@ void dkdv_for(float* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, 
   if (fused && batch_heads > 65535)
     fail("cuda flash attention sm90: batch x kv heads = ", batch_heads,
          " is more than the grid's 65535");
-  const dim3 grid = fused ? dim3(key_blocks, batch_heads) : dim3(batch_heads, key_blocks);
+  if (!fused && int64_t{batch_heads} * key_blocks > INT32_MAX)
+    fail("cuda flash attention sm90: ", int64_t{batch_heads} * key_blocks,
+         " blocks of keys is too many");
+  // Not fused: one block per (128 keys, kv head, batch) in HeadGroupedOrder (rank = key block),
+  // a pair's blocks sharing the Q and dO of its group's heads.
+  HeadGroupedOrder order{static_cast<int>(batch_heads), static_cast<int>(key_blocks), 1};
+  if (!fused) {
+    const int64_t q_head_bytes = 2 * s.q_len * tile_bytes(1, D);  // Q and dO of one head
+    order.pairs_per_group = pairs_per_group(p, order.pairs, order.items_per_pair,
+                                            dkdv_steps_by_rank, q_head_bytes * p.group);
+  }
+  const dim3 grid = fused ? dim3(key_blocks, batch_heads) : dim3(batch_heads * key_blocks);
   // The separate dQ kernel's launch has no use for a map of dq: a copy of q's stands in.
   const CUtensorMap dq_map = fused ? dq_tensor_map(dq, s.batch, s.q_len, s.n_heads, D) : q_map;
   auto launch = [&](auto kernel, int smem) {
     allow_shared_memory(kernel, smem);
     kernel<<<grid, kThreads, smem, stream>>>(dk, dv, dq_map, dq_turns, q_map, k_map, v_map,
-                                             dout_map, lse_log2, delta, p);
+                                             dout_map, lse_log2, delta, p, order);
     CUDA_CHECK_LAUNCH();
   };
   if constexpr (std::is_same_v<GradT, float>) {

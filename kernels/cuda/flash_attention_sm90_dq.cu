@@ -38,14 +38,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const __grid_constant__ CUtensorMap v_map,
                                   const __grid_constant__ CUtensorMap dout_map,
                                   const float* __restrict__ lse_log2,
-                                  const float* __restrict__ delta, const Params p) {
+                                  const float* __restrict__ delta, const Params p,
+                                  const HeadGroupedOrder order) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = DqSmem<D, kStages>;
   constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN<D>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = swizzle_aligned(smem_raw);
-  const int b = blockIdx.x / p.n_heads, h = blockIdx.x % p.n_heads, g = h / p.group;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
+  // Block i: rank 0 of a (batch, head) is its last query block, the longest.
+  int bh, rank;
+  order.at(blockIdx.x, bh, rank);
+  const int b = bh / p.n_heads, h = bh % p.n_heads, g = h / p.group;
+  const int q0 = (order.items_per_pair - 1 - rank) * kBlockM;
   const int last_row = min(q0 + kBlockM, p.q_len) - 1;
   const int kv_end = keys_seen(last_row, p);
   const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
@@ -169,9 +173,19 @@ void dq_for(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf1
   const CUtensorMap dout_map = tensor_map(dout, s.batch, s.q_len, s.n_heads, D, kDqBlockM);
   const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN<D>);
   const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kDqBlockN<D>);
-  const dim3 grid(static_cast<unsigned>(s.batch * s.n_heads),
-                  grid_blocks(s.q_len, kDqBlockM, "q_len"));
-  kernel<<<grid, kThreads, smem, stream>>>(dq, q_map, k_map, v_map, dout_map, lse_log2, delta, p);
+  // One block per (128 query rows, head, batch), in HeadGroupedOrder: the blocks of a group of
+  // heads run together and share its K and V tiles in L2.
+  const int64_t pairs = s.batch * s.n_heads, q_blocks = grid_blocks(s.q_len, kDqBlockM, "q_len");
+  if (pairs * q_blocks > INT32_MAX)
+    fail("cuda flash attention sm90: ", pairs * q_blocks, " blocks of query rows is too many");
+  // A (batch, head) pair's share of its kv head's K and V, which its items read from L2.
+  const int64_t kv_bytes_per_pair = 2 * s.kv_len * tile_bytes(1, D) / p.group;
+  const HeadGroupedOrder order{
+      static_cast<int>(pairs), static_cast<int>(q_blocks),
+      pairs_per_group(p, static_cast<int>(pairs), static_cast<int>(q_blocks),
+                      key_tiles_by_rank<kDqBlockM, kDqBlockN<D>>, kv_bytes_per_pair)};
+  kernel<<<static_cast<unsigned>(pairs * q_blocks), kThreads, smem, stream>>>(
+      dq, q_map, k_map, v_map, dout_map, lse_log2, delta, p, order);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,105 @@
+// The order in which the Hopper attention kernels (flash_attention_sm90*.cu) take their work
+// items, shared by the kernels, their launchers and the CPU unit test.
+//
+// Each (batch, head) pair has the same number of work items (blocks of query rows, or of keys),
+// rank 0 its longest. Pairs go in groups of `pairs_per_group`, each group's items longest first
+// with its pairs inner. Then the items that run at one time belong to few heads and read the
+// same tiles (K and V in the forward and dQ passes, Q and dO in the dK/dV pass) from L2 rather
+// than HBM: with every head's items of one rank together, the first order these kernels had,
+// an H200 read most tiles from HBM and the forward at 2k-4k tokens (head dim 128, no GQA) ran
+// at its bandwidth's limit. One group of all pairs is that first order: longest first over
+// everything, which evens the SMs' loads best, and is kept where every head's shared tiles fit
+// in L2 anyway (GQA's heads share theirs). Smaller groups start a later group's long items while
+// an earlier group's short ones run, which can leave SMs idle at the end: where that matters
+// (few items per SM) choose_pairs_per_group finds it by simulating the hand-out.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <utility>
+#include <vector>
+
+#include "kernels/host_device.h"
+
+namespace frugal::work_order {
+
+struct HeadGroupedOrder {
+  int pairs, items_per_pair, pairs_per_group;
+
+  // Item i as its pair and rank.
+  FRUGAL_HOST_DEVICE void at(int i, int& pair, int& rank) const {
+    const int group_items = pairs_per_group * items_per_pair;
+    const int first = i / group_items * pairs_per_group, j = i % group_items;
+    const int left = pairs - first;  // the last group may be short
+    const int in_group = pairs_per_group < left ? pairs_per_group : left;
+    pair = first + j % in_group;
+    rank = j / in_group;
+  }
+};
+
+// When the last of `sms` SMs finishes if each takes the next item in `order` as it becomes free
+// (as the hardware hands out a grid's blocks), item costs by rank. In the same unit as the costs.
+inline double simulated_makespan(const HeadGroupedOrder& order,
+                                 const std::vector<double>& cost_of_rank, int sms) {
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  for (int s = 0; s < sms; ++s) free_at.push(0.0);
+  double end = 0.0;
+  const int64_t items = int64_t{order.pairs} * order.items_per_pair;
+  for (int64_t i = 0; i < items; ++i) {
+    int pair = 0, rank = 0;
+    order.at(static_cast<int>(i), pair, rank);
+    const double done = free_at.top() + cost_of_rank[rank];
+    free_at.pop();
+    free_at.push(done);
+    end = std::max(end, done);
+  }
+  return end;
+}
+
+// Grids of fewer items than this per SM keep all pairs together: there the simulation's costs
+// (tiles plus one) were too rough to beat longest first over everything (the dK/dV pass at 8k
+// tokens, GQA 8:1, 256 blocks: one kv head at a time measured 2 % slower on an H200).
+constexpr int kMinItemsPerSm = 8;
+
+// The group size for a grid of `pairs` pairs whose items cost `tiles_of_rank` tiles each (by
+// rank), a pair's items sharing `shared_bytes_per_pair` bytes of tiles, on `sms` SMs with
+// `l2_bytes` of L2. All pairs when all their shared tiles fit in half the L2, or when the grid
+// has few items (kMinItemsPerSm). Otherwise the smallest group whose simulated end is within
+// 1 % of the best of the sizes tried: groups whose shared tiles fit in half the L2, and all
+// pairs. An item's cost is its tiles plus one (its start and its end). Large grids are not
+// simulated: where the longest item is under 1 % of an SM's share (or beyond 2^17 items) any
+// group ends within about 1 %, so it takes the smallest that gives every SM an item.
+inline int choose_pairs_per_group(int pairs, const std::vector<int>& tiles_of_rank,
+                                  int64_t shared_bytes_per_pair, int sms, int64_t l2_bytes) {
+  const int items_per_pair = static_cast<int>(tiles_of_rank.size());
+  if (pairs <= 1 || items_per_pair == 0 || sms <= 0) return std::max(pairs, 1);
+  const int64_t fit_l2 = l2_bytes / 2 / std::max<int64_t>(shared_bytes_per_pair, 1);
+  if (fit_l2 >= pairs || int64_t{pairs} * items_per_pair < int64_t{kMinItemsPerSm} * sms)
+    return pairs;
+  const int most = static_cast<int>(std::clamp<int64_t>(fit_l2, 1, pairs));
+  std::vector<double> cost(tiles_of_rank.begin(), tiles_of_rank.end());
+  double total = 0.0, longest = 0.0;
+  for (double& c : cost) {
+    c += 1.0;
+    total += c * pairs;
+    longest = std::max(longest, c);
+  }
+  const int for_sms = std::min(most, (sms + items_per_pair - 1) / items_per_pair);
+  if (longest <= 0.01 * total / sms || int64_t{pairs} * items_per_pair > (int64_t{1} << 17))
+    return for_sms;
+
+  std::vector<int> tried;
+  for (int g = 1; g < most; g = std::max(g + 1, g * 5 / 4)) tried.push_back(g);
+  tried.push_back(most);
+  if (most < pairs) tried.push_back(pairs);
+  std::vector<double> ends;
+  for (int g : tried) ends.push_back(simulated_makespan({pairs, items_per_pair, g}, cost, sms));
+  const double best = *std::min_element(ends.begin(), ends.end());
+  for (size_t k = 0; k < tried.size(); ++k)
+    if (ends[k] <= 1.01 * best) return tried[k];
+  return pairs;
+}
+
+}  // namespace frugal::work_order
