@@ -10,13 +10,14 @@
 // Forward: work items of (128 query rows, head, batch), longest rows first within groups of
 // heads whose K and V tiles stay in L2 together (kernels/head_grouped_order.h; the backward's
 // passes order their blocks the same way); persistent (one block per SM walking the items) for
-// sequences of up to 4k tokens, a block per item beyond. Each
-// consumer holds O (64 rows x D, fp32) in registers; per key tile of 128: S = Q K^T (wgmma; Q
-// from shared memory, or at head dim 64 from registers, read once per item), mask (only tiles
-// crossing the diagonal or kv_len), online softmax in fp32 (exp2, scale folded in), O += P V
-// with P in registers as bf16. S of the next tile is issued
-// before P V of this one, so the softmax of one tile overlaps the tensor cores' P V of the one
-// before (FlashAttention-3's intra-warpgroup pipelining); the two consumers interleave too.
+// sequences of up to 4k tokens, a block per item beyond. Each consumer holds O (64 rows x D,
+// fp32) in registers; per key tile of 128: S = Q K^T (wgmma; Q from shared memory, or at head
+// dim 64 from registers, read once per item), mask (only tiles crossing the diagonal or
+// kv_len), online softmax in fp32 (exp2, scale folded in), O += P V with P in registers as
+// bf16. S of the next tile is issued before P V of this one, so the softmax of one tile
+// overlaps the tensor cores' P V of the one before (FlashAttention-3's intra-warpgroup
+// pipelining), and likewise the next item's first S and softmax overlap this item's last P V;
+// the two consumers interleave too.
 //
 // Backward, deterministic (the same bits run to run: no float atomics in an unordered sum),
 // recomputing P = exp2(S scale log2(e) - lse_log2):
@@ -151,118 +152,155 @@ __global__ void __launch_bounds__(kThreads, 1)
   registers_increase<kConsumerRegisters>();
   const int consumer = threadIdx.x / kWarpgroupThreads - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  int loaded = 0, items = 0;
-  for (int round = 0, i; (i = item_of_round(round)) < n_work; ++round) {
-    const Work w = work_at(i);
-    bf16* out_head = out + static_cast<int64_t>(w.b) * p.q_len * p.q_stride + w.h * D;
-    float* lse_head = lse + (static_cast<int64_t>(w.b) * p.n_heads + w.h) * p.q_len;
-    if (w.n_tiles == 0) {  // no row of the block sees a key
-      write_unseen_rows<D, kBlockM, kConsumerThreads>(out_head, lse_head, w.q0, p,
-                                                      threadIdx.x - kWarpgroupThreads);
-      continue;
+  // An item as this consumer sees it: its rows, the keys every row of the block sees (and that
+  // exist: tiles inside need no mask), and its first tile's number through the stage ring.
+  struct Item {
+    Work w;
+    int row_a, row_b, unmasked_begin, unmasked_end, first_load;
+    bf16* out_head;
+    float* lse_head;
+  };
+  // The walk's next item with keys (Item::w.n_tiles == 0 once the walk is done). Items whose
+  // rows see no key are written on the way (out = 0, lse = -inf): no tile is loaded for them.
+  int round = 0, loaded = 0, items = 0;
+  auto next_item = [&]() {
+    Item it;
+    it.w.n_tiles = 0;
+    for (int i; (i = item_of_round(round)) < n_work;) {
+      ++round;
+      it.w = work_at(i);
+      it.out_head = out + static_cast<int64_t>(it.w.b) * p.q_len * p.q_stride + it.w.h * D;
+      it.lse_head = lse + (static_cast<int64_t>(it.w.b) * p.n_heads + it.w.h) * p.q_len;
+      if (it.w.n_tiles == 0) {
+        write_unseen_rows<D, kBlockM, kConsumerThreads>(it.out_head, it.lse_head, it.w.q0, p,
+                                                        threadIdx.x - kWarpgroupThreads);
+        continue;
+      }
+      it.row_a = it.w.q0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4;
+      it.row_b = it.row_a + 8;
+      it.unmasked_end = min(it.w.q0 + p.causal_offset + 1, p.kv_len);
+      it.unmasked_begin = first_key_seen(it.w.last_row, p);
+      it.first_load = loaded;
+      loaded += it.w.n_tiles;
+      break;
     }
-    const int row_a = w.q0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4, row_b = row_a + 8;
-    // Keys [unmasked_begin, unmasked_end) every row of the block sees (and that exist): tiles
-    // inside need no mask.
-    const int unmasked_end = min(w.q0 + p.causal_offset + 1, p.kv_len);
-    const int unmasked_begin = first_key_seen(w.last_row, p);
-    const int n_tiles = w.n_tiles;
-    float o[D / 2];
-#pragma unroll
-    for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    return it;
+  };
 
-    // At head dim 64 this consumer's rows of Q stay in registers for the item (the A operand of
-    // every S: those products read only K from shared memory), and the tile is handed back at
-    // once, so the next item's Q loads during this one. At 128 the registers are taken (ptxas
-    // spills): Q is read from shared memory until the item's last S.
-    constexpr bool kQInRegisters = D == 64;
+  // At head dim 64 this consumer's rows of Q stay in registers for the item (the A operand of
+  // every S: those products read only K from shared memory), and the tile is handed back at
+  // once, so the next item's Q loads during this one. At 128 the registers are taken (ptxas
+  // spills): Q is read from shared memory until the item's last S.
+  constexpr bool kQInRegisters = D == 64;
+  [[maybe_unused]] uint32_t q_frag[D / 16][4];
+  // Waits for the next item's Q (the `items`-th loaded) and, at head dim 64, takes it into
+  // registers.
+  auto take_q = [&]() {
     mbarrier_wait(q_full, items & 1);
-    [[maybe_unused]] uint32_t q_frag[D / 16][4];
     if constexpr (kQInRegisters) {
       load_a_fragments<D, kBlockM>(q_frag, sq, consumer * kRowsPerConsumer, warp, lane);
       mbarrier_arrive(q_empty);
     }
-    // Issues S = Q K_t^T (64 rows x 128 keys per consumer) into s, once tile t has landed.
-    auto issue_scores = [&](float(&s)[kBlockN / 2], int t) {
-      const int stage = (loaded + t) % kStages;
-      mbarrier_wait(bars.full(stage), ((loaded + t) / kStages) & 1);
-      wgmma_fence();
-      if constexpr (kQInRegisters)
-        issue_product_rs_k<D, kBlockN>(s, q_frag, k_tile(stage));
-      else
-        issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
-    };
-    // Online softmax of tile t, rows in fp32 (a row's 128 scores are spread over the 4 lanes of
-    // a quad): masks s, updates the row max and sum, turns s into P (relative to the new max)
-    // and returns the factor that takes O from the old max to the new one.
-    auto softmax = [&](float(&s)[kBlockN / 2], int t, float(&correction)[2]) {
-      const int k0 = w.kv_begin + t * kBlockN;
-      if (k0 + kBlockN > unmasked_end || k0 < unmasked_begin) {
+  };
+  float s[kBlockN / 2], o[D / 2], row_max[2], row_sum[2], correction[2];
+  uint32_t pa[kBlockN / 16][4];
+  // Issues S = Q K_t^T of item `it` (64 rows x 128 keys per consumer) into s, once tile t has
+  // landed.
+  auto issue_scores = [&](const Item& it, int t) {
+    const int stage = (it.first_load + t) % kStages;
+    mbarrier_wait(bars.full(stage), ((it.first_load + t) / kStages) & 1);
+    wgmma_fence();
+    if constexpr (kQInRegisters)
+      issue_product_rs_k<D, kBlockN>(s, q_frag, k_tile(stage));
+    else
+      issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
+  };
+  // O += P_t V_t (issued, not waited for).
+  auto issue_pv = [&](const Item& it, int t) {
+    wgmma_fence();
+    pin_registers(o);
+    pin_registers(pa);
+    issue_product_rs<D, kBlockN>(o, pa, v_tile((it.first_load + t) % kStages));
+  };
+  // Online softmax of tile t of item `it`, rows in fp32 (a row's 128 scores are spread over the
+  // 4 lanes of a quad): masks s, updates the row max and sum, turns s into P (relative to the
+  // new max) and sets the factor that takes O from the old max to the new one.
+  auto softmax = [&](const Item& it, int t) {
+    const int k0 = it.w.kv_begin + t * kBlockN;
+    if (k0 + kBlockN > it.unmasked_end || k0 < it.unmasked_begin) {
 #pragma unroll
-        for (int e = 0; e < kBlockN / 2; ++e) {
-          const int key = k0 + (e / 4) * 8 + (lane % 4) * 2 + (e % 2);
-          const int row = (e % 4) < 2 ? row_a : row_b;
-          if (hidden_key(row, key, p)) s[e] = -INFINITY;
+      for (int e = 0; e < kBlockN / 2; ++e) {
+        const int key = k0 + (e / 4) * 8 + (lane % 4) * 2 + (e % 2);
+        const int row = (e % 4) < 2 ? it.row_a : it.row_b;
+        if (hidden_key(row, key, p)) s[e] = -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = row_max[r];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row that has seen no key yet keeps max -inf; subtracting 0 keeps exp2(-inf) = 0.
+      const float base_log2 = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
+      correction[r] = exp2_approx(row_max[r] * p.scale_log2 - base_log2);
+      row_max[r] = mx;
+      row_sum[r] *= correction[r];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2_approx(fmaf(s[4 * j + 2 * r + e], p.scale_log2, -base_log2));
+          s[4 * j + 2 * r + e] = pe;
+          row_sum[r] += pe;
         }
       }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[r];
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
-          mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A row that has seen no key yet keeps max -inf; subtracting 0 keeps exp2(-inf) = 0.
-        const float base_log2 = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-        correction[r] = exp2_approx(row_max[r] * p.scale_log2 - base_log2);
-        row_max[r] = mx;
-        row_sum[r] *= correction[r];
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = exp2_approx(fmaf(s[4 * j + 2 * r + e], p.scale_log2, -base_log2));
-            s[4 * j + 2 * r + e] = pe;
-            row_sum[r] += pe;
-          }
-        }
-      }
-    };
+    }
+  };
+  // The softmax of an item's first tile, once its S has completed: the rows start afresh (O,
+  // zeroed by the caller, needs no correction).
+  auto first_softmax = [&](const Item& it) {
+    if (!kQInRegisters && it.w.n_tiles == 1) mbarrier_arrive(q_empty);  // its last S read Q
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+    softmax(it, 0);
+  };
 
-    // FlashAttention-3's overlap within a warpgroup: S_{t+1} is issued before O += P_t V_t, and
-    // its softmax runs while the tensor cores still work on P_t V_t. P_t (pa, bf16) and O stay
-    // untouched until that product has completed; s is free for S_{t+1} once P_t is in pa.
-    float s[kBlockN / 2], correction[2];
-    uint32_t pa[kBlockN / 16][4];
-    issue_scores(s, 0);
+  // FlashAttention-3's overlap within a warpgroup: S_{t+1} is issued before O += P_t V_t, and
+  // its softmax runs while the tensor cores still work on P_t V_t. P_t (pa, bf16) and O stay
+  // untouched until that product has completed; s is free for S_{t+1} once P_t is in pa. The
+  // same across items: the next item's S_0 and its softmax overlap this item's last P V, so
+  // the two consumers (which start an item together) do not leave the tensor cores idle
+  // between items.
+  Item it = next_item();
+  if (it.w.n_tiles > 0) {
+    take_q();
+    issue_scores(it, 0);
     wgmma_wait<0>();
     pin_registers(s);
-    if (!kQInRegisters && n_tiles == 1) mbarrier_arrive(q_empty);  // the item's last S read Q
-    softmax(s, 0, correction);  // O is still 0: nothing to rescale
+    first_softmax(it);
+#pragma unroll
+    for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
     accumulators_to_a<kBlockN>(pa, s);
-    // O += P_t V_t (issued, not waited for).
-    auto issue_pv = [&](int t) {
-      wgmma_fence();
-      pin_registers(o);
-      pin_registers(pa);
-      issue_product_rs<D, kBlockN>(o, pa, v_tile((loaded + t) % kStages));
-    };
+  }
+  while (it.w.n_tiles > 0) {
+    const int n_tiles = it.w.n_tiles;
     // Every tile but the last: two products in flight, then the softmax of the later one. The
     // last tile is peeled off rather than guarded by a branch, so that the groups in flight are
     // the same on every path (ptxas otherwise serializes every wgmma, warning C7514).
     for (int t = 0; t + 1 < n_tiles; ++t) {
-      issue_scores(s, t + 1);
-      issue_pv(t);
+      issue_scores(it, t + 1);
+      issue_pv(it, t);
       wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
       pin_registers(s);
       if (!kQInRegisters && t + 2 == n_tiles) mbarrier_arrive(q_empty);  // the last S read Q
-      softmax(s, t + 1, correction);
+      softmax(it, t + 1);
       wgmma_wait<0>();
       pin_registers(o);
       pin_registers(pa);
-      mbarrier_arrive(bars.empty((loaded + t) % kStages));  // K_t (read by S_t) and V_t are done
+      mbarrier_arrive(bars.empty((it.first_load + t) % kStages));  // K_t (read by S_t) and V_t
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
 #pragma unroll
@@ -273,15 +311,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       accumulators_to_a<kBlockN>(pa, s);
     }
-    issue_pv(n_tiles - 1);
+    // The last P V, with the next item's first S and softmax in its shadow. Either way one
+    // product group (the P V) is in flight where the paths meet.
+    ++items;
+    const float done_max[2] = {row_max[0], row_max[1]}, done_sum[2] = {row_sum[0], row_sum[1]};
+    const Item next = next_item();
+    if (next.w.n_tiles > 0) {
+      take_q();
+      issue_scores(next, 0);
+      issue_pv(it, n_tiles - 1);
+      wgmma_wait<1>();  // the next S_0 has completed
+      pin_registers(s);
+      first_softmax(next);
+    } else {
+      issue_pv(it, n_tiles - 1);
+    }
     wgmma_wait<0>();
     pin_registers(o);
-    mbarrier_arrive(bars.empty((loaded + n_tiles - 1) % kStages));
-    loaded += n_tiles;
-    ++items;
-
-    write_output_rows<D>(out_head, lse_head, row_a, lane, row_sum, row_max, p,
+    pin_registers(pa);
+    mbarrier_arrive(bars.empty((it.first_load + n_tiles - 1) % kStages));
+    write_output_rows<D>(it.out_head, it.lse_head, it.row_a, lane, done_sum, done_max, p,
                          [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
+    if (next.w.n_tiles > 0) {
+#pragma unroll
+      for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
+      accumulators_to_a<kBlockN>(pa, s);
+    }
+    it = next;
   }
 #endif
 }
