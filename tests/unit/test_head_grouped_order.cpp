@@ -116,6 +116,7 @@ TEST_CASE("the chosen group ends within 1 % of all pairs together and respects t
       {4, causal_tiles(64, 16), int64_t{16} << 20},    // 8k GQA 8:1 dK/dV
       {128, causal_tiles(16, 1), int64_t{64} << 10},   // TinyLlama's fwd / dQ: fits in L2
       {1000, causal_tiles(3, 1), int64_t{100} << 20},  // every pair over the budget
+      {4096, causal_tiles(16, 1), int64_t{1} << 20},   // many items: chosen unsimulated
   };
   for (const Case& c : cases) {
     INFO("pairs " << c.pairs << " items " << c.tiles.size() << " shared " << c.shared_bytes);
