@@ -514,12 +514,12 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int key = r == 0 ? key_a : key_b;
     if (key >= p.kv_len) continue;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int64_t at = kv_head + key * p.kv_stride + n * 8 + (lane % 4) * 2;
-      put_gradient_pair(dk + at, p.scale * dk_acc[n][2 * r], p.scale * dk_acc[n][2 * r + 1]);
-      put_gradient_pair(dv + at, dv_acc[n][2 * r], dv_acc[n][2 * r + 1]);
-    }
+    const int64_t at = kv_head + key * p.kv_stride + (lane % 4) * 2;
+    put_gradient_pairs<D / 8>(dk + at, [&](int n) {
+      return make_float2(p.scale * dk_acc[n][2 * r], p.scale * dk_acc[n][2 * r + 1]);
+    });
+    put_gradient_pairs<D / 8>(
+        dv + at, [&](int n) { return make_float2(dv_acc[n][2 * r], dv_acc[n][2 * r + 1]); });
   }
 }
 
@@ -627,10 +627,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   for (int r = 0; r < 2; ++r) {
     const int row = r == 0 ? row_a : row_b;
     if (row >= p.q_len) continue;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      put_gradient_pair(dq + q_head + row * p.q_stride + n * 8 + (lane % 4) * 2,
-                        p.scale * dq_acc[n][2 * r], p.scale * dq_acc[n][2 * r + 1]);
+    put_gradient_pairs<D / 8>(dq + q_head + row * p.q_stride + (lane % 4) * 2, [&](int n) {
+      return make_float2(p.scale * dq_acc[n][2 * r], p.scale * dq_acc[n][2 * r + 1]);
+    });
   }
 }
 

@@ -101,6 +101,31 @@ __device__ __forceinline__ void put_gradient_pair(GradT* at, float x, float y) {
   }
 }
 
+// A thread's kPairs gradient pairs of one row, pair j at first + 8 j being pair(j) (a float2),
+// each put as put_gradient_pair does; in fp32 every old value is loaded before the first sum
+// is stored. Pair by pair, each load waited for memory (a store before it might alias it): at
+// head dim 128 the dK/dV epilogue waited 64 times, a fifth of the whole kernel's warp time
+// (ncu's stall samples, H200, 2026-12-03).
+template <int kPairs, class GradT, class PairFn>
+__device__ __forceinline__ void put_gradient_pairs(GradT* first, PairFn pair) {
+  if constexpr (std::is_same_v<GradT, float>) {
+    float2 old[kPairs];
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) old[j] = *reinterpret_cast<const float2*>(first + 8 * j);
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const float2 add = pair(j);
+      *reinterpret_cast<float2*>(first + 8 * j) = make_float2(old[j].x + add.x, old[j].y + add.y);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const float2 value = pair(j);
+      put_gradient_pair(first + 8 * j, value.x, value.y);
+    }
+  }
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);

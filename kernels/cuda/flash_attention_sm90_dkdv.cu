@@ -317,16 +317,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
                                dsa[kk]);
       }
     }
-    wgmma_fence();
-    pin_registers(dk_acc);
-    pin_registers(dsa);
-    issue_product_rs<D, kBlockM>(dk_acc, dsa, q_tile(stage));
+    // dQ part = dS K, 64 columns of it (D 128: consumer c's columns [64 c, 64 c + 64)) over all
+    // 128 keys, by the consumer whose turn it is; the other only says its dS is written. Issued
+    // before dK += dS^T Q, so that the part is stored to shared memory while dK runs.
     [[maybe_unused]] float dq_part[32];
+    [[maybe_unused]] bool multiplies = false;
     if constexpr (kFusedDq) {
-      // dQ part = dS K, 64 columns of it (D 128: consumer c's columns [64 c, 64 c + 64)) over
-      // all 128 keys, by the consumer whose turn it is; the other only says its dS is written.
+      multiplies = multiplies_dq<D>(consumer, step);
       fence_proxy_async_shared();
-      if (multiplies_dq<D>(consumer, step)) {
+      if (multiplies) {
         named_barrier_sync(kBarrierDsWritten, kConsumerThreads);
         const uint32_t k_columns = sk + (D == 128 ? consumer : 0) * column_block_bytes(kBlockN);
         wgmma_fence();
@@ -338,6 +337,25 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
       } else {
         named_barrier_arrive(kBarrierDsWritten, kConsumerThreads);
       }
+    }
+    wgmma_fence();
+    pin_registers(dk_acc);
+    pin_registers(dsa);
+    issue_product_rs<D, kBlockM>(dk_acc, dsa, q_tile(stage));
+    if constexpr (kFusedDq) wgmma_wait<1>();  // dV and the dQ part have completed, dK may not
+    if (kFusedDq && multiplies) {
+      pin_registers(dq_part);
+      dq_hand_off<kBarrierDqPartFree, true>(consumer);
+      unsigned char* part = smem + Smem::kDqParts + consumer * kDqPartBytes;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(
+              part + dq_part_offset(warp * 16 + lane / 4 + 8 * r, 8 * j + 2 * (lane % 4))) =
+              make_float2(p.scale * dq_part[4 * j + 2 * r], p.scale * dq_part[4 * j + 2 * r + 1]);
+      fence_proxy_async_shared();
+      dq_hand_off<kBarrierDqPartWritten, false>(consumer);
     }
     wgmma_wait<0>();
     pin_registers(dk_acc);
@@ -354,33 +372,19 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
         for (int e = 0; e < 4; ++e) k_frag[kk][e] ^= opaque_zero, v_frag[kk][e] ^= opaque_zero;
     }
     mbarrier_arrive(bars.empty(stage));
-    if (kFusedDq && multiplies_dq<D>(consumer, step)) {
-      pin_registers(dq_part);
-      dq_hand_off<kBarrierDqPartFree, true>(consumer);
-      unsigned char* part = smem + Smem::kDqParts + consumer * kDqPartBytes;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(
-              part + dq_part_offset(warp * 16 + lane / 4 + 8 * r, 8 * j + 2 * (lane % 4))) =
-              make_float2(p.scale * dq_part[4 * j + 2 * r], p.scale * dq_part[4 * j + 2 * r + 1]);
-      fence_proxy_async_shared();
-      dq_hand_off<kBarrierDqPartWritten, false>(consumer);
-    }
   }
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = r == 0 ? key_a : key_b;
     if (key >= p.kv_len) continue;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int64_t at = kv_head + key * p.kv_stride + j * 8 + (lane % 4) * 2;
-      put_gradient_pair(dk + at, p.scale * dk_acc[4 * j + 2 * r],
-                        p.scale * dk_acc[4 * j + 2 * r + 1]);
-      put_gradient_pair(dv + at, dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1]);
-    }
+    const int64_t at = kv_head + key * p.kv_stride + (lane % 4) * 2;
+    put_gradient_pairs<D / 8>(dk + at, [&](int j) {
+      return make_float2(p.scale * dk_acc[4 * j + 2 * r], p.scale * dk_acc[4 * j + 2 * r + 1]);
+    });
+    put_gradient_pairs<D / 8>(dv + at, [&](int j) {
+      return make_float2(dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1]);
+    });
   }
 #endif
 }

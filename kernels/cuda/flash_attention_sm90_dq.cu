@@ -147,10 +147,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int row = r == 0 ? row_a : row_b;
     if (row >= p.q_len) continue;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      put_gradient_pair(dq + q_head + row * p.q_stride + j * 8 + (lane % 4) * 2,
-                        p.scale * dq_acc[4 * j + 2 * r], p.scale * dq_acc[4 * j + 2 * r + 1]);
+    put_gradient_pairs<D / 8>(dq + q_head + row * p.q_stride + (lane % 4) * 2, [&](int j) {
+      return make_float2(p.scale * dq_acc[4 * j + 2 * r], p.scale * dq_acc[4 * j + 2 * r + 1]);
+    });
   }
 #endif
 }
