@@ -276,16 +276,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
     const float* delta_t = row_delta(stage);
     // Masks where a key is after a row, or (window) the farthest pair is window or more apart,
     // or past kv_len (K's rows there read as zeros: S = 0, and P must not be exp2(-lse_log2)).
-    const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset || j0 + kBlockN > p.kv_len ||
-                           (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window);
+    // A hidden S^T is -inf (lse_log2 is never -inf), so P^T = 0. Masking in its own loop, taken
+    // on the few steps that need it: in the exponentials' loop the compiler evaluated the mask
+    // on every step, predicated off (6 issue slots per score; ncu, H200, 2026-12-03).
+    if (j0 + kBlockN - 1 > i0 + p.causal_offset || j0 + kBlockN > p.kv_len ||
+        (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window)) {
 #pragma unroll
-    for (int i = 0; i < kBlockM / 2; ++i) {
-      const int col = (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-      const int key = (i % 4) < 2 ? key_a : key_b;
-      float pe = exp2_approx(fmaf(st[i], p.scale_log2, -row_value(lse_t, i)));
-      if (need_mask && hidden_key(i0 + col, key, p)) pe = 0.0f;
-      st[i] = pe;
+      for (int i = 0; i < kBlockM / 2; ++i) {
+        const int col = (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+        if (hidden_key(i0 + col, (i % 4) < 2 ? key_a : key_b, p)) st[i] = -INFINITY;
+      }
     }
+#pragma unroll
+    for (int i = 0; i < kBlockM / 2; ++i)
+      st[i] = exp2_approx(fmaf(st[i], p.scale_log2, -row_value(lse_t, i)));
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
     accumulators_to_a<kBlockM>(pa, st);
     wgmma_fence();

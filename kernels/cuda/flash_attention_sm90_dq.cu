@@ -114,16 +114,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     pin_registers(s);
 
     const int k0 = kv_begin + t * kBlockN;
-    const bool need_mask = k0 + kBlockN > unmasked_end || k0 < unmasked_begin;
+    // Hidden scores are -inf, so P = 0 (lse_log2 is never -inf); masked in a loop of its own,
+    // as the dK/dV pass does, taken only on the tiles that need it.
+    if (k0 + kBlockN > unmasked_end || k0 < unmasked_begin) {
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) {
-      const int key = k0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-      const bool upper = (i % 4) < 2;
-      const int row = upper ? row_a : row_b;
-      float pe = exp2_approx(fmaf(s[i], p.scale_log2, -(upper ? lse_a : lse_b)));
-      if (need_mask && hidden_key(row, key, p)) pe = 0.0f;
-      s[i] = pe;
+      for (int i = 0; i < kBlockN / 2; ++i) {
+        const int key = k0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+        if (hidden_key((i % 4) < 2 ? row_a : row_b, key, p)) s[i] = -INFINITY;
+      }
     }
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i)
+      s[i] = exp2_approx(fmaf(s[i], p.scale_log2, -((i % 4) < 2 ? lse_a : lse_b)));
     wgmma_wait<0>();  // dP has completed
     pin_registers(dp);
 #pragma unroll
