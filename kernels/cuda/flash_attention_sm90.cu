@@ -203,6 +203,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   float s[kBlockN / 2], o[D / 2], row_max[2], row_sum[2], correction[2];
+  // Whether the last softmax moved the warp's maxima, so O needs its correction (warp-uniform).
+  bool rescale = true;
   uint32_t pa[kBlockN / 16][4];
   // Issues S = Q K_t^T of item `it` (64 rows x 128 keys per consumer) into s, once tile t has
   // landed.
@@ -235,19 +237,36 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (hidden_key(row, key, p)) s[e] = -INFINITY;
       }
     }
+    // The maxima the exponentials are taken against move only when some row of the warp has
+    // grown past its own by more than 2^kMaxGrowthLog2 (FlashAttention-4's lazy rescaling):
+    // P then stays below 2^8, and O and the sum, both taken against the same maximum, need no
+    // correction (32 or 64 multiplies a thread per tile). Exact either way: out = O / sum, and
+    // lse = max + log2(sum) for whichever max they share.
+    constexpr float kMaxGrowthLog2 = 8.0f;
+    float mx[2];
+    bool grown = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
+      mx[r] = row_max[r];
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
-        mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row that has seen no key yet keeps max -inf; subtracting 0 keeps exp2(-inf) = 0.
-      const float base_log2 = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-      correction[r] = exp2_approx(row_max[r] * p.scale_log2 - base_log2);
-      row_max[r] = mx;
-      row_sum[r] *= correction[r];
+        mx[r] = fmaxf(mx[r], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      // From -inf (no key seen yet) any key is growth; -inf to -inf (NaN) is none.
+      grown = grown || (mx[r] - row_max[r]) * p.scale_log2 > kMaxGrowthLog2;
+    }
+    rescale = __any_sync(0xffffffffu, grown);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (rescale) {
+        // A row that has seen no key yet keeps max -inf; subtracting 0 keeps exp2(-inf) = 0.
+        const float new_log2 = mx[r] == -INFINITY ? 0.0f : mx[r] * p.scale_log2;
+        correction[r] = exp2_approx(row_max[r] * p.scale_log2 - new_log2);
+        row_max[r] = mx[r];
+        row_sum[r] *= correction[r];
+      }
+      const float base_log2 = row_max[r] == -INFINITY ? 0.0f : row_max[r] * p.scale_log2;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
@@ -301,12 +320,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       pin_registers(o);
       pin_registers(pa);
       mbarrier_arrive(bars.empty((it.first_load + t) % kStages));  // K_t (read by S_t) and V_t
+      if (rescale) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
+        for (int j = 0; j < D / 8; ++j) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          o[4 * j + 2 * r] *= correction[r];
-          o[4 * j + 2 * r + 1] *= correction[r];
+          for (int r = 0; r < 2; ++r) {
+            o[4 * j + 2 * r] *= correction[r];
+            o[4 * j + 2 * r + 1] *= correction[r];
+          }
         }
       }
       accumulators_to_a<kBlockN>(pa, s);
