@@ -472,8 +472,21 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
     paired_products<D, kBlockM>(st, dpt, sk, sv, qt, dot, warp, lane);
     // P^T = exp2(S^T scale log2(e) - lse_log2) (0 where masked), dS^T = P^T (dP^T - delta).
     // The farthest pair (last row, first key) is window or more apart: the window masks too.
-    const bool need_mask = j0 + kBlockN - 1 > i0 + p.causal_offset ||
-                           (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window);
+    // A hidden S^T is -inf, so P^T = 0 (lse_log2 is never -inf); masked in a loop of its own,
+    // taken only on the steps that need it (folded into the loop below, the mask cost issue
+    // slots on every step). Keys past kv_len are zero rows whose gradients are never stored:
+    // causal and window tests suffice.
+    if (j0 + kBlockN - 1 > i0 + p.causal_offset ||
+        (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window)) {
+#pragma unroll
+      for (int n = 0; n < kBlockM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n * 8 + (lane % 4) * 2 + (e & 1);
+          const int behind = i0 + col + p.causal_offset - (e < 2 ? key_a : key_b);
+          if (behind < 0 || (p.window > 0 && behind >= p.window)) st[n][e] = -INFINITY;
+        }
+    }
 #pragma unroll
     for (int n = 0; n < kBlockM / 8; ++n) {
       const int col = n * 8 + (lane % 4) * 2;
@@ -482,11 +495,7 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float row_lse = (e & 1) ? l2.y : l2.x, row_delta = (e & 1) ? dl.y : dl.x;
-        float pe = exp2_approx(fmaf(st[n][e], p.scale_log2, -row_lse));
-        // Keys past kv_len are zero rows whose gradients are never stored: causal and window
-        // tests suffice.
-        const int behind = i0 + col + (e & 1) + p.causal_offset - (e < 2 ? key_a : key_b);
-        if (need_mask && (behind < 0 || (p.window > 0 && behind >= p.window))) pe = 0.0f;
+        const float pe = exp2_approx(fmaf(st[n][e], p.scale_log2, -row_lse));
         st[n][e] = pe;
         dpt[n][e] = pe * (dpt[n][e] - row_delta);
       }
@@ -596,15 +605,21 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     float s[kBlockN / 8][4], dp[kBlockN / 8][4];
     paired_products<D, kBlockN>(s, dp, sq, sdo, kt, vt, warp, lane);
     const int k0 = kv_begin + t * kBlockN;
-    const bool need_mask = k0 + kBlockN > unmasked_end || k0 < unmasked_begin;
+    // Hidden scores are -inf, so P = 0; masked in a loop of its own, as in the dK/dV kernel.
+    if (k0 + kBlockN > unmasked_end || k0 < unmasked_begin) {
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
+          if (hidden_key(e < 2 ? row_a : row_b, key, p)) s[n][e] = -INFINITY;
+        }
+    }
 #pragma unroll
     for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
-        const int row = e < 2 ? row_a : row_b;
-        float pe = exp2_approx(fmaf(s[n][e], p.scale_log2, -(e < 2 ? lse_a : lse_b)));
-        if (need_mask && hidden_key(row, key, p)) pe = 0.0f;
+        const float pe = exp2_approx(fmaf(s[n][e], p.scale_log2, -(e < 2 ? lse_a : lse_b)));
         dp[n][e] = pe * (dp[n][e] - (e < 2 ? delta_a : delta_b));
       }
     }
