@@ -493,6 +493,9 @@ void backward(GradT* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, 
   const bool dq_aligned = flash::aligned(dq, 16);
   if (dq_sum == Sm90DqSum::kFused && !(kAccumulated && dq_aligned))
     fail("cuda flash attention sm90: the fused dQ needs fp32 gradients with dq 16-byte aligned");
+  // Written gradients leave through the copy engine, which needs 16-byte aligned rows.
+  if (!kAccumulated && !(dq_aligned && flash::aligned(dk, 16) && flash::aligned(dv, 16)))
+    fail("cuda flash attention sm90: bf16 gradients dq, dk and dv must be 16-byte aligned");
   if (s.batch == 0) return;
   if (s.q_len == 0 || s.kv_len == 0) {  // no queries or no keys: zero gradients, nothing to add
     if constexpr (!kAccumulated) {

@@ -264,6 +264,16 @@ __device__ __forceinline__ void tma_add_tile(const CUtensorMap* map, uint32_t sr
       "r"(column), "r"(head), "r"(row), "r"(batch), "r"(src)
       : "memory");
 }
+// TMA store: the tile at src into the box at coordinates (column, head, row, batch) of `map`,
+// in this thread's current bulk group (elements outside the tensor are not written).
+__device__ __forceinline__ void tma_store_tile(const CUtensorMap* map, uint32_t src, int column,
+                                               int head, int row, int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+      " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(column), "r"(head), "r"(row), "r"(batch), "r"(src)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -560,6 +570,50 @@ __device__ __forceinline__ void write_untouched_rows(GradT* head, int row0, int 
         *reinterpret_cast<uint4*>(head + (row0 + r) * stride + c * 8) = make_uint4(0, 0, 0, 0);
     }
   }
+}
+
+// A consumer's 64 rows of a written (bf16) gradient, through shared memory and the copy engine:
+// 4-byte stores scattered over rows cost the passes a tenth of their time in the store queue
+// and in draining it at exit (ncu, H200, 2026-12-03). Value 4 j + 2 r + e of acc (a wgmma
+// accumulator: row warp 16 + lane / 4 + 8 r, column 8 j + 2 (lane % 4) + e), times scale,
+// goes as bf16 into rows [row0, row0 + 64) of `tile` (kTileRows rows in 128-byte swizzled
+// column blocks, the layout TMA loads and stores). Conflict-free: a warp's 8 rows of one
+// 16-byte chunk land on 8 different chunks.
+template <int D, int kTileRows>
+__device__ __forceinline__ void stage_gradient_rows(uint32_t tile, int row0, int warp, int lane,
+                                                    float scale, const float (&acc)[D / 2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t at = tile + (j / 8) * column_block_bytes(kTileRows) + row * kSwizzleBytes +
+                          (((j % 8) ^ (row % 8)) * 16) + (lane % 4) * 4;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
+                   "r"(pack_bf16(scale * acc[4 * j + 2 * r], scale * acc[4 * j + 2 * r + 1]))
+                   : "memory");
+    }
+  }
+}
+// Named barrier kBarrier + consumer over that consumer's warpgroup alone (the ids reach ptxas
+// as constants: it reserves every barrier for a computed one).
+template <int kBarrier>
+__device__ __forceinline__ void consumer_sync(int consumer) {
+  if (consumer == 0)
+    named_barrier_sync(kBarrier, kWarpgroupThreads);
+  else
+    named_barrier_sync(kBarrier + 1, kWarpgroupThreads);
+}
+// Rows [row0, row0 + 64) of `tile` (as stage_gradient_rows left them) to rows [row, row + 64)
+// of head `head`, batch `batch` of `map` (boxes of 64 rows; rows past the tensor's end are not
+// written), in this thread's current bulk group.
+template <int D, int kTileRows>
+__device__ __forceinline__ void store_gradient_rows(const CUtensorMap* map, uint32_t tile, int row0,
+                                                    int head, int row, int batch) {
+#pragma unroll
+  for (int block = 0; block < D / kSwizzleColumns; ++block)
+    tma_store_tile(map, tile + block * column_block_bytes(kTileRows) + row0 * kSwizzleBytes,
+                   block * kSwizzleColumns, head, row, batch);
 }
 
 // The backward's passes, after flash_attention_backward_prepare (the outline is in

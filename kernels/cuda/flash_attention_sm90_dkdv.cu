@@ -37,8 +37,10 @@ __device__ __forceinline__ bool multiplies_dq(int consumer, int step) {
   return D == 128 || step % 2 == consumer;
 }
 // Named barriers of the fused kernel: dS written (both consumers), and per consumer (id + c)
-// its dQ part written (to the writer warp) and free again (to the consumer).
-constexpr int kBarrierDsWritten = 1, kBarrierDqPartWritten = 2, kBarrierDqPartFree = 4;
+// its dQ part written (to the writer warp) and free again (to the consumer); of the written
+// (bf16) gradients: per consumer, its rows staged for the copy engine.
+constexpr int kBarrierDsWritten = 1, kBarrierDqPartWritten = 2, kBarrierDqPartFree = 4,
+              kBarrierGradientsStaged = 6;
 constexpr int kDqHandOffThreads = kWarpgroupThreads + 32;  // a consumer + the writer warp
 // Consumer `consumer`'s barrier kBarrier + consumer between it and the writer warp: kWait waits
 // for the other side, otherwise this side arrives and goes on. The ids reach ptxas as constants
@@ -81,10 +83,11 @@ struct DkdvSmem {
 // kFusedDq: the block also adds its part of dQ = dS K into dq (dq_map, fp32, boxes of 64 rows x
 // 32 columns; dq_turns: B x H x query tiles counters, zero at launch) in the fixed order of
 // attention_backward_tiles.h; otherwise dq is left to flash_sm90_backward_dq_kernel. dk, dv:
-// as put_gradient_pair.
+// as put_gradient_pair; written (bf16) ones leave through dk_map and dv_map (boxes of 64 rows).
 template <int D, int kStages, bool kFusedDq, class GradT>
 __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
-    GradT* __restrict__ dk, GradT* __restrict__ dv, const __grid_constant__ CUtensorMap dq_map,
+    GradT* __restrict__ dk, GradT* __restrict__ dv, const __grid_constant__ CUtensorMap dk_map,
+    const __grid_constant__ CUtensorMap dv_map, const __grid_constant__ CUtensorMap dq_map,
     int* dq_turns, const __grid_constant__ CUtensorMap q_map,
     const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
     const __grid_constant__ CUtensorMap dout_map, const float* __restrict__ lse_log2,
@@ -378,17 +381,34 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
     mbarrier_arrive(bars.empty(stage));
   }
 
+  if constexpr (std::is_same_v<GradT, bf16>) {
+    // This consumer's rows of K and V were read by its own products only (the fused dQ, which
+    // reads all of K, takes fp32 gradients), all completed: its dK and dV take their place.
+    static_assert(!kFusedDq, "the fused dQ adds into fp32 gradients only");
+    const int row0 = consumer * kRowsPerConsumer;
+    stage_gradient_rows<D, kBlockN>(sk, row0, warp, lane, p.scale, dk_acc);
+    stage_gradient_rows<D, kBlockN>(sv, row0, warp, lane, 1.0f, dv_acc);
+    fence_proxy_async_shared();
+    consumer_sync<kBarrierGradientsStaged>(consumer);
+    if (threadIdx.x % kWarpgroupThreads == 0) {
+      store_gradient_rows<D, kBlockN>(&dk_map, sk, row0, g, j0 + row0, b);
+      store_gradient_rows<D, kBlockN>(&dv_map, sv, row0, g, j0 + row0, b);
+      bulk_commit();
+      bulk_wait_read<0>();  // the block's shared memory outlives the copies' reads
+    }
+  } else {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = r == 0 ? key_a : key_b;
-    if (key >= p.kv_len) continue;
-    const int64_t at = kv_head + key * p.kv_stride + (lane % 4) * 2;
-    put_gradient_pairs<D / 8>(dk + at, [&](int j) {
-      return make_float2(p.scale * dk_acc[4 * j + 2 * r], p.scale * dk_acc[4 * j + 2 * r + 1]);
-    });
-    put_gradient_pairs<D / 8>(dv + at, [&](int j) {
-      return make_float2(dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1]);
-    });
+    for (int r = 0; r < 2; ++r) {
+      const int key = r == 0 ? key_a : key_b;
+      if (key >= p.kv_len) continue;
+      const int64_t at = kv_head + key * p.kv_stride + (lane % 4) * 2;
+      put_gradient_pairs<D / 8>(dk + at, [&](int j) {
+        return make_float2(p.scale * dk_acc[4 * j + 2 * r], p.scale * dk_acc[4 * j + 2 * r + 1]);
+      });
+      put_gradient_pairs<D / 8>(dv + at, [&](int j) {
+        return make_float2(dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1]);
+      });
+    }
   }
 #endif
 }
@@ -461,12 +481,20 @@ void dkdv_for(float* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, 
                                             dkdv_steps_by_rank, q_head_bytes * p.group);
   }
   const dim3 grid = fused ? dim3(key_blocks, batch_heads) : dim3(batch_heads * key_blocks);
-  // The separate dQ kernel's launch has no use for a map of dq: a copy of q's stands in.
+  // Maps a launch has no use for (of dq without the fused dQ, of dk and dv when they are
+  // added into): a copy of q's stands in.
   const CUtensorMap dq_map = fused ? dq_tensor_map(dq, s.batch, s.q_len, s.n_heads, D) : q_map;
+  constexpr bool kWritten = std::is_same_v<GradT, bf16>;
+  const CUtensorMap dk_map = kWritten ? tensor_map(reinterpret_cast<const bf16*>(dk), s.batch,
+                                                   s.kv_len, s.n_kv_heads, D, kRowsPerConsumer)
+                                      : q_map;
+  const CUtensorMap dv_map = kWritten ? tensor_map(reinterpret_cast<const bf16*>(dv), s.batch,
+                                                   s.kv_len, s.n_kv_heads, D, kRowsPerConsumer)
+                                      : q_map;
   auto launch = [&](auto kernel, int smem) {
     allow_shared_memory(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(dk, dv, dq_map, dq_turns, q_map, k_map, v_map,
-                                             dout_map, lse_log2, delta, p, order);
+    kernel<<<grid, kThreads, smem, stream>>>(dk, dv, dk_map, dv_map, dq_map, dq_turns, q_map, k_map,
+                                             v_map, dout_map, lse_log2, delta, p, order);
     CUDA_CHECK_LAUNCH();
   };
   if constexpr (std::is_same_v<GradT, float>) {

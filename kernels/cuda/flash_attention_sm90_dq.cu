@@ -11,6 +11,8 @@ namespace {
 // ---- backward: dQ ----------------------------------------------------------------------------
 
 constexpr int kDqBlockM = 2 * kRowsPerConsumer;
+// Named barrier (+ consumer) of a written dQ: the consumer's rows staged for the copy engine.
+constexpr int kBarrierGradientsStaged = 1;
 // Keys per tile: 128 at head dim 64, where S and dP are then m64n128 products (wider wgmmas
 // read less shared memory per FLOP) and the registers allow it; 64 at head dim 128, whose dQ
 // accumulator takes the room.
@@ -31,15 +33,14 @@ struct DqSmem {
   static constexpr int kLaunchBytes = kBytes + kSwizzlePeriodBytes;
 };
 
+// dq: added into (fp32) or written (bf16, through dq_map: boxes of 64 rows).
 template <int D, int kStages, class GradT>
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_sm90_backward_dq_kernel(GradT* __restrict__ dq, const __grid_constant__ CUtensorMap q_map,
-                                  const __grid_constant__ CUtensorMap k_map,
-                                  const __grid_constant__ CUtensorMap v_map,
-                                  const __grid_constant__ CUtensorMap dout_map,
-                                  const float* __restrict__ lse_log2,
-                                  const float* __restrict__ delta, const Params p,
-                                  const HeadGroupedOrder order) {
+__global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dq_kernel(
+    GradT* __restrict__ dq, const __grid_constant__ CUtensorMap dq_map,
+    const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+    const float* __restrict__ lse_log2, const float* __restrict__ delta, const Params p,
+    const HeadGroupedOrder order) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = DqSmem<D, kStages>;
   constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN<D>;
@@ -145,13 +146,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbarrier_arrive(bars.empty(stage));
   }
 
+  if constexpr (std::is_same_v<GradT, bf16>) {
+    // Q's tile has been in registers since the start: this consumer's dQ takes its rows.
+    const int row0 = consumer * kRowsPerConsumer;
+    stage_gradient_rows<D, kBlockM>(sq, row0, warp, lane, p.scale, dq_acc);
+    fence_proxy_async_shared();
+    consumer_sync<kBarrierGradientsStaged>(consumer);
+    if (threadIdx.x % kWarpgroupThreads == 0) {
+      store_gradient_rows<D, kBlockM>(&dq_map, sq, row0, h, q0 + row0, b);
+      bulk_commit();
+      bulk_wait_read<0>();  // the block's shared memory outlives the copy's reads
+    }
+  } else {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r == 0 ? row_a : row_b;
-    if (row >= p.q_len) continue;
-    put_gradient_pairs<D / 8>(dq + q_head + row * p.q_stride + (lane % 4) * 2, [&](int j) {
-      return make_float2(p.scale * dq_acc[4 * j + 2 * r], p.scale * dq_acc[4 * j + 2 * r + 1]);
-    });
+    for (int r = 0; r < 2; ++r) {
+      const int row = r == 0 ? row_a : row_b;
+      if (row >= p.q_len) continue;
+      put_gradient_pairs<D / 8>(dq + q_head + row * p.q_stride + (lane % 4) * 2, [&](int j) {
+        return make_float2(p.scale * dq_acc[4 * j + 2 * r], p.scale * dq_acc[4 * j + 2 * r + 1]);
+      });
+    }
   }
 #endif
 }
@@ -185,8 +199,13 @@ void dq_for(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf1
       static_cast<int>(pairs), static_cast<int>(q_blocks),
       pairs_per_group(p, static_cast<int>(pairs), static_cast<int>(q_blocks),
                       key_tiles_by_rank<kDqBlockM, kDqBlockN<D>>, kv_bytes_per_pair)};
+  // Written gradients leave through a map of dq; added ones have no use for it (q's stands in).
+  const CUtensorMap dq_map = std::is_same_v<GradT, bf16>
+                                 ? tensor_map(reinterpret_cast<const bf16*>(dq), s.batch, s.q_len,
+                                              s.n_heads, D, kRowsPerConsumer)
+                                 : q_map;
   kernel<<<static_cast<unsigned>(pairs * q_blocks), kThreads, smem, stream>>>(
-      dq, q_map, k_map, v_map, dout_map, lse_log2, delta, p, order);
+      dq, dq_map, q_map, k_map, v_map, dout_map, lse_log2, delta, p, order);
   CUDA_CHECK_LAUNCH();
 }
 
