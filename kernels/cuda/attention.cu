@@ -434,8 +434,7 @@ void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* do
 bool attention_backward_writes_bf16(const AttentionShape& s,
                                     std::initializer_list<const void*> bf16_tensors,
                                     bool allow_sm90) {
-  return allow_sm90 && flash_attention_sm90_supports(s, bf16_tensors, {}) &&
-         flash_attention_sm90_prefers_bf16_gradients(s);
+  return allow_sm90 && flash_attention_sm90_supports(s, bf16_tensors, {});
 }
 
 void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,

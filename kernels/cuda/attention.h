@@ -49,15 +49,15 @@ void attention_backward(float* dq, float* dk, float* dv, const __nv_bfloat16* do
                         const __nv_bfloat16* out, const float* lse, const AttentionShape& s,
                         float* scratch, bool allow_sm90, cudaStream_t stream);
 
-// Whether attention_backward should write this call's gradients once as bf16 instead: the Hopper
-// kernels take it, and writing is the faster way for this shape (flash_attention_sm90.h).
+// Whether attention_backward should write this call's gradients once as bf16 instead: wherever the
+// Hopper kernels take it, writing is the faster way (flash_attention_sm90.h).
 // bf16_tensors: those at hand of dout, q, k, v, out, dq, dk, dv (the alignment TMA needs).
 bool attention_backward_writes_bf16(const AttentionShape& s,
                                     std::initializer_list<const void*> bf16_tensors,
                                     bool allow_sm90);
 // The same gradients written as bf16, dq, dk, dv OVERWRITTEN: one call makes them whole (no ring),
 // so there is nothing to zero before nor an fp32 copy to convert after. Needs the Hopper kernels
-// (throws otherwise); attention_backward_writes_bf16 says where this is also the faster way.
+// (throws otherwise); attention_backward_writes_bf16 says where it runs.
 void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
                         const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
                         const __nv_bfloat16* v, const __nv_bfloat16* out, const float* lse,

@@ -541,10 +541,6 @@ void flash_attention_sm90_backward(float* dq, float* dk, float* dv, const bf16* 
   backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream, dq_sum);
 }
 
-bool flash_attention_sm90_prefers_bf16_gradients(const AttentionShape& s) {
-  return !(s.head_dim == 128 && s.n_heads == s.n_kv_heads && s.q_len >= 4096);
-}
-
 void flash_attention_sm90_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
                                    const bf16* k, const bf16* v, const bf16* out, const float* lse,
                                    const AttentionShape& s, float* scratch, cudaStream_t stream,

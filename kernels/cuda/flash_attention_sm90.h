@@ -44,18 +44,17 @@ void flash_attention_sm90_backward(float* dq, float* dk, float* dv, const __nv_b
                                    const float* lse, const ::frugal::cpu::AttentionShape& s,
                                    float* scratch, cudaStream_t stream,
                                    Sm90DqSum dq_sum = Sm90DqSum::kAuto);
-// The same gradients written once as bf16 (dq, dk, dv overwritten: the call makes them whole, so
-// nothing needs zeroing before or converting after), dQ by the second kernel (kFused is refused).
-// Faster than zeroed fp32 gradients, dQ fused, then converted, except at head dim 128 without GQA
-// from 4096 tokens on, where fusing saves more than the conversions cost (H200: TinyLlama's
-// shape 1.04 against 1.10 ms forward + backward, 2048 tokens at head dim 128 3.08 against 3.47,
-// but 16384 tokens 18.9 against 17.3): flash_attention_sm90_prefers_bf16_gradients says which.
+// The same gradients written once as bf16 (dq, dk, dv overwritten, 16-byte aligned: the call
+// makes them whole, so nothing needs zeroing before or converting after), dQ by the second kernel
+// (kFused is refused). Faster than zeroed fp32 gradients with dQ fused, then converted, at
+// every shape measured since the written gradients leave through TMA stores (H200, 2026-12-03:
+// 4096 tokens at head dim 128 4.00-4.23 against 4.40 ms forward + backward, 16384 tokens 15.7
+// against 16.4, before the conversions).
 void flash_attention_sm90_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
                                    const __nv_bfloat16* dout, const __nv_bfloat16* q,
                                    const __nv_bfloat16* k, const __nv_bfloat16* v,
                                    const __nv_bfloat16* out, const float* lse,
                                    const ::frugal::cpu::AttentionShape& s, float* scratch,
                                    cudaStream_t stream, Sm90DqSum dq_sum = Sm90DqSum::kAuto);
-bool flash_attention_sm90_prefers_bf16_gradients(const ::frugal::cpu::AttentionShape& s);
 
 }  // namespace frugal::cuda
