@@ -306,20 +306,26 @@ __device__ __forceinline__ uint64_t matrix_descriptor(uint32_t address, uint32_t
          static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32 | uint64_t{1} << 62;
 }
 
+// The descriptors below are a tile's descriptor plus the operand's offset in 16-byte units: the
+// same values as matrix_descriptor of the operand's address (a shared-memory address is below
+// 2^18, so the start field takes the sum without a carry), but the tile's part is computed once
+// and every wgmma of a product adds a constant instead of masking and shifting its own address
+// (uniform-datapath arithmetic, much of it descriptors, was about 30 % of the head-dim-128
+// dK/dV loop's executed instructions; ncu, H200, 2026-12-03).
 // K-major operand: rows [row0, row0 + 8 m) of a tile of kRows rows, contraction columns
 // [16 kk, 16 kk + 16).
 template <int kRows>
 __device__ __forceinline__ uint64_t k_major(uint32_t tile, int row0, int kk) {
-  const uint32_t address =
-      tile + (kk / 4) * column_block_bytes(kRows) + row0 * kSwizzleBytes + (kk % 4) * 32;
-  return matrix_descriptor(address, 16, kSwizzlePeriodBytes);
+  const uint32_t offset =
+      (kk / 4) * column_block_bytes(kRows) + row0 * kSwizzleBytes + (kk % 4) * 32;
+  return matrix_descriptor(tile, 16, kSwizzlePeriodBytes) + (offset >> 4);
 }
 // MN-major B operand: contraction rows [16 kk, 16 kk + 16) of a tile of kRows rows, all its
 // columns as n.
 template <int kRows>
 __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int kk) {
-  return matrix_descriptor(tile + kk * 16 * kSwizzleBytes, column_block_bytes(kRows),
-                           kSwizzlePeriodBytes);
+  return matrix_descriptor(tile, column_block_bytes(kRows), kSwizzlePeriodBytes) +
+         ((kk * 16 * kSwizzleBytes) >> 4);
 }
 
 // wgmma m64nNk16, bf16 inputs, fp32 accumulators d (N / 2 per thread). _ss: A from shared
