@@ -253,26 +253,26 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t address, uint32_t (&r)[4]) 
                : "r"(address)
                : "memory");
 }
-// TMA reduce: the box at coordinates (column, head, row, batch) of `map` += the tile at src,
-// element by element in the map's type, in this thread's current bulk group (elements outside
-// the tensor are left alone).
-__device__ __forceinline__ void tma_add_tile(const CUtensorMap* map, uint32_t src, int column,
-                                             int head, int row, int batch) {
-  asm volatile(
-      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
-      " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-      "r"(column), "r"(head), "r"(row), "r"(batch), "r"(src)
-      : "memory");
-}
-// TMA store: the tile at src into the box at coordinates (column, head, row, batch) of `map`,
-// in this thread's current bulk group (elements outside the tensor are not written).
+// TMA from shared memory to the box at coordinates (column, head, row, batch) of `map`, in this
+// thread's current bulk group: the tile at src written there (kWrite) or added element by
+// element in the map's type (kAdd); elements outside the tensor are left alone.
+enum class BulkStore { kWrite, kAdd };
+template <BulkStore kStore>
 __device__ __forceinline__ void tma_store_tile(const CUtensorMap* map, uint32_t src, int column,
                                                int head, int row, int batch) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
-      " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-      "r"(column), "r"(head), "r"(row), "r"(batch), "r"(src)
-      : "memory");
+  const uint64_t at = reinterpret_cast<uint64_t>(map);
+  if constexpr (kStore == BulkStore::kAdd)
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+        " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(at),
+        "r"(column), "r"(head), "r"(row), "r"(batch), "r"(src)
+        : "memory");
+  else
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+        " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(at),
+        "r"(column), "r"(head), "r"(row), "r"(batch), "r"(src)
+        : "memory");
 }
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
@@ -618,8 +618,9 @@ __device__ __forceinline__ void store_gradient_rows(const CUtensorMap* map, uint
                                                     int head, int row, int batch) {
 #pragma unroll
   for (int block = 0; block < D / kSwizzleColumns; ++block)
-    tma_store_tile(map, tile + block * column_block_bytes(kTileRows) + row0 * kSwizzleBytes,
-                   block * kSwizzleColumns, head, row, batch);
+    tma_store_tile<BulkStore::kWrite>(
+        map, tile + block * column_block_bytes(kTileRows) + row0 * kSwizzleBytes,
+        block * kSwizzleColumns, head, row, batch);
 }
 
 // The backward's passes, after flash_attention_backward_prepare (the outline is in

@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
             if (!multiplies_dq<D>(c, step)) continue;
             const int column0 = D == 128 ? 64 * c : 0;
             for (int box = 0; box < 2; ++box)
-              tma_add_tile(&dq_map, part(c) + box * kDqBoxBytes, column0 + box * kDqBoxColumns, h,
-                           row0, b);
+              tma_store_tile<BulkStore::kAdd>(&dq_map, part(c) + box * kDqBoxBytes,
+                                              column0 + box * kDqBoxColumns, h, row0, b);
           }
           bulk_commit();
           bulk_wait_read<0>();
