@@ -66,10 +66,11 @@ inline std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
 }
 
 // A case of the attention tests, and its shape (scale 1 / sqrt(head_dim)); window: Mistral's
-// sliding window (0: none).
+// sliding window (0: none); key_growth: as attention_problem's.
 struct AttentionCase {
   int64_t batch, q_len, kv_len, n_heads, n_kv_heads, head_dim, causal_offset;
   int64_t window = 0;
+  float key_growth = 0.0f;
 };
 // Sliding windows for every attention kernel's test: windows that end inside a tile, shorter
 // than a tile (whole tiles skipped on both sides of the band), longer than the sequence, and the
@@ -104,14 +105,16 @@ inline frugal::cpu::AttentionShape shape_of(const AttentionCase& c) {
 // values): q and k of amplitude 2 (a softmax peaked enough that a wrong mask or max shows), v
 // and dout of amplitude 1, random initial gradients the backward accumulates onto (as a ring
 // needs), the forward's out and lse, and the backward from out rounded to bf16 (out_in: what
-// the kernels' backward gets too) and lse.
+// the kernels' backward gets too) and lse. key_growth > 0 scales key j by 1 + key_growth j /
+// kv_len, so that a row's scores grow along the keys (a softmax whose maximum keeps moving).
 struct AttentionProblem {
   frugal::cpu::AttentionShape s;
   size_t q_size = 0, kv_size = 0, lse_size = 0;
   Bf16Data q, k, v, dout, out_in;
   std::vector<float> dq0, dk0, dv0, out_ref, lse_ref, dq_ref, dk_ref, dv_ref;
 };
-inline AttentionProblem attention_problem(const frugal::cpu::AttentionShape& s, unsigned seed) {
+inline AttentionProblem attention_problem(const frugal::cpu::AttentionShape& s, unsigned seed,
+                                          float key_growth = 0.0f) {
   AttentionProblem t;
   t.s = s;
   t.q_size = static_cast<size_t>(s.batch * s.q_len * s.n_heads * s.head_dim);
@@ -120,6 +123,14 @@ inline AttentionProblem attention_problem(const frugal::cpu::AttentionShape& s, 
   std::mt19937 rng(seed);
   t.q = random_bf16(t.q_size, rng, 2.0f);
   t.k = random_bf16(t.kv_size, rng, 2.0f);
+  if (key_growth > 0.0f) {
+    const size_t row = static_cast<size_t>(s.n_kv_heads * s.head_dim);
+    for (size_t i = 0; i < t.kv_size; ++i) {
+      const auto key = static_cast<float>((i / row) % static_cast<size_t>(s.kv_len));
+      t.k.h[i] = to_bf16(t.k.f[i] * (1.0f + key_growth * key / static_cast<float>(s.kv_len)));
+      t.k.f[i] = from_bf16(t.k.h[i]);
+    }
+  }
   t.v = random_bf16(t.kv_size, rng);
   t.dout = random_bf16(t.q_size, rng);
   t.dq0 = random_floats(t.q_size, rng);

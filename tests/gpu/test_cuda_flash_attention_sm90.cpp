@@ -61,7 +61,8 @@ void check_case(const AttentionCase& c) {
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
       shape_of(c),
       static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim + c.n_kv_heads * 7 +
-                            c.causal_offset + c.batch * 13 + c.window * 3));
+                            c.causal_offset + c.batch * 13 + c.window * 3),
+      c.key_growth);
   const frugal::cpu::AttentionShape& s = t.s;
   CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
           c.window);
@@ -195,6 +196,19 @@ TEST_CASE("cuda sm90 flash attention with a sliding window matches the CPU", "[g
   // The shared cases, and one at the sm90 tiles (128 keys forward, 64 rows per consumer).
   for (const AttentionCase& c : frugal::test::kWindowCases) check_case(c);
   check_case({1, 1100, 1100, 8, 1, 128, 0, 300});  // the stage ring wraps inside the band
+}
+
+TEST_CASE("cuda sm90 flash attention matches the CPU when the scores grow along the keys",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  if (!have_sm90()) return;
+  // Keys scaled by up to 9x along the sequence: a row's maximum grows past the one its softmax
+  // is taken against by more than 2^8 every few key tiles (about a third of them in a
+  // simulation of these inputs), so the forward's lazy rescaling corrects an O that already
+  // holds products, which random keys of one scale almost never make it do after a row's
+  // first tile.
+  check_case({1, 1024, 1024, 4, 2, 128, 0, 0, 8.0f});
+  check_case({2, 1000, 1000, 4, 1, 64, 0, 0, 8.0f});
 }
 
 TEST_CASE("attention.h's launchers take the sm90 kernels unless allow_sm90 is false",
