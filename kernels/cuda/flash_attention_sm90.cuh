@@ -578,49 +578,92 @@ __device__ __forceinline__ void write_untouched_rows(GradT* head, int row0, int 
   }
 }
 
-// A consumer's 64 rows of a written (bf16) gradient, through shared memory and the copy engine:
-// 4-byte stores scattered over rows cost the passes a tenth of their time in the store queue
-// and in draining it at exit (ncu, H200, 2026-12-03). Value 4 j + 2 r + e of acc (a wgmma
-// accumulator: row warp 16 + lane / 4 + 8 r, column 8 j + 2 (lane % 4) + e), times scale,
-// goes as bf16 into rows [row0, row0 + 64) of `tile` (kTileRows rows in 128-byte swizzled
-// column blocks, the layout TMA loads and stores). Conflict-free: a warp's 8 rows of one
-// 16-byte chunk land on 8 different chunks.
-template <int D, int kTileRows>
-__device__ __forceinline__ void stage_gradient_rows(uint32_t tile, int row0, int warp, int lane,
-                                                    float scale, const float (&acc)[D / 2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + warp * 16 + lane / 4 + 8 * r;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const uint32_t at = tile + (j / 8) * column_block_bytes(kTileRows) + row * kSwizzleBytes +
-                          (((j % 8) ^ (row % 8)) * 16) + (lane % 4) * 4;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
-                   "r"(pack_bf16(scale * acc[4 * j + 2 * r], scale * acc[4 * j + 2 * r + 1]))
-                   : "memory");
-    }
+// Named barrier kBarrier + consumer, one per consumer, of `threads` threads: kWait syncs,
+// otherwise this thread arrives and goes on. The ids reach ptxas as constants (it reserves every
+// barrier for a computed one).
+template <int kBarrier, bool kWait>
+__device__ __forceinline__ void consumer_barrier(int consumer, int threads) {
+  if (consumer == 0) {
+    if constexpr (kWait)
+      named_barrier_sync(kBarrier, threads);
+    else
+      named_barrier_arrive(kBarrier, threads);
+  } else {
+    if constexpr (kWait)
+      named_barrier_sync(kBarrier + 1, threads);
+    else
+      named_barrier_arrive(kBarrier + 1, threads);
   }
 }
-// Named barrier kBarrier + consumer over that consumer's warpgroup alone (the ids reach ptxas
-// as constants: it reserves every barrier for a computed one).
-template <int kBarrier>
-__device__ __forceinline__ void consumer_sync(int consumer) {
-  if (consumer == 0)
-    named_barrier_sync(kBarrier, kWarpgroupThreads);
-  else
-    named_barrier_sync(kBarrier + 1, kWarpgroupThreads);
-}
-// Rows [row0, row0 + 64) of `tile` (as stage_gradient_rows left them) to rows [row, row + 64)
-// of head `head`, batch `batch` of `map` (boxes of 64 rows; rows past the tensor's end are not
-// written), in this thread's current bulk group.
-template <int D, int kTileRows>
-__device__ __forceinline__ void store_gradient_rows(const CUtensorMap* map, uint32_t tile, int row0,
-                                                    int head, int row, int batch) {
+
+// Named barriers 6 and 7 (one per consumer) of the written gradients' epilogue, clear of the
+// fused dK/dV kernel's 1-5.
+constexpr int kBarrierGradientsStaged = 6;
+
+// A written (bf16) gradient's rows, as a consumer's epilogue puts them: the wgmma accumulator
+// acc (value 4 j + 2 r + e: row warp 16 + lane / 4 + 8 r, column 8 j + 2 (lane % 4) + e) times
+// scale, staged in the consumer's 64 rows of `tile` (kTileRows rows in 128-byte swizzled column
+// blocks, the layout TMA loads and stores; free once the consumer's products have read it), and
+// where they go: the block's first row `row` of head `head`, batch `batch` of `map` (boxes of
+// 64 rows, a consumer's 64 further on; rows past the tensor's end are not written).
+template <int D>
+struct GradientRows {
+  const CUtensorMap* map;
+  uint32_t tile;
+  float scale;
+  const float (&acc)[D / 2];
+  int head, row, batch;
+};
+// This consumer's rows of each gradient through shared memory and the copy engine: 4-byte
+// stores scattered over rows cost the passes a tenth of their time in the store queue and in
+// draining it at exit (ncu, H200, 2026-12-03). Staging is conflict-free: a warp's 8 rows of one
+// 16-byte chunk land on 8 different chunks. One thread per consumer issues the stores and waits
+// until they have read shared memory (the block's shared memory outlives the reads).
+template <int D, int kTileRows, class... Rows>
+__device__ __forceinline__ void write_gradient_rows(int consumer, int warp, int lane,
+                                                    const Rows&... rows) {
+  const int row0 = consumer * kRowsPerConsumer;
+  auto stage = [&](const GradientRows<D>& g) {
 #pragma unroll
-  for (int block = 0; block < D / kSwizzleColumns; ++block)
-    tma_store_tile<BulkStore::kWrite>(
-        map, tile + block * column_block_bytes(kTileRows) + row0 * kSwizzleBytes,
-        block * kSwizzleColumns, head, row, batch);
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t at = g.tile + (j / 8) * column_block_bytes(kTileRows) + row * kSwizzleBytes +
+                            (((j % 8) ^ (row % 8)) * 16) + (lane % 4) * 4;
+        asm volatile(
+            "st.shared.b32 [%0], %1;\n" ::"r"(at),
+            "r"(pack_bf16(g.scale * g.acc[4 * j + 2 * r], g.scale * g.acc[4 * j + 2 * r + 1]))
+            : "memory");
+      }
+    }
+  };
+  (stage(rows), ...);
+  fence_proxy_async_shared();
+  consumer_barrier<kBarrierGradientsStaged, true>(consumer, kWarpgroupThreads);
+  if (threadIdx.x % kWarpgroupThreads != 0) return;
+  auto store = [&](const GradientRows<D>& g) {
+#pragma unroll
+    for (int block = 0; block < D / kSwizzleColumns; ++block)
+      tma_store_tile<BulkStore::kWrite>(
+          g.map, g.tile + block * column_block_bytes(kTileRows) + row0 * kSwizzleBytes,
+          block * kSwizzleColumns, g.head, g.row + row0, g.batch);
+  };
+  (store(rows), ...);
+  bulk_commit();
+  bulk_wait_read<0>();
+}
+
+// The map a gradient leaves through when written (bf16): boxes of a consumer's 64 rows of
+// [batch][len][heads][head_dim]. Added (fp32) gradients have none: `stand_in` takes its place in
+// the launch.
+template <class GradT>
+CUtensorMap written_gradient_map(const GradT* gradient, int64_t batch, int64_t len, int64_t heads,
+                                 int64_t head_dim, const CUtensorMap& stand_in) {
+  if constexpr (std::is_same_v<GradT, bf16>)
+    return tensor_map(gradient, batch, len, heads, head_dim, kRowsPerConsumer);
+  else
+    return stand_in;
 }
 
 // The backward's passes, after flash_attention_backward_prepare (the outline is in

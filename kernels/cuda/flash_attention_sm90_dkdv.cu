@@ -37,27 +37,15 @@ __device__ __forceinline__ bool multiplies_dq(int consumer, int step) {
   return D == 128 || step % 2 == consumer;
 }
 // Named barriers of the fused kernel: dS written (both consumers), and per consumer (id + c)
-// its dQ part written (to the writer warp) and free again (to the consumer); of the written
-// (bf16) gradients: per consumer, its rows staged for the copy engine.
-constexpr int kBarrierDsWritten = 1, kBarrierDqPartWritten = 2, kBarrierDqPartFree = 4,
-              kBarrierGradientsStaged = 6;
+// its dQ part written (to the writer warp) and free again (to the consumer).
+constexpr int kBarrierDsWritten = 1, kBarrierDqPartWritten = 2, kBarrierDqPartFree = 4;
+static_assert(kBarrierDqPartFree + 1 < kBarrierGradientsStaged, "named barrier ids overlap");
 constexpr int kDqHandOffThreads = kWarpgroupThreads + 32;  // a consumer + the writer warp
 // Consumer `consumer`'s barrier kBarrier + consumer between it and the writer warp: kWait waits
-// for the other side, otherwise this side arrives and goes on. The ids reach ptxas as constants
-// (it reserves every barrier for a computed one).
+// for the other side, otherwise this side arrives and goes on.
 template <int kBarrier, bool kWait>
 __device__ __forceinline__ void dq_hand_off(int consumer) {
-  if (consumer == 0) {
-    if constexpr (kWait)
-      named_barrier_sync(kBarrier, kDqHandOffThreads);
-    else
-      named_barrier_arrive(kBarrier, kDqHandOffThreads);
-  } else {
-    if constexpr (kWait)
-      named_barrier_sync(kBarrier + 1, kDqHandOffThreads);
-    else
-      named_barrier_arrive(kBarrier + 1, kDqHandOffThreads);
-  }
+  consumer_barrier<kBarrier, kWait>(consumer, kDqHandOffThreads);
 }
 
 // K, V, then kStages (Q, dO) stages, [fused: 2 dS tiles (64 queries x 128 keys, bf16, by step
@@ -385,17 +373,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
     // This consumer's rows of K and V were read by its own products only (the fused dQ, which
     // reads all of K, takes fp32 gradients), all completed: its dK and dV take their place.
     static_assert(!kFusedDq, "the fused dQ adds into fp32 gradients only");
-    const int row0 = consumer * kRowsPerConsumer;
-    stage_gradient_rows<D, kBlockN>(sk, row0, warp, lane, p.scale, dk_acc);
-    stage_gradient_rows<D, kBlockN>(sv, row0, warp, lane, 1.0f, dv_acc);
-    fence_proxy_async_shared();
-    consumer_sync<kBarrierGradientsStaged>(consumer);
-    if (threadIdx.x % kWarpgroupThreads == 0) {
-      store_gradient_rows<D, kBlockN>(&dk_map, sk, row0, g, j0 + row0, b);
-      store_gradient_rows<D, kBlockN>(&dv_map, sv, row0, g, j0 + row0, b);
-      bulk_commit();
-      bulk_wait_read<0>();  // the block's shared memory outlives the copies' reads
-    }
+    write_gradient_rows<D, kBlockN>(consumer, warp, lane,
+                                    GradientRows<D>{&dk_map, sk, p.scale, dk_acc, g, j0, b},
+                                    GradientRows<D>{&dv_map, sv, 1.0f, dv_acc, g, j0, b});
   } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -484,13 +464,8 @@ void dkdv_for(float* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, 
   // Maps a launch has no use for (of dq without the fused dQ, of dk and dv when they are
   // added into): a copy of q's stands in.
   const CUtensorMap dq_map = fused ? dq_tensor_map(dq, s.batch, s.q_len, s.n_heads, D) : q_map;
-  constexpr bool kWritten = std::is_same_v<GradT, bf16>;
-  const CUtensorMap dk_map = kWritten ? tensor_map(reinterpret_cast<const bf16*>(dk), s.batch,
-                                                   s.kv_len, s.n_kv_heads, D, kRowsPerConsumer)
-                                      : q_map;
-  const CUtensorMap dv_map = kWritten ? tensor_map(reinterpret_cast<const bf16*>(dv), s.batch,
-                                                   s.kv_len, s.n_kv_heads, D, kRowsPerConsumer)
-                                      : q_map;
+  const CUtensorMap dk_map = written_gradient_map(dk, s.batch, s.kv_len, s.n_kv_heads, D, q_map);
+  const CUtensorMap dv_map = written_gradient_map(dv, s.batch, s.kv_len, s.n_kv_heads, D, q_map);
   auto launch = [&](auto kernel, int smem) {
     allow_shared_memory(kernel, smem);
     kernel<<<grid, kThreads, smem, stream>>>(dk, dv, dk_map, dv_map, dq_map, dq_turns, q_map, k_map,

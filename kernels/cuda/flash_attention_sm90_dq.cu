@@ -11,8 +11,6 @@ namespace {
 // ---- backward: dQ ----------------------------------------------------------------------------
 
 constexpr int kDqBlockM = 2 * kRowsPerConsumer;
-// Named barrier (+ consumer) of a written dQ: the consumer's rows staged for the copy engine.
-constexpr int kBarrierGradientsStaged = 1;
 // Keys per tile: 128 at head dim 64, where S and dP are then m64n128 products (wider wgmmas
 // read less shared memory per FLOP) and the registers allow it; 64 at head dim 128, whose dQ
 // accumulator takes the room.
@@ -148,15 +146,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dq_kernel(
 
   if constexpr (std::is_same_v<GradT, bf16>) {
     // Q's tile has been in registers since the start: this consumer's dQ takes its rows.
-    const int row0 = consumer * kRowsPerConsumer;
-    stage_gradient_rows<D, kBlockM>(sq, row0, warp, lane, p.scale, dq_acc);
-    fence_proxy_async_shared();
-    consumer_sync<kBarrierGradientsStaged>(consumer);
-    if (threadIdx.x % kWarpgroupThreads == 0) {
-      store_gradient_rows<D, kBlockM>(&dq_map, sq, row0, h, q0 + row0, b);
-      bulk_commit();
-      bulk_wait_read<0>();  // the block's shared memory outlives the copy's reads
-    }
+    write_gradient_rows<D, kBlockM>(consumer, warp, lane,
+                                    GradientRows<D>{&dq_map, sq, p.scale, dq_acc, h, q0, b});
   } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -199,11 +190,7 @@ void dq_for(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf1
       static_cast<int>(pairs), static_cast<int>(q_blocks),
       pairs_per_group(p, static_cast<int>(pairs), static_cast<int>(q_blocks),
                       key_tiles_by_rank<kDqBlockM, kDqBlockN<D>>, kv_bytes_per_pair)};
-  // Written gradients leave through a map of dq; added ones have no use for it (q's stands in).
-  const CUtensorMap dq_map = std::is_same_v<GradT, bf16>
-                                 ? tensor_map(reinterpret_cast<const bf16*>(dq), s.batch, s.q_len,
-                                              s.n_heads, D, kRowsPerConsumer)
-                                 : q_map;
+  const CUtensorMap dq_map = written_gradient_map(dq, s.batch, s.q_len, s.n_heads, D, q_map);
   kernel<<<static_cast<unsigned>(pairs * q_blocks), kThreads, smem, stream>>>(
       dq, dq_map, q_map, k_map, v_map, dout_map, lse_log2, delta, p, order);
   CUDA_CHECK_LAUNCH();
