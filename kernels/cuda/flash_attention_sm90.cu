@@ -225,8 +225,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_product_rs<D, kBlockN>(o, pa, v_tile((it.first_load + t) % kStages));
   };
   // Online softmax of tile t of item `it`, rows in fp32 (a row's 128 scores are spread over the
-  // 4 lanes of a quad): masks s, updates the row max and sum, turns s into P (relative to the
-  // new max) and sets the factor that takes O from the old max to the new one.
+  // 4 lanes of a quad): masks s, turns it into P relative to the row's kept maximum, adds P to
+  // the row sum, and when the maxima move sets `rescale` and the factor that takes O from the old
+  // maximum to the new one.
   auto softmax = [&](const Item& it, int t) {
     const int k0 = it.w.kv_begin + t * kBlockN;
     if (k0 + kBlockN > it.unmasked_end || k0 < it.unmasked_begin) {
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // grown past its own by more than 2^kMaxGrowthLog2 (FlashAttention-4's lazy rescaling):
     // P then stays below 2^8, and O and the sum, both taken against the same maximum, need no
     // correction (32 or 64 multiplies a thread per tile). Exact either way: out = O / sum, and
-    // lse = max + log2(sum) for whichever max they share.
+    // lse = max scale + ln(sum) for whichever maximum they share.
     constexpr float kMaxGrowthLog2 = 8.0f;
     float mx[2];
     bool grown = false;
@@ -516,10 +517,11 @@ void backward(GradT* dq, GradT* dk, GradT* dv, const bf16* dout, const bf16* q, 
   const int64_t rows = s.batch * s.n_heads * s.q_len;
   const float* lse_log2 = scratch;
   const float* delta = scratch + rows;
-  // kAuto fuses where that measured faster on an H200 (doc/benchmarks.md): head_dim 128
-  // without GQA, 1.14-1.17x the second kernel's forward + backward. With GQA, or at head_dim 64,
-  // fusing measured 0.56-0.96x (at head dim 64 still about 0.7x once the consumers took turns
-  // at dS K). Written bf16 gradients take the second kernel.
+  // kAuto (fp32 gradients: a ring's blocks; whole attentions write bf16, attention.h) fuses
+  // where that measured faster on an H200 (doc/benchmarks.md): head_dim 128 without GQA,
+  // 1.14-1.17x the second kernel's forward + backward. With GQA, or at head_dim 64, fusing
+  // measured 0.56-0.96x (at head dim 64 still about 0.7x once the consumers took turns at dS K).
+  // Written bf16 gradients take the second kernel.
   const bool fuse =
       dq_sum == Sm90DqSum::kFused || (kAccumulated && dq_sum == Sm90DqSum::kAuto && dq_aligned &&
                                       s.head_dim == 128 && s.n_heads == s.n_kv_heads);
