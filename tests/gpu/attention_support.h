@@ -218,13 +218,24 @@ inline Magnitudes magnitudes(const frugal::cpu::AttentionShape& s, const std::ve
         }
         double sum = 0;
         for (int64_t j = first; j < seen; ++j) sum += std::exp(p[j] - mx);
-        double delta = 0;
-        for (int64_t d = 0; d < D; ++d) delta += double(dout[qi + d]) * out[qi + d];
+        // dS_j = P_j (dP_j - Delta), and the fp32 rounding of dP_j - Delta: two sums of D terms
+        // that cancel where one key dominates a row (keys growing along the sequence make rows
+        // so), each rounded by the CPU reference and by the kernels, D 2^-24 of their terms at
+        // most; 2^7 times that here, as the tolerance takes 2^-7 of a magnitude.
+        double delta = 0, delta_terms = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          delta += double(dout[qi + d]) * out[qi + d];
+          delta_terms += std::abs(double(dout[qi + d]) * out[qi + d]);
+        }
+        const double cancelled = 2.0 * static_cast<double>(D) * std::ldexp(1.0, -24 + 7);
         for (int64_t j = first; j < seen; ++j) {
           p[j] = std::exp(p[j] - mx) / sum;
-          double dp = 0;
-          for (int64_t d = 0; d < D; ++d) dp += double(dout[qi + d]) * v[kv_at(j) + d];
-          ds[j] = std::abs(p[j] * (dp - delta));
+          double dp = 0, dp_terms = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            dp += double(dout[qi + d]) * v[kv_at(j) + d];
+            dp_terms += std::abs(double(dout[qi + d]) * v[kv_at(j) + d]);
+          }
+          ds[j] = std::abs(p[j] * (dp - delta)) + p[j] * cancelled * (dp_terms + delta_terms);
         }
         for (int64_t j = first; j < seen; ++j) {
           const int64_t kj = kv_at(j);
