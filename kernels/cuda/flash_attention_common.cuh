@@ -66,6 +66,15 @@ __host__ __device__ __forceinline__ int first_key_seen(int row, const Params& p)
   return p.window > 0 ? min(max(row + p.causal_offset - p.window + 1, 0), p.kv_len) : 0;
 }
 
+// Whether the mask hides every key of [key0, key_end) from every row of [row0, row_end): each
+// row's keys seen lie within those of row0's first and the last row's last. Rows at or past q_len
+// are padding and count as hidden. A warpgroup skips the products of such a pair of tiles.
+__device__ __forceinline__ bool tile_hidden(int row0, int row_end, int key0, int key_end,
+                                            const Params& p) {
+  if (row0 >= p.q_len) return true;
+  return key0 >= keys_seen(min(row_end, p.q_len) - 1, p) || key_end <= first_key_seen(row0, p);
+}
+
 // Whether the mask hides key `key` from row `row`: after it (causal), past the keys, or
 // window or more positions behind it.
 __device__ __forceinline__ bool hidden_key(int row, int key, const Params& p) {

@@ -46,6 +46,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/flash_attention.h"
@@ -60,7 +61,7 @@ using namespace sm90;
 
 // ---- forward ---------------------------------------------------------------------------------
 
-constexpr int kFwdBlockM = 2 * kRowsPerConsumer, kFwdBlockN = 128;
+constexpr int kFwdBlockM = 2 * kRowsPerConsumer, kFwdBlockN = 128, kHalfN = kFwdBlockN / 2;
 
 // Shared memory of the forward, as byte offsets from a 1024-byte aligned base: Q, then kStages
 // (K, V) stages, then the barriers (Q loaded; per stage full and empty; Q free again).
@@ -88,35 +89,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kBlockM = kFwdBlockM, kBlockN = kFwdBlockN;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = swizzle_aligned(smem_raw);
-  const int q_blocks = order.items_per_pair, n_work = order.pairs * q_blocks;
-
-  // Work item i (HeadGroupedOrder): rank 0 of a (batch, head) is its last query block, the
-  // longest. The blocks take the items in rounds of gridDim.x, walking even rounds forwards and
-  // odd ones backwards, so that a block's loads even out over the rounds (items along a round
-  // vary in length). With a block per item (the launcher's choice for long sequences) the walk
-  // is one round: block i, item i.
-  auto item_of_round = [&](int round) {
-    const int slot = round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
-    return round * static_cast<int>(gridDim.x) + slot;
-  };
-  struct Work {
-    int b, h, q0, last_row, kv_begin, n_tiles;
-  };
-  auto work_at = [&](int i) {
-    Work w;
-    int bh, rank;
-    order.at(i, bh, rank);
-    w.b = bh / p.n_heads;
-    w.h = bh % p.n_heads;
-    w.q0 = (q_blocks - 1 - rank) * kBlockM;
-    // Keys [kv_begin, kv_end) are seen by some row of the block (kv_begin > 0 only under a
-    // sliding window): only those tiles are loaded.
-    w.last_row = min(w.q0 + kBlockM, p.q_len) - 1;
-    const int kv_end = keys_seen(w.last_row, p);
-    w.kv_begin = first_key_seen(w.q0, p) / kBlockN * kBlockN;
-    w.n_tiles = kv_end > w.kv_begin ? (kv_end - w.kv_begin + kBlockN - 1) / kBlockN : 0;
-    return w;
-  };
+  const int n_work = order.pairs * order.items_per_pair;
+  auto work_at = [&](int i) { return query_item<kBlockM, kBlockN>(order, p, i); };
 
   const uint32_t sq = base + Smem::kQ, q_full = base + Smem::kBarriers;
   const uint32_t q_empty = base + Smem::kQEmpty;
@@ -134,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int loaded = 0, items = 0;
       for (int round = 0, i; (i = item_of_round(round)) < n_work; ++round) {
-        const Work w = work_at(i);
+        const QueryItem w = work_at(i);
         if (w.n_tiles == 0) continue;
         mbarrier_wait(q_empty, (items & 1) ^ 1);
         mbarrier_arrive_expect_bytes(q_full, tile_bytes(kBlockM, D));
@@ -150,13 +124,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Consumers: warpgroup c owns query rows [q0 + 64 c, q0 + 64 c + 64) of each item.
   registers_increase<kConsumerRegisters>();
-  const int consumer = threadIdx.x / kWarpgroupThreads - 1;
+  // Broadcast from lane 0, so that ptxas sees it is the same across the warp (a uniform value:
+  // branches on it, like the half tile's, then leave the wgmma pipeline intact, C7520).
+  const int consumer = __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0) - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // Half tiles (below) at head dim 128 only: at 64 they measured slower (TinyLlama's forward
+  // 2-4 %), where S takes half as long and the kernel's code grows by half.
+  constexpr bool kHalfTiles = D == 128;
   // An item as this consumer sees it: its rows, the keys every row of the block sees (and that
   // exist: tiles inside need no mask), and its first tile's number through the stage ring.
   struct Item {
-    Work w;
+    QueryItem w;
     int row_a, row_b, unmasked_begin, unmasked_end, first_load;
+    // Whether this consumer's rows see none of the last tile's second half (consumer 0 on the
+    // diagonal): its S and P V there take 64 keys.
+    bool last_tile_half;
     bf16* out_head;
     float* lse_head;
   };
@@ -180,6 +162,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       it.row_b = it.row_a + 8;
       it.unmasked_end = min(it.w.q0 + p.causal_offset + 1, p.kv_len);
       it.unmasked_begin = first_key_seen(it.w.last_row, p);
+      const int rows_begin = it.w.q0 + consumer * kRowsPerConsumer;
+      const int last_k0 = it.w.kv_begin + (it.w.n_tiles - 1) * kBlockN;
+      it.last_tile_half = kHalfTiles && tile_hidden(rows_begin, rows_begin + kRowsPerConsumer,
+                                                    last_k0 + kHalfN, last_k0 + kBlockN, p);
       it.first_load = loaded;
       loaded += it.w.n_tiles;
       break;
@@ -206,23 +192,54 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Whether the last softmax moved the warp's maxima, so O needs its correction (warp-uniform).
   bool rescale = true;
   uint32_t pa[kBlockN / 16][4];
-  // Issues S = Q K_t^T of item `it` (64 rows x 128 keys per consumer) into s, once tile t has
-  // landed.
-  auto issue_scores = [&](const Item& it, int t) {
+  // A half tile (Item::last_tile_half) multiplies its first 64 keys only: S into the first half
+  // of s (the same accumulator layout), whose second half the mask then sets to -inf, so P is 0
+  // there; P V over those 64 keys. A quarter of the diagonal tile's products, which at 2k tokens
+  // is an eighth of an item's tiles. Whether a product is a half tile's is a type (HalfTile or
+  // FullTile) and each kind has a path of its own up to the wait for its product: where paths
+  // with different products in flight met, ptxas serialized every wgmma of the kernel.
+  using HalfTile = std::true_type;
+  using FullTile = std::false_type;
+  // Issues S = Q K_t^T of item `it` (64 rows x 128 keys per consumer, or 64 of a half tile) into
+  // s, once tile t has landed.
+  auto issue_scores = [&](const Item& it, int t, auto half) {
     const int stage = (it.first_load + t) % kStages;
     mbarrier_wait(bars.full(stage), ((it.first_load + t) / kStages) & 1);
     wgmma_fence();
-    if constexpr (kQInRegisters)
-      issue_product_rs_k<D, kBlockN>(s, q_frag, k_tile(stage));
-    else
-      issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k_tile(stage));
+    const uint32_t k = k_tile(stage);
+    if constexpr (decltype(half)::value) {
+      float(&s_half)[kHalfN / 2] = *reinterpret_cast<float(*)[kHalfN / 2]>(s);
+      if constexpr (kQInRegisters)
+        issue_product_rs_k<D, kHalfN, kBlockN>(s_half, q_frag, k);
+      else
+        issue_product_ss<D, kBlockM, kHalfN, kBlockN>(s_half, sq, consumer * kRowsPerConsumer, k);
+    } else {
+      if constexpr (kQInRegisters)
+        issue_product_rs_k<D, kBlockN>(s, q_frag, k);
+      else
+        issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k);
+    }
+  };
+  // Once S has completed: a half tile's second half is all hidden (-inf). Set here, after the
+  // product, so that s's old values there are dead while it runs (kept alive they cost ptxas the
+  // registers to pipeline the wgmmas at head dim 64, C7511).
+  auto scores_landed = [&](auto half) {
+    if constexpr (decltype(half)::value) {
+#pragma unroll
+      for (int e = kHalfN / 2; e < kBlockN / 2; ++e) s[e] = -INFINITY;
+    }
+    pin_registers(s);
   };
   // O += P_t V_t (issued, not waited for).
-  auto issue_pv = [&](const Item& it, int t) {
+  auto issue_pv = [&](const Item& it, int t, auto half) {
+    const uint32_t v = v_tile((it.first_load + t) % kStages);
     wgmma_fence();
     pin_registers(o);
     pin_registers(pa);
-    issue_product_rs<D, kBlockN>(o, pa, v_tile((it.first_load + t) % kStages));
+    if constexpr (decltype(half)::value)
+      issue_product_rs<D, kHalfN, kBlockN>(o, pa, v);
+    else
+      issue_product_rs<D, kBlockN>(o, pa, v);
   };
   // Online softmax of tile t of item `it`, rows in fp32 (a row's 128 scores are spread over the
   // 4 lanes of a quad): masks s, turns it into P relative to the row's kept maximum, adds P to
@@ -294,12 +311,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // same across items: the next item's S_0 and its softmax overlap this item's last P V, so
   // the two consumers (which start an item together) do not leave the tensor cores idle
   // between items.
+  // Which kind of product the S of an item's first tile is: a half tile's when that tile is also
+  // its last.
+  auto first_is_half = [&](const Item& it) { return it.w.n_tiles == 1 && it.last_tile_half; };
   Item it = next_item();
   if (it.w.n_tiles > 0) {
     take_q();
-    issue_scores(it, 0);
-    wgmma_wait<0>();
-    pin_registers(s);
+    auto first_scores = [&](auto half) {
+      issue_scores(it, 0, half);
+      wgmma_wait<0>();
+      scores_landed(half);
+    };
+    if (first_is_half(it))
+      first_scores(HalfTile{});
+    else
+      first_scores(FullTile{});
     first_softmax(it);
 #pragma unroll
     for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
@@ -307,17 +333,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   while (it.w.n_tiles > 0) {
     const int n_tiles = it.w.n_tiles;
-    // Every tile but the last: two products in flight, then the softmax of the later one. The
-    // last tile is peeled off rather than guarded by a branch, so that the groups in flight are
-    // the same on every path (ptxas otherwise serializes every wgmma, warning C7514).
-    for (int t = 0; t + 1 < n_tiles; ++t) {
-      issue_scores(it, t + 1);
-      issue_pv(it, t);
+    // Every tile but the last: two products in flight, then the softmax of the later one (a
+    // half tile's S on the last step when the last tile is one). The last tile's P V is peeled
+    // off rather than guarded by a branch, so that the groups in flight are the same on every
+    // path (ptxas otherwise serializes every wgmma, warning C7514).
+    auto step = [&](int t, auto half_next) {
+      issue_scores(it, t + 1, half_next);
+      issue_pv(it, t, FullTile{});
       wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
-      pin_registers(s);
+      scores_landed(half_next);
       if (!kQInRegisters && t + 2 == n_tiles) mbarrier_arrive(q_empty);  // the last S read Q
       softmax(it, t + 1);
       wgmma_wait<0>();
+    };
+    for (int t = 0; t + 1 < n_tiles; ++t) {
+      if (t + 2 == n_tiles && it.last_tile_half)
+        step(t, HalfTile{});
+      else
+        step(t, FullTile{});
       pin_registers(o);
       pin_registers(pa);
       mbarrier_arrive(bars.empty((it.first_load + t) % kStages));  // K_t (read by S_t) and V_t
@@ -333,22 +366,35 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       accumulators_to_a<kBlockN>(pa, s);
     }
-    // The last P V, with the next item's first S and softmax in its shadow. Either way one
-    // product group (the P V) is in flight where the paths meet.
+    // The last P V, with the next item's first S and softmax in its shadow; each pair of kinds
+    // on a path of its own up to the wait for both.
     ++items;
     const float done_max[2] = {row_max[0], row_max[1]}, done_sum[2] = {row_sum[0], row_sum[1]};
     const Item next = next_item();
-    if (next.w.n_tiles > 0) {
-      take_q();
-      issue_scores(next, 0);
-      issue_pv(it, n_tiles - 1);
-      wgmma_wait<1>();  // the next S_0 has completed
-      pin_registers(s);
-      first_softmax(next);
-    } else {
-      issue_pv(it, n_tiles - 1);
-    }
-    wgmma_wait<0>();
+    auto last_pv = [&](auto half_last) {
+      if (next.w.n_tiles > 0) {
+        take_q();
+        auto with_next_scores = [&](auto half_first) {
+          issue_scores(next, 0, half_first);
+          issue_pv(it, n_tiles - 1, half_last);
+          wgmma_wait<1>();  // the next S_0 has completed
+          scores_landed(half_first);
+          first_softmax(next);
+          wgmma_wait<0>();
+        };
+        if (first_is_half(next))
+          with_next_scores(HalfTile{});
+        else
+          with_next_scores(FullTile{});
+      } else {
+        issue_pv(it, n_tiles - 1, half_last);
+        wgmma_wait<0>();
+      }
+    };
+    if (it.last_tile_half)
+      last_pv(HalfTile{});
+    else
+      last_pv(FullTile{});
     pin_registers(o);
     pin_registers(pa);
     mbarrier_arrive(bars.empty((it.first_load + n_tiles - 1) % kStages));
@@ -381,27 +427,30 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, kFwdBlockM);
   const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
   const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
-  // Persistent (one block per SM, or per item if fewer, walking the items) while a sequence
-  // holds at most kPersistentQueryBlocks items: the next item's loads overlap this one's
-  // epilogue, 3-16% faster on an H200 at 2k-4k tokens. Longer sequences get a block per item,
-  // which the hardware hands out in order as SMs free up: with items of very different lengths
-  // that ended more evenly than the two walks tried, a plain stride and the rounds walked both
-  // ways (4-9% faster at 8k-16k tokens).
-  constexpr int64_t kPersistentQueryBlocks = 32;
-  const int64_t batch_heads = s.batch * s.n_heads;
   const int64_t q_blocks = grid_blocks(s.q_len, kFwdBlockM, "q_len");
-  const int64_t items = batch_heads * q_blocks;
-  if (items > INT32_MAX / 2)  // the kernel's item indices stay ints
-    fail("cuda flash attention sm90: ", items, " blocks of query rows is too many");
-  // The order (HeadGroupedOrder) for the hand-out; a (batch, head) pair's share of its kv head's
-  // K and V is what its items read from L2.
+  // A (batch, head) pair's share of its kv head's K and V is what its items read from L2.
   const Params p = make_params(s);
   const int64_t kv_bytes_per_pair = 2 * s.kv_len * tile_bytes(1, D) / p.group;
-  int pairs_per_group =
-      sm90::pairs_per_group(p, static_cast<int>(batch_heads), static_cast<int>(q_blocks),
-                            key_tiles_by_rank<kFwdBlockM, kFwdBlockN>, kv_bytes_per_pair);
+  const QueryGrid grid = query_grid(p, s.batch * s.n_heads, q_blocks,
+                                    key_tiles_by_rank<kFwdBlockM, kFwdBlockN>, kv_bytes_per_pair);
+  kernel<<<grid.blocks, kThreads, smem, stream>>>(out, lse, q_map, k_map, v_map, p, grid.order);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+namespace sm90 {
+
+QueryGrid query_grid(const Params& p, int64_t pairs, int64_t items_per_pair,
+                     TilesByRank tiles_by_rank, int64_t shared_bytes_per_pair, bool persistent) {
+  constexpr int64_t kPersistentQueryBlocks = 32;
+  const int64_t items = pairs * items_per_pair;
+  if (items > INT32_MAX / 2)  // the kernels' item indices stay ints
+    fail("cuda flash attention sm90: ", items, " blocks of query rows is too many");
+  int group = pairs_per_group(p, static_cast<int>(pairs), static_cast<int>(items_per_pair),
+                              tiles_by_rank, shared_bytes_per_pair);
   int64_t blocks = items;
-  if (q_blocks <= kPersistentQueryBlocks) {
+  if (persistent && items_per_pair <= kPersistentQueryBlocks) {
     int device = 0, sms = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -410,18 +459,11 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
     // pairs stay together (their tiles fit in L2): the group sizes chosen for the hand-out of a
     // grid gave the SMs uneven loads under the fixed walk in a simulation (up to 1.4x the
     // ideal end), one head at a time as even as all pairs together (within 3 %).
-    if (pairs_per_group != batch_heads) pairs_per_group = 1;
+    if (group != pairs) group = 1;
   }
-  const HeadGroupedOrder order{static_cast<int>(batch_heads), static_cast<int>(q_blocks),
-                               pairs_per_group};
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(out, lse, q_map, k_map, v_map,
-                                                                    p, order);
-  CUDA_CHECK_LAUNCH();
+  return {static_cast<unsigned>(blocks),
+          HeadGroupedOrder{static_cast<int>(pairs), static_cast<int>(items_per_pair), group}};
 }
-
-}  // namespace
-
-namespace sm90 {
 
 int pairs_per_group(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,
                     int64_t shared_bytes_per_pair) {

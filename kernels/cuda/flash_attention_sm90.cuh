@@ -462,38 +462,74 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[D / 16][4], uint3
                 a[kk]);
   }
 }
-// acc = A B^T over the head dim, A in registers (load_a_fragments), B all kN rows of the K-major
-// tile b, as one commit group: issue_product_ss with A read once into registers.
-template <int D, int kN>
+// acc = A B^T over the head dim, A in registers (load_a_fragments), B the first kN rows of the
+// K-major tile b (kRowsB rows), as one commit group: issue_product_ss with A read once into
+// registers.
+template <int D, int kN, int kRowsB = kN>
 __device__ __forceinline__ void issue_product_rs_k(float (&acc)[kN / 2],
                                                    const uint32_t (&a)[D / 16][4], uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_rs<kN, BMajor::k>(acc, a[kk], k_major<kN>(b, 0, kk), kk > 0);
+    wgmma_rs<kN, BMajor::k>(acc, a[kk], k_major<kRowsB>(b, 0, kk), kk > 0);
   wgmma_commit();
 }
 
 // The two kinds of product every kernel here issues, each closed as one commit group (the
 // caller fences before them and waits after).
 // acc = A B^T over the head dim: rows [a_row0, a_row0 + 64) of the K-major tile a (kRowsA rows)
-// against all kN rows of the K-major tile b.
-template <int D, int kRowsA, int kN>
+// against the first kN rows of the K-major tile b (kRowsB rows).
+template <int D, int kRowsA, int kN, int kRowsB = kN>
 __device__ __forceinline__ void issue_product_ss(float (&acc)[kN / 2], uint32_t a, int a_row0,
                                                  uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<kN, BMajor::k>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kN>(b, 0, kk), kk > 0);
+    wgmma_ss<kN, BMajor::k>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kRowsB>(b, 0, kk),
+                            kk > 0);
   wgmma_commit();
 }
-// acc += A B: A in registers (kK / 16 fragments of 16 contraction columns), B the MN-major tile
-// b of kK rows and D columns.
-template <int D, int kK>
+// acc += A B: A in registers (the first kK / 16 of a's fragments, 16 contraction columns each),
+// B the first kK rows (all D columns) of the MN-major tile b of kRowsB rows.
+template <int D, int kK, int kRowsB = kK, int kFragments>
 __device__ __forceinline__ void issue_product_rs(float (&acc)[D / 2],
-                                                 const uint32_t (&a)[kK / 16][4], uint32_t b) {
+                                                 const uint32_t (&a)[kFragments][4], uint32_t b) {
+  static_assert(kK / 16 <= kFragments, "fewer A fragments than contraction columns");
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk)
-    wgmma_rs<D, BMajor::mn>(acc, a[kk], mn_major<kK>(b, kk), true);
+    wgmma_rs<D, BMajor::mn>(acc, a[kk], mn_major<kRowsB>(b, kk), true);
   wgmma_commit();
+}
+
+// ---- work items of the query-block kernels (the forward and the dQ pass) ---------------------
+
+// Work item i of `order`: kBlockM query rows from q0 of head h of batch b (rank 0 of a (batch,
+// head) pair is its last query block, the longest), and the key tiles of kBlockN keys that some
+// row of it sees, n_tiles of them from kv_begin (none when no row sees a key; kv_begin > 0 only
+// under a sliding window: tiles wholly outside it are never loaded).
+struct QueryItem {
+  int b, h, q0, last_row, kv_begin, n_tiles;
+};
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ QueryItem query_item(const HeadGroupedOrder& order, const Params& p,
+                                                int i) {
+  QueryItem w;
+  int bh, rank;
+  order.at(i, bh, rank);
+  w.b = bh / p.n_heads;
+  w.h = bh % p.n_heads;
+  w.q0 = (order.items_per_pair - 1 - rank) * kBlockM;
+  w.last_row = min(w.q0 + kBlockM, p.q_len) - 1;
+  const int kv_end = keys_seen(w.last_row, p);
+  w.kv_begin = first_key_seen(w.q0, p) / kBlockN * kBlockN;
+  w.n_tiles = kv_end > w.kv_begin ? (kv_end - w.kv_begin + kBlockN - 1) / kBlockN : 0;
+  return w;
+}
+// The item this block takes in round `round` of its walk (query_grid). Persistent blocks take the
+// items in rounds of gridDim.x, walking even rounds forwards and odd ones backwards, so that a
+// block's loads even out over the rounds (items along a round vary in length). With a block per
+// item the walk is one round: block i, item i.
+__device__ __forceinline__ int item_of_round(int round) {
+  const int slot = round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  return round * static_cast<int>(gridDim.x) + slot;
 }
 
 #endif  // FRUGAL_SM90_DEVICE_CODE
@@ -547,6 +583,23 @@ using TilesByRank = std::vector<int> (*)(const Params& p, int items_per_pair);
 int pairs_per_group(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,
                     int64_t shared_bytes_per_pair);
 
+// The grid of a query-block kernel (the forward, the dQ pass) over `items_per_pair` items of
+// each of `pairs` (batch, head) pairs, HeadGroupedOrder as pairs_per_group chooses it:
+// persistent (one block per SM, or per item if fewer, walking the items: the next item's loads
+// overlap this one's epilogue, 3-16% faster forwards on an H200 at 2k-4k tokens) while a sequence
+// holds at most kPersistentQueryBlocks items. Longer sequences get a block per item, which the
+// hardware hands out in order as SMs free up: with items of very different lengths that ended
+// more evenly than the two walks tried, a plain stride and the rounds walked both ways (4-9%
+// faster forwards at 8k-16k tokens). A kernel that walks no more than one item a block asks for
+// no persistence.
+struct QueryGrid {
+  unsigned blocks;
+  HeadGroupedOrder order;
+};
+QueryGrid query_grid(const Params& p, int64_t pairs, int64_t items_per_pair,
+                     TilesByRank tiles_by_rank, int64_t shared_bytes_per_pair,
+                     bool persistent = true);
+
 // The key tiles (of kBlockN keys) each block of kBlockM query rows loads, by HeadGroupedOrder
 // rank: rank 0 is the last block, the one that sees the most keys (as the forward and dQ
 // kernels count them).
@@ -565,12 +618,12 @@ std::vector<int> key_tiles_by_rank(const Params& p, int q_blocks) {  // a TilesB
 // The rows [row0, row0 + kRows) of one head (those below len) of a backward block that adds
 // nothing to them (no query sees its keys, or its queries see no key): zeros when the gradients
 // are written (bf16), nothing to do when they accumulate. 16-byte stores by kThreads threads
-// (this one is number `thread`); head and stride keep rows 16-byte aligned.
-template <int D, int kRows, class GradT>
+// (this one is number `thread`, of kThreadCount); head and stride keep rows 16-byte aligned.
+template <int D, int kRows, class GradT, int kThreadCount = kThreads>
 __device__ __forceinline__ void write_untouched_rows(GradT* head, int row0, int len, int64_t stride,
                                                      int thread) {
   if constexpr (!std::is_same_v<GradT, float>) {
-    for (int e = thread; e < kRows * D / 8; e += kThreads) {
+    for (int e = thread; e < kRows * D / 8; e += kThreadCount) {
       const int r = e / (D / 8), c = e % (D / 8);
       if (row0 + r < len)
         *reinterpret_cast<uint4*>(head + (row0 + r) * stride + c * 8) = make_uint4(0, 0, 0, 0);
