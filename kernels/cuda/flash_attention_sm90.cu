@@ -36,10 +36,10 @@
 //     (cp.reduce.async.bulk.tensor). The key blocks that add to one query tile take turns, the
 //     last block first (attention_backward_tiles.h; a per-tile counter in the scratch,
 //     acquire/release), so every dq element is summed in a fixed order. 5 products per pair
-//     of tiles. Or (kSeparateKernel) a second kernel, one block per (128 query rows, head,
-//     batch) like the forward, holds its rows of Q and dO in registers as the A operands,
-//     recomputes S and dP per key tile (128 keys at head dim 64, 64 at 128) and sums dQ += dS K
-//     in registers. 7 products. The default fuses where that measured faster (the launcher).
+//     of tiles. Or (kSeparateKernel) a second kernel over work items of (128 query rows, head,
+//     batch) walked like the forward's (persistent at head dim 64) holds its rows of Q and dO in
+//     registers as the A operands, recomputes S and dP per key tile (128 keys at head dim 64, 64
+//     at 128) and sums dQ += dS K in registers. 7 products. The default fuses where that measured faster (the launcher).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
