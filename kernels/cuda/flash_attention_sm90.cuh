@@ -483,8 +483,7 @@ __device__ __forceinline__ void issue_product_ss(float (&acc)[kN / 2], uint32_t 
                                                  uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<kN, BMajor::k>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kRowsB>(b, 0, kk),
-                            kk > 0);
+    wgmma_ss<kN, BMajor::k>(acc, k_major<kRowsA>(a, a_row0, kk), k_major<kRowsB>(b, 0, kk), kk > 0);
   wgmma_commit();
 }
 // acc += A B: A in registers (the first kK / 16 of a's fragments, 16 contraction columns each),
