@@ -68,7 +68,7 @@ __host__ __device__ __forceinline__ int first_key_seen(int row, const Params& p)
 
 // Whether the mask hides every key of [key0, key_end) from every row of [row0, row_end): each
 // row's keys seen lie within those of row0's first and the last row's last. Rows at or past q_len
-// are padding and count as hidden. A warpgroup skips the products of such a pair of tiles.
+// are padding and count as hidden. (The forward asks it of a tile's second half: a half tile.)
 __device__ __forceinline__ bool tile_hidden(int row0, int row_end, int key0, int key_end,
                                             const Params& p) {
   if (row0 >= p.q_len) return true;

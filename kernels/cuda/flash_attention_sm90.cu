@@ -63,6 +63,11 @@ using namespace sm90;
 // ---- forward ---------------------------------------------------------------------------------
 
 constexpr int kFwdBlockM = 2 * kRowsPerConsumer, kFwdBlockN = 128, kHalfN = kFwdBlockN / 2;
+// Whether the forward takes half tiles (below) on the diagonal: at head dim 128 only; at 64 they
+// measured slower (TinyLlama's forward 2-4 %), where S takes half as long and the kernel's code
+// grows by half.
+template <int D>
+constexpr bool kForwardHalfTiles = D == 128;
 
 // Shared memory of the forward, as byte offsets from a 1024-byte aligned base: Q, then kStages
 // (K, V) stages, then the barriers (Q loaded; per stage full and empty; Q free again).
@@ -129,9 +134,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // branches on it, like the half tile's, then leave the wgmma pipeline intact, C7520).
   const int consumer = __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0) - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // Half tiles (below) at head dim 128 only: at 64 they measured slower (TinyLlama's forward
-  // 2-4 %), where S takes half as long and the kernel's code grows by half.
-  constexpr bool kHalfTiles = D == 128;
   // An item as this consumer sees it: its rows, the keys every row of the block sees (and that
   // exist: tiles inside need no mask), and its first tile's number through the stage ring.
   struct Item {
@@ -165,8 +167,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       it.unmasked_begin = first_key_seen(it.w.last_row, p);
       const int rows_begin = it.w.q0 + consumer * kRowsPerConsumer;
       const int last_k0 = it.w.kv_begin + (it.w.n_tiles - 1) * kBlockN;
-      it.last_tile_half = kHalfTiles && tile_hidden(rows_begin, rows_begin + kRowsPerConsumer,
-                                                    last_k0 + kHalfN, last_k0 + kBlockN, p);
+      it.last_tile_half =
+          kForwardHalfTiles<D> && tile_hidden(rows_begin, rows_begin + kRowsPerConsumer,
+                                              last_k0 + kHalfN, last_k0 + kBlockN, p);
       it.first_load = loaded;
       loaded += it.w.n_tiles;
       break;

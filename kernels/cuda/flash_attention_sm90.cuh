@@ -630,6 +630,17 @@ __device__ __forceinline__ void write_untouched_rows(GradT* head, int row0, int 
   }
 }
 
+// Row r of a thread's wgmma accumulator (value 4 j + 2 r + e: row warp 16 + lane / 4 + 8 r,
+// column 8 j + 2 (lane % 4) + e) times scale, put from `first` (that row's column 2 (lane % 4))
+// as put_gradient_pairs does: the added (fp32) or written-in-place epilogue of a gradient.
+template <int D, class GradT>
+__device__ __forceinline__ void put_accumulator_row(GradT* first, const float (&acc)[D / 2], int r,
+                                                    float scale) {
+  put_gradient_pairs<D / 8>(first, [&](int j) {
+    return make_float2(scale * acc[4 * j + 2 * r], scale * acc[4 * j + 2 * r + 1]);
+  });
+}
+
 // Named barrier kBarrier + consumer, one per consumer, of `threads` threads: kWait syncs,
 // otherwise this thread arrives and goes on. The ids reach ptxas as constants (it reserves every
 // barrier for a computed one).
@@ -670,7 +681,8 @@ struct GradientRows {
 // stores scattered over rows cost the passes a tenth of their time in the store queue and in
 // draining it at exit (ncu, H200, 2026-12-03). Staging is conflict-free: a warp's 8 rows of one
 // 16-byte chunk land on 8 different chunks. One thread per consumer issues the stores and waits
-// until they have read shared memory (the block's shared memory outlives the reads).
+// until they have read shared memory (the block's shared memory outlives the reads); a caller
+// that stages into the same tile again syncs the consumer first, as the others did not wait.
 template <int D, int kTileRows, class... Rows>
 __device__ __forceinline__ void write_gradient_rows(int consumer, int warp, int lane,
                                                     const Rows&... rows) {

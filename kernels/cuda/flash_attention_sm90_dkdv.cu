@@ -382,12 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
       const int key = r == 0 ? key_a : key_b;
       if (key >= p.kv_len) continue;
       const int64_t at = kv_head + key * p.kv_stride + (lane % 4) * 2;
-      put_gradient_pairs<D / 8>(dk + at, [&](int j) {
-        return make_float2(p.scale * dk_acc[4 * j + 2 * r], p.scale * dk_acc[4 * j + 2 * r + 1]);
-      });
-      put_gradient_pairs<D / 8>(dv + at, [&](int j) {
-        return make_float2(dv_acc[4 * j + 2 * r], dv_acc[4 * j + 2 * r + 1]);
-      });
+      put_accumulator_row<D>(dk + at, dk_acc, r, p.scale);
+      put_accumulator_row<D>(dv + at, dv_acc, r, 1.0f);
     }
   }
 #endif

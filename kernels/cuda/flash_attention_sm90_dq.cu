@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dq_kernel(
     }
 
     if constexpr (std::is_same_v<GradT, bf16>) {
-      // Staged in a tile of its own (Q's holds the next item's rows by now), once this
+      // Staged in a tile of its own (Q's may hold the next item's rows by now), once this
       // consumer's stores of the item before have read it (its first thread waited for them).
       consumer_barrier<kBarrierGradientsStaged, true>(consumer, kWarpgroupThreads);
       write_gradient_rows<D, kBlockM>(
@@ -193,9 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dq_kernel(
       for (int r = 0; r < 2; ++r) {
         const int row = r == 0 ? row_a : row_b;
         if (row >= p.q_len) continue;
-        put_gradient_pairs<D / 8>(dq + q_head + row * p.q_stride + (lane % 4) * 2, [&](int j) {
-          return make_float2(p.scale * dq_acc[4 * j + 2 * r], p.scale * dq_acc[4 * j + 2 * r + 1]);
-        });
+        put_accumulator_row<D>(dq + q_head + row * p.q_stride + (lane % 4) * 2, dq_acc, r, p.scale);
       }
     }
     if constexpr (!kDqPersistent<D>) break;  // a block per item: no state kept for a next one
