@@ -7,17 +7,20 @@
 // and flash_attention_sm90_dq.cu the backward's passes; flash_attention_sm90.cuh the block
 // shape, tile layout and instructions they all use.
 //
-// Forward: work items of (128 query rows, head, batch), longest rows first within groups of
-// heads whose K and V tiles stay in L2 together (kernels/head_grouped_order.h; the backward's
-// passes order their blocks the same way); persistent (one block per SM walking the items) for
-// sequences of up to 4k tokens, a block per item beyond. Each consumer holds O (64 rows x D,
-// fp32) in registers; per key tile of 128: S = Q K^T (wgmma; Q from shared memory, or at head
-// dim 64 from registers, read once per item), mask (only tiles crossing the diagonal or
-// kv_len), online softmax in fp32 (exp2, scale folded in), O += P V with P in registers as
-// bf16. S of the next tile is issued before P V of this one, so the softmax of one tile
-// overlaps the tensor cores' P V of the one before (FlashAttention-3's intra-warpgroup
-// pipelining), and likewise the next item's first S and softmax overlap this item's last P V;
-// the two consumers interleave too.
+// Forward: work items of (query rows, head, batch), 64 rows per consumer warpgroup: two
+// consumers (128 rows) at head dim 128, three (192 rows) at 64, as FlashAttention-3 has them;
+// longest rows first within groups of heads whose K and V tiles stay in L2 together
+// (kernels/head_grouped_order.h; the backward's passes order their blocks the same way);
+// persistent (one block per SM walking the items) up to 32 items a sequence (4k tokens at head
+// dim 128, 6k at 64), a block per item beyond. Each consumer holds O (64 rows x D, fp32) in
+// registers; per key tile of 128: S = Q K^T (wgmma, Q from shared memory), mask (only tiles
+// crossing the diagonal or kv_len), online softmax in fp32 (exp2, scale folded in), O += P V
+// with P in registers as bf16. S of the next tile is issued before P V of this one, so the
+// softmax of one tile overlaps the tensor cores' P V of the one before (FlashAttention-3's
+// intra-warpgroup pipelining), and likewise the next item's first S and softmax overlap this
+// item's last P V; the consumers interleave too. On the diagonal, consumer 0 at head dim 128
+// multiplies only the first half of its last tile, and at 64 a consumer leaves out the last
+// tiles none of its rows sees.
 //
 // Backward, deterministic (the same bits run to run: no float atomics in an unordered sum),
 // recomputing P = exp2(S scale log2(e) - lse_log2):
@@ -62,7 +65,19 @@ using namespace sm90;
 
 // ---- forward ---------------------------------------------------------------------------------
 
-constexpr int kFwdBlockM = 2 * kRowsPerConsumer, kFwdBlockN = 128, kHalfN = kFwdBlockN / 2;
+constexpr int kFwdBlockN = 128, kHalfN = kFwdBlockN / 2;
+// Consumer warpgroups of the forward, 64 query rows each: three at head dim 64 (FlashAttention-3's
+// choice there), where S and P V are short products and a consumer's softmax is as long as its
+// products: with two, the SMs' schedulers were idle 59 % of the time waiting on the softmax's
+// dependencies (ncu, H200, TinyLlama's shape). Two at 128, whose O takes twice the registers.
+constexpr int forward_consumers(int d) { return d == 64 ? 3 : 2; }
+constexpr int forward_block_rows(int d) { return kRowsPerConsumer * forward_consumers(d); }
+constexpr int forward_threads(int d) { return kWarpgroupThreads * (1 + forward_consumers(d)); }
+// Registers per consumer thread after setmaxnreg (the producer keeps kProducerRegisters): with
+// three consumers 128 x 24 + 384 x 160 = 64,512 of the 65,536.
+constexpr int forward_consumer_registers(int d) {
+  return forward_consumers(d) == 3 ? 160 : kConsumerRegisters;
+}
 // Whether the forward takes half tiles (below) on the diagonal: at head dim 128 only; at 64 they
 // measured slower (TinyLlama's forward 2-4 %), where S takes half as long and the kernel's code
 // grows by half.
@@ -74,7 +89,7 @@ constexpr bool kForwardHalfTiles = D == 128;
 template <int D, int kStages>
 struct ForwardSmem {
   static constexpr int kQ = 0;
-  static constexpr int kKv = kQ + tile_bytes(kFwdBlockM, D);
+  static constexpr int kKv = kQ + tile_bytes(forward_block_rows(D), D);
   static constexpr int kTileBytes = tile_bytes(kFwdBlockN, D);
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   static constexpr int kBarriers = kKv + kStages * kStageBytes;
@@ -84,7 +99,7 @@ struct ForwardSmem {
 };
 
 template <int D, int kStages>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(forward_threads(D), 1)
     flash_sm90_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                               const __grid_constant__ CUtensorMap q_map,
                               const __grid_constant__ CUtensorMap k_map,
@@ -92,7 +107,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const HeadGroupedOrder order) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = ForwardSmem<D, kStages>;
-  constexpr int kBlockM = kFwdBlockM, kBlockN = kFwdBlockN;
+  constexpr int kBlockM = forward_block_rows(D), kBlockN = kFwdBlockN;
+  constexpr int kConsumerThreadCount = forward_consumers(D) * kWarpgroupThreads;
+  constexpr bool kSkipHiddenTiles = forward_consumers(D) == 3;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = swizzle_aligned(smem_raw);
   const int n_work = order.pairs * order.items_per_pair;
@@ -103,11 +120,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const StageBarriers<kStages> bars{q_full};
   auto k_tile = [&](int stage) { return base + Smem::kKv + stage * Smem::kStageBytes; };
   auto v_tile = [&](int stage) { return k_tile(stage) + Smem::kTileBytes; };
-  if (threadIdx.x == 0) mbarrier_init(q_empty, kConsumerThreads);  // bars.init fences and syncs
-  bars.init(1);
+  if (threadIdx.x == 0) mbarrier_init(q_empty, kConsumerThreadCount);  // bars.init fences, syncs
+  bars.init(1, kConsumerThreadCount);
 
   // Producer and consumers walk the same items; K/V tiles go round the stages across items
-  // (`loaded` counts them), and Q is reloaded once both consumers' last S of an item has read it
+  // (`loaded` counts them), and Q is reloaded once every consumer's last S of an item has read it
   // (q_empty), so the next item's loads overlap this one's epilogue.
   if (threadIdx.x < kWarpgroupThreads) {  // producer
     registers_decrease<kProducerRegisters>();
@@ -129,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // Consumers: warpgroup c owns query rows [q0 + 64 c, q0 + 64 c + 64) of each item.
-  registers_increase<kConsumerRegisters>();
+  registers_increase<forward_consumer_registers(D)>();
   // Broadcast from lane 0, so that ptxas sees it is the same across the warp (a uniform value:
   // branches on it, like the half tile's, then leave the wgmma pipeline intact, C7520).
   const int consumer = __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0) - 1;
@@ -139,6 +156,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   struct Item {
     QueryItem w;
     int row_a, row_b, unmasked_begin, unmasked_end, first_load;
+    // The tiles this consumer multiplies, the item's first n_mine. With three consumers the last
+    // ones none of its rows sees it only waits for and hands back (at most kStages - 2 of them,
+    // which keeps the stage ring moving while it holds its last tile and waits for the next
+    // item's first); with two there are none (consumer 0's last tile is a half tile at most),
+    // and the check left ptxas serializing the head-dim-128 wgmmas (C7520).
+    int mine;
+    __device__ int n_mine() const { return kSkipHiddenTiles ? mine : w.n_tiles; }
     // Whether this consumer's rows see none of the last tile's second half (consumer 0 on the
     // diagonal): its S and P V there take 64 keys.
     bool last_tile_half;
@@ -157,8 +181,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       it.out_head = out + static_cast<int64_t>(it.w.b) * p.q_len * p.q_stride + it.w.h * D;
       it.lse_head = lse + (static_cast<int64_t>(it.w.b) * p.n_heads + it.w.h) * p.q_len;
       if (it.w.n_tiles == 0) {
-        write_unseen_rows<D, kBlockM, kConsumerThreads>(it.out_head, it.lse_head, it.w.q0, p,
-                                                        threadIdx.x - kWarpgroupThreads);
+        write_unseen_rows<D, kBlockM, kConsumerThreadCount>(it.out_head, it.lse_head, it.w.q0, p,
+                                                            threadIdx.x - kWarpgroupThreads);
         continue;
       }
       it.row_a = it.w.q0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4;
@@ -166,7 +190,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       it.unmasked_end = min(it.w.q0 + p.causal_offset + 1, p.kv_len);
       it.unmasked_begin = first_key_seen(it.w.last_row, p);
       const int rows_begin = it.w.q0 + consumer * kRowsPerConsumer;
-      const int last_k0 = it.w.kv_begin + (it.w.n_tiles - 1) * kBlockN;
+      if constexpr (kSkipHiddenTiles) {
+        const int mine_end =
+            keys_seen(min(rows_begin + kRowsPerConsumer, p.q_len) - 1, p) - it.w.kv_begin;
+        const int mine = rows_begin >= p.q_len ? 1 : (mine_end + kBlockN - 1) / kBlockN;
+        it.mine = max(max(mine, 1), it.w.n_tiles - (kStages - 2));
+      }
+      const int last_k0 = it.w.kv_begin + (it.n_mine() - 1) * kBlockN;
       it.last_tile_half =
           kForwardHalfTiles<D> && tile_hidden(rows_begin, rows_begin + kRowsPerConsumer,
                                               last_k0 + kHalfN, last_k0 + kBlockN, p);
@@ -177,21 +207,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     return it;
   };
 
-  // At head dim 64 this consumer's rows of Q stay in registers for the item (the A operand of
-  // every S: those products read only K from shared memory), and the tile is handed back at
-  // once, so the next item's Q loads during this one. At 128 the registers are taken (ptxas
-  // spills): Q is read from shared memory until the item's last S.
-  constexpr bool kQInRegisters = D == 64;
-  [[maybe_unused]] uint32_t q_frag[D / 16][4];
-  // Waits for the next item's Q (the `items`-th loaded) and, at head dim 64, takes it into
-  // registers.
-  auto take_q = [&]() {
-    mbarrier_wait(q_full, items & 1);
-    if constexpr (kQInRegisters) {
-      load_a_fragments<D, kBlockM>(q_frag, sq, consumer * kRowsPerConsumer, warp, lane);
-      mbarrier_arrive(q_empty);
-    }
-  };
+  // Q is read from shared memory until the item's last S, which hands its tile back. (Held in
+  // registers for the item, as two consumers at head dim 64 had it, it made ptxas spill: 160
+  // registers a consumer thread with three.)
+  // Waits for the next item's Q (the `items`-th loaded).
+  auto take_q = [&]() { mbarrier_wait(q_full, items & 1); };
   float s[kBlockN / 2], o[D / 2], row_max[2], row_sum[2], correction[2];
   // Whether the last softmax moved the warp's maxima, so O needs its correction (warp-uniform).
   bool rescale = true;
@@ -213,15 +233,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t k = k_tile(stage);
     if constexpr (decltype(half)::value) {
       float(&s_half)[kHalfN / 2] = *reinterpret_cast<float(*)[kHalfN / 2]>(s);
-      if constexpr (kQInRegisters)
-        issue_product_rs_k<D, kHalfN, kBlockN>(s_half, q_frag, k);
-      else
-        issue_product_ss<D, kBlockM, kHalfN, kBlockN>(s_half, sq, consumer * kRowsPerConsumer, k);
+      issue_product_ss<D, kBlockM, kHalfN, kBlockN>(s_half, sq, consumer * kRowsPerConsumer, k);
     } else {
-      if constexpr (kQInRegisters)
-        issue_product_rs_k<D, kBlockN>(s, q_frag, k);
-      else
-        issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k);
+      issue_product_ss<D, kBlockM, kBlockN>(s, sq, consumer * kRowsPerConsumer, k);
     }
   };
   // Once S has completed: a half tile's second half is all hidden (-inf). Set here, after the
@@ -303,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The softmax of an item's first tile, once its S has completed: the rows start afresh (O,
   // zeroed by the caller, needs no correction).
   auto first_softmax = [&](const Item& it) {
-    if (!kQInRegisters && it.w.n_tiles == 1) mbarrier_arrive(q_empty);  // its last S read Q
+    if (it.n_mine() == 1) mbarrier_arrive(q_empty);  // its last S read Q
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
     softmax(it, 0);
@@ -313,11 +327,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // its softmax runs while the tensor cores still work on P_t V_t. P_t (pa, bf16) and O stay
   // untouched until that product has completed; s is free for S_{t+1} once P_t is in pa. The
   // same across items: the next item's S_0 and its softmax overlap this item's last P V, so
-  // the two consumers (which start an item together) do not leave the tensor cores idle
+  // the consumers (which start an item together) do not leave the tensor cores idle
   // between items.
   // Which kind of product the S of an item's first tile is: a half tile's when that tile is also
   // its last.
-  auto first_is_half = [&](const Item& it) { return it.w.n_tiles == 1 && it.last_tile_half; };
+  auto first_is_half = [&](const Item& it) { return it.n_mine() == 1 && it.last_tile_half; };
   Item it = next_item();
   if (it.w.n_tiles > 0) {
     take_q();
@@ -336,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     accumulators_to_a<kBlockN>(pa, s);
   }
   while (it.w.n_tiles > 0) {
-    const int n_tiles = it.w.n_tiles;
+    const int n_tiles = it.n_mine();
     // Every tile but the last: two products in flight, then the softmax of the later one (a
     // half tile's S on the last step when the last tile is one). The last tile's P V is peeled
     // off rather than guarded by a branch, so that the groups in flight are the same on every
@@ -346,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv(it, t, FullTile{});
       wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
       scores_landed(half_next);
-      if (!kQInRegisters && t + 2 == n_tiles) mbarrier_arrive(q_empty);  // the last S read Q
+      if (t + 2 == n_tiles) mbarrier_arrive(q_empty);  // the last S read Q
       softmax(it, t + 1);
       wgmma_wait<0>();
     };
@@ -375,6 +389,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     ++items;
     const float done_max[2] = {row_max[0], row_max[1]}, done_sum[2] = {row_sum[0], row_sum[1]};
     const Item next = next_item();
+    // The item's tiles after this consumer's last, which none of its rows sees: handed back once
+    // loaded (before the next item's first, which the ring may load into one of their stages).
+    if constexpr (kSkipHiddenTiles) {
+      for (int t = n_tiles; t < it.w.n_tiles; ++t) {
+        const int ring = it.first_load + t;
+        mbarrier_wait(bars.full(ring % kStages), (ring / kStages) & 1);
+        mbarrier_arrive(bars.empty(ring % kStages));
+      }
+    }
     auto last_pv = [&](auto half_last) {
       if (next.w.n_tiles > 0) {
         take_q();
@@ -428,16 +451,18 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   static_assert(smem <= 227 * 1024, "forward tiles exceed shared memory");
   const auto kernel = flash_sm90_forward_kernel<D, kStages>;
   allow_shared_memory(kernel, smem);
-  const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, kFwdBlockM);
+  const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, forward_block_rows(D));
   const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
   const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
-  const int64_t q_blocks = grid_blocks(s.q_len, kFwdBlockM, "q_len");
+  const int64_t q_blocks = grid_blocks(s.q_len, forward_block_rows(D), "q_len");
   // A (batch, head) pair's share of its kv head's K and V is what its items read from L2.
   const Params p = make_params(s);
   const int64_t kv_bytes_per_pair = 2 * s.kv_len * tile_bytes(1, D) / p.group;
-  const QueryGrid grid = query_grid(p, s.batch * s.n_heads, q_blocks,
-                                    key_tiles_by_rank<kFwdBlockM, kFwdBlockN>, kv_bytes_per_pair);
-  kernel<<<grid.blocks, kThreads, smem, stream>>>(out, lse, q_map, k_map, v_map, p, grid.order);
+  const QueryGrid grid =
+      query_grid(p, s.batch * s.n_heads, q_blocks,
+                 key_tiles_by_rank<forward_block_rows(D), kFwdBlockN>, kv_bytes_per_pair);
+  kernel<<<grid.blocks, forward_threads(D), smem, stream>>>(out, lse, q_map, k_map, v_map, p,
+                                                            grid.order);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -128,13 +128,14 @@ struct StageBarriers {
   uint32_t once;
   __device__ uint32_t full(int stage) const { return once + 8 * (1 + stage); }
   __device__ uint32_t empty(int stage) const { return once + 8 * (1 + kStages + stage); }
-  // Thread 0 initialises them (`full_arrivals` arrivals complete a stage), then the block syncs.
-  __device__ void init(uint32_t full_arrivals) const {
+  // Thread 0 initialises them (`full_arrivals` arrivals complete a stage, `empty_arrivals` free
+  // it: every consumer thread's), then the block syncs.
+  __device__ void init(uint32_t full_arrivals, uint32_t empty_arrivals = kConsumerThreads) const {
     if (threadIdx.x == 0) {
       mbarrier_init(once, 1);
       for (int stage = 0; stage < kStages; ++stage) {
         mbarrier_init(full(stage), full_arrivals);
-        mbarrier_init(empty(stage), kConsumerThreads);
+        mbarrier_init(empty(stage), empty_arrivals);
       }
       mbarrier_init_fence();
     }

@@ -186,6 +186,10 @@ TEST_CASE("cuda sm90 flash attention matches the CPU on awkward shapes", "[gpu][
       {1, 300, 1100, 4, 1, 128, 800},  // a late query block over 9 key tiles (ring)
       {1, 700, 700, 48, 8, 64, 0},     // 288 forward items: a persistent block walks several
       {1, 4200, 4200, 2, 1, 128, 0},   // 33 query blocks: past persistence, a block per item
+      // Head dim 64, three consumers (items of 192 rows): a late query block over 9 key tiles, and
+      // 33 items a pair (past persistence), where consumers 0 and 1 leave out diagonal tiles.
+      {1, 300, 1100, 4, 1, 64, 800},
+      {1, 6200, 6200, 2, 1, 64, 0},
   };
   for (const AttentionCase& c : cases) check_case(c);
 }
@@ -196,6 +200,7 @@ TEST_CASE("cuda sm90 flash attention with a sliding window matches the CPU", "[g
   // The shared cases, and one at the sm90 tiles (128 keys forward, 64 rows per consumer).
   for (const AttentionCase& c : frugal::test::kWindowCases) check_case(c);
   check_case({1, 1100, 1100, 8, 1, 128, 0, 300});  // the stage ring wraps inside the band
+  check_case({1, 1100, 1100, 8, 1, 64, 0, 300});   // the same with three consumers
 }
 
 TEST_CASE("cuda sm90 flash attention matches the CPU when the scores grow along the keys",
