@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     accumulators_to_a<kBlockN>(pa, s);
   }
   while (it.w.n_tiles > 0) {
-    const int n_tiles = it.n_mine();
+    const int my_tiles = it.n_mine();
     // Every tile but the last: two products in flight, then the softmax of the later one (a
     // half tile's S on the last step when the last tile is one). The last tile's P V is peeled
     // off rather than guarded by a branch, so that the groups in flight are the same on every
@@ -360,12 +360,12 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       issue_pv(it, t, FullTile{});
       wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
       scores_landed(half_next);
-      if (t + 2 == n_tiles) mbarrier_arrive(q_empty);  // the last S read Q
+      if (t + 2 == my_tiles) mbarrier_arrive(q_empty);  // the last S read Q
       softmax(it, t + 1);
       wgmma_wait<0>();
     };
-    for (int t = 0; t + 1 < n_tiles; ++t) {
-      if (t + 2 == n_tiles && it.last_tile_half)
+    for (int t = 0; t + 1 < my_tiles; ++t) {
+      if (t + 2 == my_tiles && it.last_tile_half)
         step(t, HalfTile{});
       else
         step(t, FullTile{});
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     // The item's tiles after this consumer's last, which none of its rows sees: handed back once
     // loaded (before the next item's first, which the ring may load into one of their stages).
     if constexpr (kSkipHiddenTiles) {
-      for (int t = n_tiles; t < it.w.n_tiles; ++t) {
+      for (int t = my_tiles; t < it.w.n_tiles; ++t) {
         const int ring = it.first_load + t;
         mbarrier_wait(bars.full(ring % kStages), (ring / kStages) & 1);
         mbarrier_arrive(bars.empty(ring % kStages));
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         take_q();
         auto with_next_scores = [&](auto half_first) {
           issue_scores(next, 0, half_first);
-          issue_pv(it, n_tiles - 1, half_last);
+          issue_pv(it, my_tiles - 1, half_last);
           wgmma_wait<1>();  // the next S_0 has completed
           scores_landed(half_first);
           first_softmax(next);
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         else
           with_next_scores(FullTile{});
       } else {
-        issue_pv(it, n_tiles - 1, half_last);
+        issue_pv(it, my_tiles - 1, half_last);
         wgmma_wait<0>();
       }
     };
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       last_pv(FullTile{});
     pin_registers(o);
     pin_registers(pa);
-    mbarrier_arrive(bars.empty((it.first_load + n_tiles - 1) % kStages));
+    mbarrier_arrive(bars.empty((it.first_load + my_tiles - 1) % kStages));
     write_output_rows<D>(it.out_head, it.lse_head, it.row_a, lane, done_sum, done_max, p,
                          [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
     if (next.w.n_tiles > 0) {
