@@ -425,8 +425,8 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     pin_registers(o);
     pin_registers(pa);
     mbarrier_arrive(bars.empty((it.first_load + my_tiles - 1) % kStages));
-    write_output_rows<D>(it.out_head, it.lse_head, it.row_a, lane, done_sum, done_max, p,
-                         [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
+    write_output_rows<D, D == 64>(it.out_head, it.lse_head, it.row_a, lane, done_sum, done_max, p,
+                                  [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
     if (next.w.n_tiles > 0) {
 #pragma unroll
       for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
