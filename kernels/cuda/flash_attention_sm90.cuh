@@ -3,12 +3,12 @@
 // backward's passes): the block shape, the shared-memory tile layout, the PTX instructions as
 // functions, and the TMA descriptors of the global tensors.
 //
-// Block shape: 3 warpgroups of 128 threads. Warpgroup 0 is the producer: one thread issues
-// every tile load (cp.async.bulk.tensor, completing on an mbarrier) into a ring of kStages
-// shared-memory stages; it gives its registers away (setmaxnreg.dec) to warpgroups 1 and 2,
-// the consumers, which each own 64 rows of every product and run wgmma on the tiles, then
-// hand the stage back through an "empty" mbarrier. Loads of later tiles thus overlap the math
-// of this one without any __syncthreads in the loop.
+// Block shape: 3 warpgroups of 128 threads (the forward at head dim 64: 4). Warpgroup 0 is the
+// producer: one thread issues every tile load (cp.async.bulk.tensor, completing on an mbarrier)
+// into a ring of kStages shared-memory stages; it gives its registers away (setmaxnreg.dec) to
+// the other warpgroups, the consumers, which each own 64 rows of every product and run wgmma on
+// the tiles, then hand the stage back through an "empty" mbarrier. Loads of later tiles thus
+// overlap the math of this one without any __syncthreads in the loop.
 //
 // Shared-memory tiles: rows of D bf16, stored as D / 64 column blocks of rows x 128 bytes,
 // each with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)). TMA writes that
@@ -24,9 +24,9 @@
 // Accumulators of m64nNk16 are, per warp, the m16n8 layout of mma.sync repeated N / 8 times
 // (value 4 j + e: row lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2), which is also
 // the register A operand's layout, so P and dS go to the next product in registers. A tile a
-// consumer multiplies on every step (Q in the forward at head dim 64, Q and dO in the dQ pass)
-// is read into that layout once with ldmatrix (load_a_fragments): those products then read only
-// their B tile from shared memory.
+// consumer multiplies on every step (K and V in the dK/dV pass at head dim 64, Q and dO in the
+// dQ pass) is read into that layout once with ldmatrix (load_a_fragments): those products then read
+// only their B tile from shared memory.
 //
 // The global tensors are described to TMA as 4-d [batch][len][heads][D] with box
 // [1][rows][1][64]: rows past len (the tail of a sequence) come back as zeros, never the next
@@ -61,9 +61,11 @@ using ::frugal::cpu::AttentionShape;
 using work_order::HeadGroupedOrder;
 
 constexpr int kWarpgroupThreads = 128;
-constexpr int kThreads = 3 * kWarpgroupThreads;  // producer + 2 consumers
-constexpr int kRowsPerConsumer = 64;             // the M of every wgmma
-constexpr int kSwizzleBytes = 128;               // one swizzled row of a column block: 64 bf16
+// Producer + 2 consumers: the backward's passes and the head-dim-128 forward (the head-dim-64
+// forward has its own count, forward_threads).
+constexpr int kThreads = 3 * kWarpgroupThreads;
+constexpr int kRowsPerConsumer = 64;  // the M of every wgmma
+constexpr int kSwizzleBytes = 128;    // one swizzled row of a column block: 64 bf16
 constexpr int kSwizzleColumns = kSwizzleBytes / 2;
 constexpr int kSwizzlePeriodBytes = 8 * kSwizzleBytes;
 
@@ -463,15 +465,14 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[D / 16][4], uint3
                 a[kk]);
   }
 }
-// acc = A B^T over the head dim, A in registers (load_a_fragments), B the first kN rows of the
-// K-major tile b (kRowsB rows), as one commit group: issue_product_ss with A read once into
-// registers.
-template <int D, int kN, int kRowsB = kN>
+// acc = A B^T over the head dim, A in registers (load_a_fragments), B all kN rows of the K-major
+// tile b, as one commit group: issue_product_ss with A read once into registers.
+template <int D, int kN>
 __device__ __forceinline__ void issue_product_rs_k(float (&acc)[kN / 2],
                                                    const uint32_t (&a)[D / 16][4], uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_rs<kN, BMajor::k>(acc, a[kk], k_major<kRowsB>(b, 0, kk), kk > 0);
+    wgmma_rs<kN, BMajor::k>(acc, a[kk], k_major<kN>(b, 0, kk), kk > 0);
   wgmma_commit();
 }
 
@@ -617,8 +618,8 @@ std::vector<int> key_tiles_by_rank(const Params& p, int q_blocks) {  // a TilesB
 
 // The rows [row0, row0 + kRows) of one head (those below len) of a backward block that adds
 // nothing to them (no query sees its keys, or its queries see no key): zeros when the gradients
-// are written (bf16), nothing to do when they accumulate. 16-byte stores by kThreads threads
-// (this one is number `thread`, of kThreadCount); head and stride keep rows 16-byte aligned.
+// are written (bf16), nothing to do when they accumulate. 16-byte stores by kThreadCount threads
+// (this one is number `thread`); head and stride keep rows 16-byte aligned.
 template <int D, int kRows, class GradT, int kThreadCount = kThreads>
 __device__ __forceinline__ void write_untouched_rows(GradT* head, int row0, int len, int64_t stride,
                                                      int thread) {
