@@ -158,10 +158,11 @@ __device__ __forceinline__ void write_unseen_rows(__nv_bfloat16* out_head, float
 // the quad of lanes that share lane / 4): each row's sum completed across the quad, out = O / sum
 // in bf16 and lse = max * scale + log(sum), or 0 and -inf for a row that saw no key.
 // o_at(j, r, e): the accumulator of row r's column 8 j + 2 (lane % 4) + e (the mma.sync and
-// wgmma layouts store it differently). kQuadStores: 16-byte stores after a transpose across the
-// quad, 1-1.3 % faster Hopper forwards at head dim 64 (H200); at 128 the shuffles there made
-// ptxas serialize the kernel's wgmmas, so it keeps the 4-byte stores, as the FA2 kernels do.
-template <int D, bool kQuadStores = false, class OAt>
+// wgmma layouts store it differently).
+
+// In 4-byte stores, as the FA2 kernels and the Hopper forward at head dim 128 write it (at 128
+// write_output_rows_quad's shuffles made ptxas serialize the forward's wgmmas).
+template <int D, class OAt>
 __device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float* lse_head,
                                                   int row_a, int lane, const float (&row_sum)[2],
                                                   const float (&row_max)[2], const Params& p,
@@ -174,38 +175,7 @@ __device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float
     const int row = row_a + 8 * r;
     const bool kept = row < p.q_len;  // the quad shares a row: all four store or none
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    if constexpr (kQuadStores) {
-      // Each lane holds 2 of every 8 columns; a 4 x 4 transpose of 4-byte pairs across the quad
-      // (two rounds of shuffles) gives lane q all 8 columns of group 4 g + q: one 16-byte store
-      // for every 4 of the 4-byte ones.
-      const int q = lane % 4;
-#pragma unroll
-      for (int g = 0; g < D / 32; ++g) {
-        uint32_t v[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const __nv_bfloat162 pair =
-              __floats2bfloat162_rn(o_at(4 * g + k, r, 0) * inv, o_at(4 * g + k, r, 1) * inv);
-          v[k] = *reinterpret_cast<const uint32_t*>(&pair);
-        }
-#pragma unroll
-        for (int m = 2; m >= 1; m /= 2) {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            if (k & m) continue;
-            const uint32_t sent = (q & m) ? v[k] : v[k | m];
-            const uint32_t got = __shfl_xor_sync(0xffffffffu, sent, m);
-            if (q & m)
-              v[k] = got;
-            else
-              v[k | m] = got;
-          }
-        }
-        if (kept)
-          *reinterpret_cast<uint4*>(out_head + row * p.q_stride + (4 * g + q) * 8) =
-              make_uint4(v[0], v[1], v[2], v[3]);
-      }
-    } else if (kept) {
+    if (kept) {
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
         *reinterpret_cast<__nv_bfloat162*>(out_head + row * p.q_stride + j * 8 + (lane % 4) * 2) =
@@ -213,6 +183,65 @@ __device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float
     }
     if (kept && lane % 4 == 0)
       lse_head[row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+  }
+}
+
+// In 16-byte stores after a 4 x 4 transpose of bf16 pairs across the quad (1-1.3 % faster Hopper
+// forwards at head dim 64, H200). Both rows are packed and moved before either is stored: with
+// the forward's next S in flight over its epilogue, that order measured the fastest of three.
+template <int D, class OAt>
+__device__ __forceinline__ void write_output_rows_quad(__nv_bfloat16* out_head, float* lse_head,
+                                                       int row_a, int lane,
+                                                       const float (&row_sum)[2],
+                                                       const float (&row_max)[2], const Params& p,
+                                                       OAt o_at) {
+  // Row r's columns 8 (4 g + lane % 4) .. + 7 end in pairs[r][4 g .. 4 g + 3], bf16 pairs.
+  uint32_t pairs[2][D / 8];
+  float lse[2];
+  const int q = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    lse[r] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+#pragma unroll
+    for (int g = 0; g < D / 32; ++g) {
+      // Lane q starts with 2 of every 8 columns of groups 4 g .. 4 g + 3; two rounds of shuffles
+      // give it all 8 of group 4 g + q. Every lane takes part, also those of a row past q_len
+      // (the quad shares its row, so no lane diverges).
+      uint32_t* v = pairs[r] + 4 * g;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const __nv_bfloat162 pair =
+            __floats2bfloat162_rn(o_at(4 * g + k, r, 0) * inv, o_at(4 * g + k, r, 1) * inv);
+        v[k] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+#pragma unroll
+      for (int m = 2; m >= 1; m /= 2) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (k & m) continue;
+          const uint32_t sent = (q & m) ? v[k] : v[k | m];
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, sent, m);
+          if (q & m)
+            v[k] = got;
+          else
+            v[k | m] = got;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_a + 8 * r;
+    if (row >= p.q_len) continue;  // the quad shares a row: all four store or none
+#pragma unroll
+    for (int g = 0; g < D / 32; ++g)
+      *reinterpret_cast<uint4*>(out_head + row * p.q_stride + (4 * g + q) * 8) = make_uint4(
+          pairs[r][4 * g], pairs[r][4 * g + 1], pairs[r][4 * g + 2], pairs[r][4 * g + 3]);
+    if (q == 0) lse_head[row] = lse[r];
   }
 }
 
