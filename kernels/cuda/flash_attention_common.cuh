@@ -173,16 +173,13 @@ __device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int row = row_a + 8 * r;
-    const bool kept = row < p.q_len;  // the quad shares a row: all four store or none
+    if (row >= p.q_len) continue;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    if (kept) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<__nv_bfloat162*>(out_head + row * p.q_stride + j * 8 + (lane % 4) * 2) =
-            __floats2bfloat162_rn(o_at(j, r, 0) * inv, o_at(j, r, 1) * inv);
-    }
-    if (kept && lane % 4 == 0)
-      lse_head[row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(out_head + row * p.q_stride + j * 8 + (lane % 4) * 2) =
+          __floats2bfloat162_rn(o_at(j, r, 0) * inv, o_at(j, r, 1) * inv);
+    if (lane % 4 == 0) lse_head[row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
   }
 }
 

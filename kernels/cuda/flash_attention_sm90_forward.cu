@@ -317,11 +317,11 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     // otherwise serializes every wgmma, warning C7514). Written as parts, which took the
     // head-dim-128 SASS unchanged; other arrangements of the same code moved its registers enough
     // to serialize its wgmmas (C7511).
-    auto finish_step = [&](const Item& item, int item_tiles, int t, auto half_next) {
+    auto finish_step = [&](const Item& item, int t, auto half_next) {
       issue_pv(item, t, FullTile{});
       wgmma_wait<1>();  // S_{t+1} has completed; P_t V_t may still be running
       scores_landed(half_next);
-      if (t + 2 == item_tiles) mbarrier_arrive(q_empty);  // the last S read Q
+      if (t + 2 == item.n_mine()) mbarrier_arrive(q_empty);  // the last S read Q
       softmax(item, t + 1);
       wgmma_wait<0>();
     };
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     };
     auto step = [&](int t, auto half_next) {
       issue_scores(it, t + 1, half_next);
-      finish_step(it, my_tiles, t, half_next);
+      finish_step(it, t, half_next);
     };
     for (int t = first_step; t + 1 < my_tiles; ++t) {
       if (t + 2 == my_tiles && it.last_tile_half)
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       if (next.w.n_tiles > 0 && next.n_mine() > 1) {
         issue_scores(next, 1, FullTile{});
         write_out();
-        finish_step(next, next.n_mine(), 0, FullTile{});
+        finish_step(next, 0, FullTile{});
         after_step(next, 0);
         first_step = 1;
       } else {
