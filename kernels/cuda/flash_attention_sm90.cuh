@@ -166,6 +166,22 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const CUtensorMap* m
                   row, batch);
 }
 
+// Asks the copy engine to bring rows [row, row + kRows) of one head (all D / 64 column blocks)
+// into L2, without waiting or a destination: a persistent block's producer issues it for the
+// next item's query rows (and dO's, in the dQ pass) while an item runs, so that their load,
+// which can start only once the item's last product has read the rows before them, is served
+// from L2 rather than HBM in the short time before the next item's first product needs them.
+template <int D, int kRows>
+__device__ __forceinline__ void tma_prefetch_rows(const CUtensorMap* map, int head, int row,
+                                                  int batch) {
+#pragma unroll
+  for (int block = 0; block < D / kSwizzleColumns; ++block)
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(block * kSwizzleColumns), "r"(head), "r"(row), "r"(batch)
+                 : "memory");
+}
+
 // The producer thread's loop of the forward and dQ kernels: key tile t (keys from
 // key0 + t * kBlockN) of kv head g is load number `loaded + t` through the ring (`loaded`: the
 // tiles this block loaded before, for earlier work items), so it goes into stage

@@ -80,6 +80,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dq_kernel(
         mbarrier_arrive_expect_bytes(rows_full, 2 * tile_bytes(kBlockM, D));
         tma_load_rows<D, kBlockM>(sq, &q_map, rows_full, w.h, w.q0, w.b);
         tma_load_rows<D, kBlockM>(sdo, &dout_map, rows_full, w.h, w.q0, w.b);
+        if (const int after = item_of_round(round + 1); after < n_work) {
+          const QueryItem w_after = work_at(after);
+          tma_prefetch_rows<D, kBlockM>(&q_map, w_after.h, w_after.q0, w_after.b);
+          tma_prefetch_rows<D, kBlockM>(&dout_map, w_after.h, w_after.q0, w_after.b);
+        }
         load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map,
                                   w.h / p.group, w.b, w.kv_begin, w.n_tiles, loaded);
         loaded += w.n_tiles;

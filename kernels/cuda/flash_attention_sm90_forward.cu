@@ -95,6 +95,10 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         tma_load_rows<D, kBlockM>(sq, &q_map, q_full, w.h, w.q0, w.b);
         load_kv_tiles<D, kBlockN>(bars, k_tile, v_tile, Smem::kStageBytes, &k_map, &v_map,
                                   w.h / p.group, w.b, w.kv_begin, w.n_tiles, loaded);
+        if (const int after = item_of_round(round + 1); after < n_work) {
+          const QueryItem w_after = work_at(after);
+          tma_prefetch_rows<D, kBlockM>(&q_map, w_after.h, w_after.q0, w_after.b);
+        }
         loaded += w.n_tiles;
         ++items;
       }
