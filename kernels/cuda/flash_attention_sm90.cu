@@ -20,9 +20,10 @@
 // softmax of one tile overlaps the tensor cores' P V of the one before (FlashAttention-3's
 // intra-warpgroup pipelining), and likewise the next item's first S and softmax overlap this
 // item's last P V (at head dim 64 the next item's second S also runs through this item's
-// epilogue); the consumers interleave too. On the diagonal, consumer 0 at head dim 128
-// multiplies only the first half of its last tile, and at 64 a consumer leaves out the last
-// tiles none of its rows sees.
+// epilogue, and at 128 out leaves through shared memory and the copy engine); the producer
+// prefetches the next item's Q into L2; the consumers interleave too. On the diagonal, consumer
+// 0 at head dim 128 multiplies only the first half of its last tile, and at 64 a consumer leaves
+// out the last tiles none of its rows sees.
 //
 // Backward, deterministic (the same bits run to run: no float atomics in an unordered sum),
 // recomputing P = exp2(S scale log2(e) - lse_log2):

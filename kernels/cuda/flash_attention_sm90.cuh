@@ -681,6 +681,20 @@ __device__ __forceinline__ void consumer_barrier(int consumer, int threads) {
 // fused dK/dV kernel's 1-5.
 constexpr int kBarrierGradientsStaged = 6;
 
+// One lane's bf16 pairs of accumulator row `row` (pair_at(j): columns 8 j + 2 (lane % 4) and the
+// next, packed) into `tile`, kTileRows rows in 128-byte swizzled column blocks, the layout TMA
+// loads and stores. Conflict-free: a warp's 8 rows of one 16-byte chunk land on 8 different
+// chunks.
+template <int D, int kTileRows, class PairAt>
+__device__ __forceinline__ void stage_row_pairs(uint32_t tile, int row, int lane, PairAt pair_at) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    const uint32_t at = tile + (j / 8) * column_block_bytes(kTileRows) + row * kSwizzleBytes +
+                        (((j % 8) ^ (row % 8)) * 16) + (lane % 4) * 4;
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pair_at(j)) : "memory");
+  }
+}
+
 // A written (bf16) gradient's rows, as a consumer's epilogue puts them: the wgmma accumulator
 // acc (value 4 j + 2 r + e: row warp 16 + lane / 4 + 8 r, column 8 j + 2 (lane % 4) + e) times
 // scale, staged in the consumer's 64 rows of `tile` (kTileRows rows in 128-byte swizzled column
@@ -697,8 +711,8 @@ struct GradientRows {
 };
 // This consumer's rows of each gradient through shared memory and the copy engine: 4-byte
 // stores scattered over rows cost the passes a tenth of their time in the store queue and in
-// draining it at exit (ncu, H200, 2026-12-03). Staging is conflict-free: a warp's 8 rows of one
-// 16-byte chunk land on 8 different chunks. One thread per consumer issues the stores and waits
+// draining it at exit (ncu, H200, 2026-12-03) (staged by stage_row_pairs). One thread per
+// consumer issues the stores and waits
 // until they have read shared memory (the block's shared memory outlives the reads); a caller
 // that stages into the same tile again syncs the consumer first, as the others did not wait.
 template <int D, int kTileRows, class... Rows>
@@ -707,18 +721,10 @@ __device__ __forceinline__ void write_gradient_rows(int consumer, int warp, int 
   const int row0 = consumer * kRowsPerConsumer;
   auto stage = [&](const GradientRows<D>& g) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + warp * 16 + lane / 4 + 8 * r;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const uint32_t at = g.tile + (j / 8) * column_block_bytes(kTileRows) + row * kSwizzleBytes +
-                            (((j % 8) ^ (row % 8)) * 16) + (lane % 4) * 4;
-        asm volatile(
-            "st.shared.b32 [%0], %1;\n" ::"r"(at),
-            "r"(pack_bf16(g.scale * g.acc[4 * j + 2 * r], g.scale * g.acc[4 * j + 2 * r + 1]))
-            : "memory");
-      }
-    }
+    for (int r = 0; r < 2; ++r)
+      stage_row_pairs<D, kTileRows>(g.tile, row0 + warp * 16 + lane / 4 + 8 * r, lane, [&](int j) {
+        return pack_bf16(g.scale * g.acc[4 * j + 2 * r], g.scale * g.acc[4 * j + 2 * r + 1]);
+      });
   };
   (stage(rows), ...);
   fence_proxy_async_shared();
@@ -732,6 +738,45 @@ __device__ __forceinline__ void write_gradient_rows(int consumer, int warp, int 
           block * kSwizzleColumns, g.head, g.row + row0, g.batch);
   };
   (store(rows), ...);
+  bulk_commit();
+  bulk_wait_read<0>();
+}
+
+// The forward's epilogue through shared memory, as write_gradient_rows (and for the same
+// reason): this consumer's rows of out = O / sum in bf16 staged in its 64 rows of `tile` (a key
+// tile the block's products no longer read, kFwdBlockN rows) and stored by the copy engine from
+// the item's first row `row0` of head `head`, batch `batch` of `out_map` (rows past q_len are
+// not written); lse by the lanes. Returns once this thread's part is done; the consumer's first
+// thread waits until the stores have read the tile.
+template <int D, int kTileRows, class OAt>
+__device__ __forceinline__ void write_output_rows_staged(const CUtensorMap* out_map, uint32_t tile,
+                                                         int head, int row0, int batch,
+                                                         float* lse_head, int consumer, int warp,
+                                                         int lane, const float (&row_sum)[2],
+                                                         const float (&row_max)[2], const Params& p,
+                                                         OAt o_at) {
+  const int consumer_row0 = consumer * kRowsPerConsumer;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int row = consumer_row0 + warp * 16 + lane / 4 + 8 * r;
+    stage_row_pairs<D, kTileRows>(tile, row, lane, [&](int j) {
+      return pack_bf16(o_at(j, r, 0) * inv, o_at(j, r, 1) * inv);
+    });
+    if (lane % 4 == 0 && row0 + row < p.q_len)
+      lse_head[row0 + row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+  }
+  fence_proxy_async_shared();
+  consumer_barrier<kBarrierGradientsStaged, true>(consumer, kWarpgroupThreads);
+  if (threadIdx.x % kWarpgroupThreads != 0) return;
+#pragma unroll
+  for (int block = 0; block < D / kSwizzleColumns; ++block)
+    tma_store_tile<BulkStore::kWrite>(
+        out_map, tile + block * column_block_bytes(kTileRows) + consumer_row0 * kSwizzleBytes,
+        block * kSwizzleColumns, head, row0 + consumer_row0, batch);
   bulk_commit();
   bulk_wait_read<0>();
 }

@@ -35,6 +35,18 @@ constexpr int forward_consumer_registers(int d) {
 // 0.369-0.373 -> 0.357-0.366; 8k the same); at 128 they went 3-6 % slower.
 template <int D>
 constexpr bool kOverlapEpilogue = D == 64;
+// Whether out leaves through shared memory and the copy engine (write_output_rows_staged, staged
+// in the item's last K tile once every consumer's last S has read it) rather than in 4-byte
+// stores from the registers: at head dim 128, where it took the forwards at 2k-4k tokens 1-1.5 %
+// faster (H200). At 64, staged in a buffer of its own while the next item's S_1 runs, the
+// forwards went 12-15 % slower than with the quad stores (the stores' issuing thread waits for
+// them to read the buffer, and its warpgroup's products with it).
+template <int D>
+constexpr bool kStagedOutput = D == 128;
+// The named barrier the consumers meet at before staging out: each has waited for its own last S
+// of the item, but the tile is free only once both have read all of it.
+constexpr int kBarrierLastKeysRead = 1;
+static_assert(kBarrierLastKeysRead + 1 < kBarrierGradientsStaged, "named barrier ids overlap");
 // Whether the forward takes half tiles (below) on the diagonal: at head dim 128 only; at 64 they
 // measured slower (TinyLlama's forward 2-4 %), where S takes half as long and the kernel's code
 // grows by half.
@@ -60,7 +72,8 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     flash_sm90_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                               const __grid_constant__ CUtensorMap q_map,
                               const __grid_constant__ CUtensorMap k_map,
-                              const __grid_constant__ CUtensorMap v_map, const Params p,
+                              const __grid_constant__ CUtensorMap v_map,
+                              const __grid_constant__ CUtensorMap out_map, const Params p,
                               const HeadGroupedOrder order) {
 #if FRUGAL_SM90_DEVICE_CODE
   using Smem = ForwardSmem<D, kStages>;
@@ -396,7 +409,8 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       last_pv(FullTile{});
     pin_registers(o);
     pin_registers(pa);
-    mbarrier_arrive(bars.empty((it.first_load + my_tiles - 1) % kStages));
+    const int last_stage = (it.first_load + my_tiles - 1) % kStages;
+    if constexpr (!kStagedOutput<D>) mbarrier_arrive(bars.empty(last_stage));
     first_step = 0;
     if constexpr (kOverlapEpilogue<D>) {
       // When the next item has a second tile, its S_1 (s is free once P_0 is in pa) is issued
@@ -419,6 +433,18 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         first_step = 1;
       } else {
         write_out();
+      }
+    } else if constexpr (kStagedOutput<D>) {
+      // The stage goes back once the stores have read its K tile.
+      named_barrier_sync(kBarrierLastKeysRead, kConsumerThreadCount);
+      write_output_rows_staged<D, kBlockN>(
+          &out_map, k_tile(last_stage), it.w.h, it.w.q0, it.w.b, it.lse_head, consumer, warp, lane,
+          done_sum, done_max, p, [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
+      mbarrier_arrive(bars.empty(last_stage));
+      if (next.w.n_tiles > 0) {
+#pragma unroll
+        for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
+        accumulators_to_a<kBlockN>(pa, s);
       }
     } else {
       write_output_rows<D>(it.out_head, it.lse_head, it.row_a, lane, done_sum, done_max, p,
@@ -451,6 +477,7 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, forward_block_rows(D));
   const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
   const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
+  const CUtensorMap out_map = tensor_map(out, s.batch, s.q_len, s.n_heads, D, kRowsPerConsumer);
   const int64_t q_blocks = grid_blocks(s.q_len, forward_block_rows(D), "q_len");
   // A (batch, head) pair's share of its kv head's K and V is what its items read from L2.
   const Params p = make_params(s);
@@ -458,8 +485,8 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   const QueryGrid grid =
       query_grid(p, s.batch * s.n_heads, q_blocks,
                  key_tiles_by_rank<forward_block_rows(D), kFwdBlockN>, kv_bytes_per_pair);
-  kernel<<<grid.blocks, forward_threads(D), smem, stream>>>(out, lse, q_map, k_map, v_map, p,
-                                                            grid.order);
+  kernel<<<grid.blocks, forward_threads(D), smem, stream>>>(out, lse, q_map, k_map, v_map, out_map,
+                                                            p, grid.order);
   CUDA_CHECK_LAUNCH();
 }
 
