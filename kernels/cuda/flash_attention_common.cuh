@@ -135,6 +135,14 @@ __device__ __forceinline__ void put_gradient_pairs(GradT* first, PairFn pair) {
   }
 }
 
+// A row's sum completed across the quad of lanes that share lane / 4 (each holds some of its
+// columns, in the mma.sync and wgmma accumulator layouts alike).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -169,9 +177,7 @@ __device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float
                                                   OAt o_at) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(row_sum[r]);
     const int row = row_a + 8 * r;
     if (row >= p.q_len) continue;
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -198,9 +204,7 @@ __device__ __forceinline__ void write_output_rows_quad(__nv_bfloat16* out_head, 
   const int q = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(row_sum[r]);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     lse[r] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
 #pragma unroll

@@ -758,9 +758,7 @@ __device__ __forceinline__ void write_output_rows_staged(const CUtensorMap* out_
   const int consumer_row0 = consumer * kRowsPerConsumer;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(row_sum[r]);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int row = consumer_row0 + warp * 16 + lane / 4 + 8 * r;
     stage_row_pairs<D, kTileRows>(tile, row, lane, [&](int j) {
