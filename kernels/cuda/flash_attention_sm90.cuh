@@ -709,12 +709,12 @@ struct GradientRows {
   const float (&acc)[D / 2];
   int head, row, batch;
 };
-// This consumer's rows of each gradient through shared memory and the copy engine: 4-byte
-// stores scattered over rows cost the passes a tenth of their time in the store queue and in
-// draining it at exit (ncu, H200, 2026-12-03) (staged by stage_row_pairs). One thread per
-// consumer issues the stores and waits
-// until they have read shared memory (the block's shared memory outlives the reads); a caller
-// that stages into the same tile again syncs the consumer first, as the others did not wait.
+// This consumer's rows of each gradient through shared memory (stage_row_pairs) and the copy
+// engine: 4-byte stores scattered over rows cost the passes a tenth of their time in the store
+// queue and in draining it at exit (ncu, H200, 2026-12-03). One thread per consumer issues the
+// stores and waits until they have read shared memory (the block's shared memory outlives the
+// reads); a caller that stages into the same tile again syncs the consumer first, as the others
+// did not wait.
 template <int D, int kTileRows, class... Rows>
 __device__ __forceinline__ void write_gradient_rows(int consumer, int warp, int lane,
                                                     const Rows&... rows) {
