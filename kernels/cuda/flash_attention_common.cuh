@@ -168,8 +168,9 @@ __device__ __forceinline__ void write_unseen_rows(__nv_bfloat16* out_head, float
 // o_at(j, r, e): the accumulator of row r's column 8 j + 2 (lane % 4) + e (the mma.sync and
 // wgmma layouts store it differently).
 
-// In 4-byte stores, as the FA2 kernels and the Hopper forward at head dim 128 write it (at 128
-// write_output_rows_quad's shuffles made ptxas serialize the forward's wgmmas).
+// In 4-byte stores, as the FA2 kernels write it (the Hopper forward at head dim 128 stages out for
+// the copy engine instead: write_output_rows_staged; there write_output_rows_quad's shuffles had
+// made ptxas serialize the wgmmas).
 template <int D, class OAt>
 __device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float* lse_head,
                                                   int row_a, int lane, const float (&row_sum)[2],

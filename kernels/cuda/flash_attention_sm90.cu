@@ -43,10 +43,10 @@
 //     last block first (attention_backward_tiles.h; a per-tile counter in the scratch,
 //     acquire/release), so every dq element is summed in a fixed order. 5 products per pair
 //     of tiles. Or (kSeparateKernel) a second kernel over work items of (128 query rows, head,
-//     batch) walked like the forward's (persistent at head dim 64) holds its rows of Q and dO in
-//     registers as the A operands, recomputes S and dP per key tile (128 keys at head dim 64, 64
-//     at 128) and sums dQ += dS K in registers. 7 products. The default fuses where that
-//     measured faster (the launcher).
+//     batch) walked like the forward's (persistent at head dim 64, the next item's Q and dO
+//     prefetched into L2) holds its rows of Q and dO in registers as the A operands, recomputes
+//     S and dP per key tile (128 keys at head dim 64, 64 at 128) and sums dQ += dS K in
+//     registers. 7 products. The default fuses where that measured faster (the launcher).
 #include <algorithm>
 #include <cstdint>
 #include <map>

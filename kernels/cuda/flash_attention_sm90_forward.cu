@@ -35,14 +35,14 @@ constexpr int forward_consumer_registers(int d) {
 // 0.369-0.373 -> 0.357-0.366; 8k the same); at 128 they went 3-6 % slower.
 template <int D>
 constexpr bool kOverlapEpilogue = D == 64;
-// Whether out leaves through shared memory and the copy engine (write_output_rows_staged, staged
-// in the item's last K tile once every consumer's last S has read it) rather than in 4-byte
-// stores from the registers: at head dim 128, where it took the forwards at 2k-4k tokens 1-1.5 %
-// faster (H200). At 64, staged in a buffer of its own while the next item's S_1 runs, the
-// forwards went 12-15 % slower than with the quad stores (the stores' issuing thread waits for
-// them to read the buffer, and its warpgroup's products with it).
+// The other epilogue, the head-dim-128 one: out leaves through shared memory and the copy engine
+// (write_output_rows_staged, staged in the item's last K tile once every consumer's last S has
+// read it) rather than in 4-byte stores from the registers, which took the forwards at 2k-4k
+// tokens 1-1.5 % faster (H200). At 64, staged in a buffer of its own while the next item's S_1
+// runs, the forwards went 12-15 % slower than with the quad stores (the stores' issuing thread
+// waits for them to read the buffer, and its warpgroup's products with it).
 template <int D>
-constexpr bool kStagedOutput = D == 128;
+constexpr bool kStagedOutput = !kOverlapEpilogue<D>;
 // The named barrier the consumers meet at before staging out: each has waited for its own last S
 // of the item, but the tile is free only once both have read all of it.
 constexpr int kBarrierLastKeysRead = 1;
@@ -434,21 +434,12 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       } else {
         write_out();
       }
-    } else if constexpr (kStagedOutput<D>) {
-      // The stage goes back once the stores have read its K tile.
+    } else {  // kStagedOutput: the stage goes back once the stores have read its K tile
       named_barrier_sync(kBarrierLastKeysRead, kConsumerThreadCount);
       write_output_rows_staged<D, kBlockN>(
           &out_map, k_tile(last_stage), it.w.h, it.w.q0, it.w.b, it.lse_head, consumer, warp, lane,
           done_sum, done_max, p, [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
       mbarrier_arrive(bars.empty(last_stage));
-      if (next.w.n_tiles > 0) {
-#pragma unroll
-        for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
-        accumulators_to_a<kBlockN>(pa, s);
-      }
-    } else {
-      write_output_rows<D>(it.out_head, it.lse_head, it.row_a, lane, done_sum, done_max, p,
-                           [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
       if (next.w.n_tiles > 0) {
 #pragma unroll
         for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
