@@ -27,6 +27,9 @@ namespace frugal::work_order {
 
 struct HeadGroupedOrder {
   int pairs, items_per_pair, pairs_per_group;
+  // Blocks of each pair below the order's items (taken by another launch): the order's rank 0 is
+  // block blocks_below + items_per_pair - 1 from the sequence's start.
+  int blocks_below = 0;
 
   // Item i as its pair and rank.
   FRUGAL_HOST_DEVICE void at(int i, int& pair, int& rank) const {
@@ -36,6 +39,10 @@ struct HeadGroupedOrder {
     const int in_group = pairs_per_group < left ? pairs_per_group : left;
     pair = first + j % in_group;
     rank = j / in_group;
+  }
+  // The query (or key) block, counted from the sequence's start, of the order's rank.
+  FRUGAL_HOST_DEVICE int block_of_rank(int rank) const {
+    return blocks_below + items_per_pair - 1 - rank;
   }
 };
 
@@ -56,6 +63,74 @@ inline double simulated_makespan(const HeadGroupedOrder& order,
     end = std::max(end, done);
   }
   return end;
+}
+
+// The persistent walk (flash_attention_sm90.cuh's item_of_round): `blocks` blocks take the
+// order's items in rounds of `blocks`, even rounds forwards and odd ones backwards. When each
+// block finishes, item costs by rank.
+inline std::vector<double> walk_ends(const HeadGroupedOrder& order,
+                                     const std::vector<double>& cost_of_rank, int blocks) {
+  std::vector<double> end(static_cast<size_t>(blocks), 0.0);
+  const int64_t items = int64_t{order.pairs} * order.items_per_pair;
+  for (int64_t i = 0; i < items; ++i) {
+    const int64_t round = i / blocks, slot = i % blocks;
+    int pair = 0, rank = 0;
+    order.at(static_cast<int>(i), pair, rank);
+    end[static_cast<size_t>(round % 2 == 0 ? slot : blocks - 1 - slot)] += cost_of_rank[rank];
+  }
+  return end;
+}
+
+// A walk in two launches: persistent blocks (one per SM, or per item if fewer) walk the longer
+// items of every pair (HeadGroupedOrder with `walk_group` pairs a group), then a block per item
+// takes the `tail_ranks` shortest of every pair, longest first over all pairs, each on the SM
+// that frees first (the hardware hands out the tail's blocks as the walkers finish), its start
+// costing `block_start` more. Item costs by rank over all of a pair's items (rank 0 the
+// longest); tail_ranks 0 is the walk alone.
+inline double walk_then_tail_makespan(int pairs, const std::vector<double>& cost_of_rank,
+                                      int walk_group, int tail_ranks, int sms,
+                                      double block_start) {
+  const int items_per_pair = static_cast<int>(cost_of_rank.size());
+  const int walked = items_per_pair - tail_ranks;
+  const HeadGroupedOrder walk{pairs, walked, walk_group, tail_ranks};
+  const int blocks = static_cast<int>(std::min<int64_t>(sms, int64_t{pairs} * walked));
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  double end = 0.0;
+  for (double e : walk_ends(walk, cost_of_rank, blocks)) {
+    free_at.push(e);
+    end = std::max(end, e);
+  }
+  for (int s = blocks; s < sms; ++s) free_at.push(0.0);
+  const HeadGroupedOrder tail{pairs, tail_ranks, pairs};
+  for (int64_t i = 0; i < int64_t{pairs} * tail_ranks; ++i) {
+    int pair = 0, rank = 0;
+    tail.at(static_cast<int>(i), pair, rank);
+    const double done = free_at.top() + cost_of_rank[walked + rank] + block_start;
+    free_at.pop();
+    free_at.push(done);
+    end = std::max(end, done);
+  }
+  return end;
+}
+
+// How many of each pair's shortest items a persistent walk leaves to a tail of a block per item
+// (walk_then_tail_makespan), items costing their tiles plus one: the count whose simulated end
+// is the earliest, 0 (no tail) unless that ends at least kMinTailGain earlier than the walk alone.
+constexpr double kMinTailGain = 0.005;
+inline int choose_tail_ranks(int pairs, const std::vector<int>& tiles_of_rank, int walk_group,
+                             int sms, double block_start) {
+  std::vector<double> cost;
+  for (int t : tiles_of_rank) cost.push_back(t + 1.0);
+  const int items_per_pair = static_cast<int>(cost.size());
+  if (pairs <= 0 || sms <= 0 || int64_t{pairs} * items_per_pair <= sms) return 0;
+  const double alone = walk_then_tail_makespan(pairs, cost, walk_group, 0, sms, block_start);
+  int best = 0;
+  double best_end = alone;
+  for (int tail = 1; tail < items_per_pair; ++tail) {
+    const double end = walk_then_tail_makespan(pairs, cost, walk_group, tail, sms, block_start);
+    if (end < best_end) best = tail, best_end = end;
+  }
+  return best_end <= (1.0 - kMinTailGain) * alone ? best : 0;
 }
 
 // Grids of fewer items than this per SM keep all pairs together: there the simulation's costs

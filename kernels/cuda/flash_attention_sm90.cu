@@ -13,7 +13,9 @@
 // longest rows first within groups of heads whose K and V tiles stay in L2 together
 // (kernels/head_grouped_order.h; the backward's passes order their blocks the same way);
 // persistent (one block per SM walking the items) up to 32 items a sequence (4k tokens at head
-// dim 128, 6k at 64), a block per item beyond. Each consumer holds O (64 rows x D, fp32) in
+// dim 128, 6k at 64), a block per item beyond; where the walk's rounds would end unevenly, each
+// sequence's shortest items go to a second grid, a block per item, that starts on the SMs the
+// walkers leave (programmatic dependent launch: query_grid, launch_tail). Each consumer holds O (64 rows x D, fp32) in
 // registers; per key tile of 128: S = Q K^T (wgmma, Q from shared memory), mask (only tiles
 // crossing the diagonal or kv_len), online softmax in fp32 (exp2, scale folded in), O += P V
 // with P in registers as bf16. S of the next tile is issued before P V of this one, so the
@@ -64,28 +66,59 @@ using namespace sm90;
 
 namespace sm90 {
 
+namespace {
+
+// choose_tail_ranks for this device, remembered per launch shape as pairs_per_group is.
+int tail_ranks(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,
+               int walk_group, int sms, double block_start_tiles) {
+  using Key = std::tuple<TilesByRank, int, int, int, int, double, int, int, int, int, int>;
+  const Key key{tiles_by_rank, pairs,    items_per_pair,  walk_group, sms,    block_start_tiles,
+                p.q_len,       p.kv_len, p.causal_offset, p.window,   p.group};
+  static std::mutex mutex;
+  static std::map<Key, int> chosen;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = chosen.find(key);
+  if (found != chosen.end()) return found->second;
+  const int ranks = work_order::choose_tail_ranks(pairs, tiles_by_rank(p, items_per_pair),
+                                                  walk_group, sms, block_start_tiles);
+  chosen.emplace(key, ranks);
+  return ranks;
+}
+
+}  // namespace
+
 QueryGrid query_grid(const Params& p, int64_t pairs, int64_t items_per_pair,
-                     TilesByRank tiles_by_rank, int64_t shared_bytes_per_pair, bool persistent) {
+                     TilesByRank tiles_by_rank, int64_t shared_bytes_per_pair, QueryWalk walk,
+                     double tail_block_start_tiles) {
   constexpr int64_t kPersistentQueryBlocks = 32;
   const int64_t items = pairs * items_per_pair;
   if (items > INT32_MAX / 2)  // the kernels' item indices stay ints
     fail("cuda flash attention sm90: ", items, " blocks of query rows is too many");
   int group = pairs_per_group(p, static_cast<int>(pairs), static_cast<int>(items_per_pair),
                               tiles_by_rank, shared_bytes_per_pair);
-  int64_t blocks = items;
-  if (persistent && items_per_pair <= kPersistentQueryBlocks) {
-    int device = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    blocks = std::min<int64_t>(sms, items);
-    // The fixed walk takes the heads one at a time (a round then spans a few heads) unless all
-    // pairs stay together (their tiles fit in L2): the group sizes chosen for the hand-out of a
-    // grid gave the SMs uneven loads under the fixed walk in a simulation (up to 1.4x the
-    // ideal end), one head at a time as even as all pairs together (within 3 %).
-    if (group != pairs) group = 1;
+  if (walk == QueryWalk::kBlockPerItem || items_per_pair > kPersistentQueryBlocks)
+    return {static_cast<unsigned>(items),
+            HeadGroupedOrder{static_cast<int>(pairs), static_cast<int>(items_per_pair), group}};
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // The fixed walk takes the heads one at a time (a round then spans a few heads) unless all
+  // pairs stay together (their tiles fit in L2): the group sizes chosen for the hand-out of a
+  // grid gave the SMs uneven loads under the fixed walk in a simulation (up to 1.4x the ideal
+  // end), one head at a time as even as all pairs together (within 3 %).
+  if (group != pairs) group = 1;
+  const int tail = walk == QueryWalk::kPersistentThenTail
+                       ? tail_ranks(p, static_cast<int>(pairs), static_cast<int>(items_per_pair),
+                                    tiles_by_rank, group, sms, tail_block_start_tiles)
+                       : 0;
+  const int64_t walked = items_per_pair - tail;
+  QueryGrid grid{static_cast<unsigned>(std::min<int64_t>(sms, pairs * walked)),
+                 HeadGroupedOrder{static_cast<int>(pairs), static_cast<int>(walked), group, tail}};
+  if (tail > 0) {
+    grid.tail_blocks = static_cast<unsigned>(pairs * tail);
+    grid.tail_order = HeadGroupedOrder{static_cast<int>(pairs), tail, static_cast<int>(pairs)};
   }
-  return {static_cast<unsigned>(blocks),
-          HeadGroupedOrder{static_cast<int>(pairs), static_cast<int>(items_per_pair), group}};
+  return grid;
 }
 
 int pairs_per_group(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,

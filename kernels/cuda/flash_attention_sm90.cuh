@@ -246,6 +246,16 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Programmatic dependent launch (launch_tail): a grid lets the next one on its stream start once
+// each of its blocks has said so (or ended); the waiting side's thread waits until the grids
+// before its own have ended and their writes are visible. Both do nothing to a grid launched
+// without the overlap.
+__device__ __forceinline__ void let_next_grid_start() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_grids_before() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
 // Orders this thread's ordinary shared-memory (or global) accesses before later ones of the
 // async proxy (wgmma operands, bulk copies), and the async proxy's completed ones before this
 // thread's later ordinary ones.
@@ -525,7 +535,10 @@ __device__ __forceinline__ void issue_product_rs(float (&acc)[D / 2],
 struct QueryItem {
   int b, h, q0, last_row, kv_begin, n_tiles;
 };
-template <int kBlockM, int kBlockN>
+// kBlocksBelow: whether the order may leave blocks below its items to another launch
+// (HeadGroupedOrder::blocks_below; the forward's walk with a tail): the dQ pass, whose order
+// never does, keeps the add out of its registers.
+template <int kBlockM, int kBlockN, bool kBlocksBelow = false>
 __device__ __forceinline__ QueryItem query_item(const HeadGroupedOrder& order, const Params& p,
                                                 int i) {
   QueryItem w;
@@ -533,7 +546,7 @@ __device__ __forceinline__ QueryItem query_item(const HeadGroupedOrder& order, c
   order.at(i, bh, rank);
   w.b = bh / p.n_heads;
   w.h = bh % p.n_heads;
-  w.q0 = (order.items_per_pair - 1 - rank) * kBlockM;
+  w.q0 = (kBlocksBelow ? order.block_of_rank(rank) : order.items_per_pair - 1 - rank) * kBlockM;
   w.last_row = min(w.q0 + kBlockM, p.q_len) - 1;
   const int kv_end = keys_seen(w.last_row, p);
   w.kv_begin = first_key_seen(w.q0, p) / kBlockN * kBlockN;
@@ -600,22 +613,58 @@ using TilesByRank = std::vector<int> (*)(const Params& p, int items_per_pair);
 int pairs_per_group(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,
                     int64_t shared_bytes_per_pair);
 
-// The grid of a query-block kernel (the forward, the dQ pass) over `items_per_pair` items of
-// each of `pairs` (batch, head) pairs, HeadGroupedOrder as pairs_per_group chooses it:
-// persistent (one block per SM, or per item if fewer, walking the items: the next item's loads
-// overlap this one's epilogue, 3-16% faster forwards on an H200 at 2k-4k tokens) while a sequence
-// holds at most kPersistentQueryBlocks items. Longer sequences get a block per item, which the
-// hardware hands out in order as SMs free up: with items of very different lengths that ended
-// more evenly than the two walks tried, a plain stride and the rounds walked both ways (4-9%
-// faster forwards at 8k-16k tokens). A kernel that walks no more than one item a block asks for
-// no persistence.
+// How a query-block kernel (the forward, the dQ pass) takes its items: a block per item, or
+// persistent blocks walking them (query_grid says when), the walk's shortest items optionally
+// left to a tail of a block per item launched after it (the kernel lets that launch start once
+// its own blocks run: griddepcontrol.launch_dependents).
+enum class QueryWalk { kBlockPerItem, kPersistent, kPersistentThenTail };
+
+// The grid of a query-block kernel over `items_per_pair` items of each of `pairs` (batch, head)
+// pairs, HeadGroupedOrder as pairs_per_group chooses it: persistent (one block per SM, or per
+// item if fewer, walking the items: the next item's loads overlap this one's epilogue, 3-16%
+// faster forwards on an H200 at 2k-4k tokens) while a sequence holds at most
+// kPersistentQueryBlocks items. Longer sequences get a block per item, which the hardware hands
+// out in order as SMs free up: with items of very different lengths that ended more evenly than
+// the two walks tried, a plain stride and the rounds walked both ways (4-9% faster forwards at
+// 8k-16k tokens). A kernel that walks no more than one item a block asks for kBlockPerItem.
+// With kPersistentThenTail the walk ends unevenly (its rounds give the blocks different loads),
+// so each pair's shortest items may go to a second grid, a block per item (tail_blocks of them
+// in tail_order, none when the simulation gives the tail no gain: choose_tail_ranks, a tail
+// block's start costing tail_block_start_tiles key tiles), which the hardware starts on the SMs
+// the walkers leave.
 struct QueryGrid {
   unsigned blocks;
   HeadGroupedOrder order;
+  unsigned tail_blocks = 0;
+  HeadGroupedOrder tail_order{0, 0, 1};
 };
 QueryGrid query_grid(const Params& p, int64_t pairs, int64_t items_per_pair,
-                     TilesByRank tiles_by_rank, int64_t shared_bytes_per_pair,
-                     bool persistent = true);
+                     TilesByRank tiles_by_rank, int64_t shared_bytes_per_pair, QueryWalk walk,
+                     double tail_block_start_tiles = 0.0);
+
+// Launches `kernel` as the tail of the grid launched just before it on `stream`
+// (QueryGrid::tail_blocks): programmatic stream serialization lets its blocks start as the
+// walkers' SMs free up, once every walker has run griddepcontrol.launch_dependents. The tail
+// reads the walk's inputs and writes other rows than the walk, so its blocks need not wait for
+// it; the kernel's last block does before it ends, so that the next kernel on the stream, which
+// waits for the tail alone, sees the walk's writes too (a test program on an H200 saw such a
+// kernel read a primary's write stale in 3 of 50 runs without that wait, none of 100 in a
+// second session; none with it).
+template <class... KernelArgs, class... Args>
+void launch_tail(void (*kernel)(KernelArgs...), unsigned blocks, unsigned threads, int smem,
+                 cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
 
 // The key tiles (of kBlockN keys) each block of kBlockM query rows loads, by HeadGroupedOrder
 // rank: rank 0 is the last block, the one that sees the most keys (as the forward and dQ

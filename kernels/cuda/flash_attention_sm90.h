@@ -28,6 +28,11 @@ void flash_attention_sm90_forward(__nv_bfloat16* out, float* lse, const __nv_bfl
                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
                                   const ::frugal::cpu::AttentionShape& s, cudaStream_t stream);
 
+// The blocks of the forward's tail for shape s on the current device: persistent blocks walk
+// each sequence's longer query blocks and, where a simulation of the walk says it ends sooner,
+// a second grid of a block per item takes the shortest (0: no tail). For tests and benchmarks.
+int64_t flash_attention_sm90_forward_tail_blocks(const ::frugal::cpu::AttentionShape& s);
+
 // How the backward sums dQ. kFused: the dK/dV pass adds each key block's part of dQ (dS K)
 // into dq itself, the blocks of one query tile taking turns in a fixed order (5 products per
 // pair of tiles). kSeparateKernel: a second kernel per query block recomputes S and dP (7).

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = swizzle_aligned(smem_raw);
   const int n_work = order.pairs * order.items_per_pair;
-  auto work_at = [&](int i) { return query_item<kBlockM, kBlockN>(order, p, i); };
+  auto work_at = [&](int i) { return query_item<kBlockM, kBlockN, true>(order, p, i); };
 
   const uint32_t sq = base + Smem::kQ, q_full = base + Smem::kBarriers;
   const uint32_t q_empty = base + Smem::kQEmpty;
@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   if (threadIdx.x < kWarpgroupThreads) {  // producer
     registers_decrease<kProducerRegisters>();
     if (threadIdx.x == 0) {
+      let_next_grid_start();  // a tail (launch_tail) may take the SMs this walk leaves
       int loaded = 0, items = 0;
       for (int round = 0, i; (i = item_of_round(round)) < n_work; ++round) {
         const QueryItem w = work_at(i);
@@ -115,6 +116,9 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         loaded += w.n_tiles;
         ++items;
       }
+      // A tail's last block ends only after the walk before it, so that what follows the tail on
+      // the stream (which waits for the tail alone) sees the walk's out and lse too.
+      if (blockIdx.x == gridDim.x - 1) wait_for_grids_before();
     }
     return;
   }
@@ -453,9 +457,28 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
 
 // ---- launcher --------------------------------------------------------------------------------
 
+// A tail block's start (its launch, barriers and first loads, with no item of its own before it
+// to overlap) in key tiles, for the simulation that sizes the walk's tail (query_grid). Fitted to
+// the forwards timed on an H200 with every tail size from 0 to 6 (doc/benchmarks.md): a tile at
+// head dim 128 picks the fastest size at 2k and 4k tokens; half a tile at 64 picks TinyLlama's.
+template <int D>
+constexpr double kTailBlockStartTiles = D == 128 ? 1.0 : 0.5;
+
 // Stages: as many as the 227 KiB of shared memory per block take with room to spare.
 template <int D>
 constexpr int kForwardStages = D == 128 ? 3 : 4;
+
+// The forward's grid for shape s: items of forward_block_rows(D) query rows, persistent walkers
+// and a tail where the simulation finds one faster (query_grid).
+template <int D>
+QueryGrid forward_grid(const AttentionShape& s, const Params& p) {
+  const int64_t q_blocks = grid_blocks(s.q_len, forward_block_rows(D), "q_len");
+  // A (batch, head) pair's share of its kv head's K and V is what its items read from L2.
+  const int64_t kv_bytes_per_pair = 2 * s.kv_len * tile_bytes(1, D) / p.group;
+  return query_grid(p, s.batch * s.n_heads, q_blocks,
+                    key_tiles_by_rank<forward_block_rows(D), kFwdBlockN>, kv_bytes_per_pair,
+                    QueryWalk::kPersistentThenTail, kTailBlockStartTiles<D>);
+}
 
 template <int D>
 void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
@@ -469,16 +492,14 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
   const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
   const CUtensorMap out_map = tensor_map(out, s.batch, s.q_len, s.n_heads, D, kRowsPerConsumer);
-  const int64_t q_blocks = grid_blocks(s.q_len, forward_block_rows(D), "q_len");
-  // A (batch, head) pair's share of its kv head's K and V is what its items read from L2.
   const Params p = make_params(s);
-  const int64_t kv_bytes_per_pair = 2 * s.kv_len * tile_bytes(1, D) / p.group;
-  const QueryGrid grid =
-      query_grid(p, s.batch * s.n_heads, q_blocks,
-                 key_tiles_by_rank<forward_block_rows(D), kFwdBlockN>, kv_bytes_per_pair);
+  const QueryGrid grid = forward_grid<D>(s, p);
   kernel<<<grid.blocks, forward_threads(D), smem, stream>>>(out, lse, q_map, k_map, v_map, out_map,
                                                             p, grid.order);
   CUDA_CHECK_LAUNCH();
+  if (grid.tail_blocks > 0)
+    launch_tail(kernel, grid.tail_blocks, forward_threads(D), smem, stream, out, lse, q_map, k_map,
+                v_map, out_map, p, grid.tail_order);
 }
 
 }  // namespace
@@ -494,6 +515,12 @@ void flash_attention_sm90_forward(bf16* out, float* lse, const bf16* q, const bf
     forward_for<128>(out, lse, q, k, v, s, stream);
   else
     fail("cuda flash attention sm90: head_dim ", s.head_dim, " is not supported (64 or 128)");
+}
+
+int64_t flash_attention_sm90_forward_tail_blocks(const AttentionShape& s) {
+  if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return 0;
+  const Params p = make_params(s);
+  return s.head_dim == 64 ? forward_grid<64>(s, p).tail_blocks : forward_grid<128>(s, p).tail_blocks;
 }
 
 }  // namespace frugal::cuda

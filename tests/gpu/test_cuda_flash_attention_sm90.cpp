@@ -3,6 +3,7 @@
 // kv_len with positive and negative causal offsets, batch > 1, enough key tiles to go round the
 // shared-memory stages several times; against the FlashAttention-2 kernels on the same data;
 // bitwise reproducibility, under load too (the fused dQ's blocks take turns across the grid);
+// the forward's walk with a tail of a block per item against other schedules of the same items;
 // both ways of summing dQ (fused into the dK/dV pass, or a separate kernel) and the fallback
 // from the fused one when dq is not 16-byte aligned; and the allow_sm90 switch of attention.h's
 // launchers (sm90 when true, FlashAttention-2 when false: FRUGAL_ATTENTION_SM90=0, which the app
@@ -308,6 +309,68 @@ TEST_CASE("cuda sm90 fused dQ: the same bits under load, on several waves of blo
     }
   }
   CUDA_CHECK(cudaStreamDestroy(busy_stream));
+}
+
+TEST_CASE("cuda sm90 forward: a walk with a tail writes the bits of other schedules",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  if (!have_sm90()) return;
+  // The bench's shapes, where the forward's persistent walk leaves each sequence's shortest
+  // query blocks to a second grid (on an H200's 132 SMs); the same attention one batch element
+  // at a time is scheduled otherwise (no tail at 2k tokens, a longer one at 4k). Each item is
+  // computed the same wherever it runs, so out and lse must agree bit for bit; the whole call
+  // writes into poisoned buffers, so every row must be written by one of its grids.
+  const AttentionCase cases[] = {
+      {8, 2048, 2048, 32, 32, 128, 0},
+      {4, 4096, 4096, 32, 32, 128, 0},
+      {4, 2048, 2048, 32, 4, 64, 0},  // TinyLlama
+  };
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  for (const AttentionCase& c : cases) {
+    CAPTURE(c.batch, c.q_len, c.n_heads, c.n_kv_heads, c.head_dim);
+    const frugal::cpu::AttentionShape s = shape_of(c);
+    frugal::cpu::AttentionShape one = s;
+    one.batch = 1;
+    const int64_t tail = frugal::cuda::flash_attention_sm90_forward_tail_blocks(s);
+    const int64_t one_tail = frugal::cuda::flash_attention_sm90_forward_tail_blocks(one);
+    std::printf("forward tail blocks: %lld for the whole batch, %lld for one element (%d SMs)\n",
+                static_cast<long long>(tail), static_cast<long long>(one_tail), sms);
+    if (sms == 132) {  // the schedules this test was written against
+      CHECK(tail > 0);
+      CHECK(tail != one_tail * s.batch);
+    }
+    const size_t q_size = size_t(s.batch * s.q_len * s.n_heads * s.head_dim);
+    const size_t kv_size = size_t(s.batch * s.kv_len * s.n_kv_heads * s.head_dim);
+    const size_t lse_size = size_t(s.batch * s.n_heads * s.q_len);
+    std::mt19937 rng(unsigned(c.q_len + c.head_dim + c.n_kv_heads));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto random_bf16 = [&](size_t n) {
+      std::vector<Bf16> x(n);
+      for (auto& e : x) e = __float2bfloat16(normal(rng));
+      return x;
+    };
+    DeviceBuffer<Bf16> q(q_size), k(kv_size), v(kv_size), out(q_size), out_one(q_size);
+    DeviceBuffer<float> lse(lse_size), lse_one(lse_size);
+    q.upload(random_bf16(q_size));
+    k.upload(random_bf16(kv_size));
+    v.upload(random_bf16(kv_size));
+    CUDA_CHECK(cudaMemset(out.get(), 0xff, q_size * sizeof(Bf16)));
+    CUDA_CHECK(cudaMemset(lse.get(), 0xff, lse_size * sizeof(float)));
+    frugal::cuda::flash_attention_sm90_forward(out.get(), lse.get(), q.get(), k.get(), v.get(), s,
+                                               nullptr);
+    const size_t q_each = q_size / size_t(s.batch), kv_each = kv_size / size_t(s.batch);
+    const size_t lse_each = lse_size / size_t(s.batch);
+    for (int64_t b = 0; b < s.batch; ++b)
+      frugal::cuda::flash_attention_sm90_forward(out_one.get() + b * q_each,
+                                                 lse_one.get() + b * lse_each,
+                                                 q.get() + b * q_each, k.get() + b * kv_each,
+                                                 v.get() + b * kv_each, one, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(bitwise_equal(out.download_bits(), out_one.download_bits()));
+    CHECK(bitwise_equal(lse.download<float>(), lse_one.download<float>()));
+  }
 }
 
 TEST_CASE("cuda sm90 backward: dq not 16-byte aligned takes the separate dQ kernel",
