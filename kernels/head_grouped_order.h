@@ -88,8 +88,7 @@ inline std::vector<double> walk_ends(const HeadGroupedOrder& order,
 // costing `block_start` more. Item costs by rank over all of a pair's items (rank 0 the
 // longest); tail_ranks 0 is the walk alone.
 inline double walk_then_tail_makespan(int pairs, const std::vector<double>& cost_of_rank,
-                                      int walk_group, int tail_ranks, int sms,
-                                      double block_start) {
+                                      int walk_group, int tail_ranks, int sms, double block_start) {
   const int items_per_pair = static_cast<int>(cost_of_rank.size());
   const int walked = items_per_pair - tail_ranks;
   const HeadGroupedOrder walk{pairs, walked, walk_group, tail_ranks};

@@ -15,14 +15,14 @@
 // persistent (one block per SM walking the items) up to 32 items a sequence (4k tokens at head
 // dim 128, 6k at 64), a block per item beyond; where the walk's rounds would end unevenly, each
 // sequence's shortest items go to a second grid, a block per item, that starts on the SMs the
-// walkers leave (programmatic dependent launch: query_grid, launch_tail). Each consumer holds O (64 rows x D, fp32) in
-// registers; per key tile of 128: S = Q K^T (wgmma, Q from shared memory), mask (only tiles
-// crossing the diagonal or kv_len), online softmax in fp32 (exp2, scale folded in), O += P V
-// with P in registers as bf16. S of the next tile is issued before P V of this one, so the
-// softmax of one tile overlaps the tensor cores' P V of the one before (FlashAttention-3's
-// intra-warpgroup pipelining), and likewise the next item's first S and softmax overlap this
-// item's last P V (at head dim 64 the next item's second S also runs through this item's
-// epilogue, and at 128 out leaves through shared memory and the copy engine); the producer
+// walkers leave (programmatic dependent launch: query_grid, launch_tail). Each consumer holds
+// O (64 rows x D, fp32) in registers; per key tile of 128: S = Q K^T (wgmma, Q from shared
+// memory), mask (only tiles crossing the diagonal or kv_len), online softmax in fp32 (exp2, scale
+// folded in), O += P V with P in registers as bf16. S of the next tile is issued before P V of
+// this one, so the softmax of one tile overlaps the tensor cores' P V of the one before
+// (FlashAttention-3's intra-warpgroup pipelining), and likewise the next item's first S and softmax
+// overlap this item's last P V (at head dim 64 the next item's second S also runs through this
+// item's epilogue, and at 128 out leaves through shared memory and the copy engine); the producer
 // prefetches the next item's Q into L2; the consumers interleave too. On the diagonal, consumer
 // 0 at head dim 128 multiplies only the first half of its last tile, and at 64 a consumer leaves
 // out the last tiles none of its rows sees.
@@ -68,21 +68,28 @@ namespace sm90 {
 
 namespace {
 
+// What `choose` gives for `key`, worked out once per process: the choices below simulate the work
+// order (up to a millisecond), a launch looks them up in well under a microsecond.
+template <class Key, class Choose>
+int remembered(const Key& key, Choose choose) {
+  static std::mutex mutex;
+  static std::map<Key, int> chosen;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = chosen.find(key);
+  if (found != chosen.end()) return found->second;
+  return chosen.emplace(key, choose()).first->second;
+}
+
 // choose_tail_ranks for this device, remembered per launch shape as pairs_per_group is.
 int tail_ranks(const Params& p, int pairs, int items_per_pair, TilesByRank tiles_by_rank,
                int walk_group, int sms, double block_start_tiles) {
   using Key = std::tuple<TilesByRank, int, int, int, int, double, int, int, int, int, int>;
   const Key key{tiles_by_rank, pairs,    items_per_pair,  walk_group, sms,    block_start_tiles,
                 p.q_len,       p.kv_len, p.causal_offset, p.window,   p.group};
-  static std::mutex mutex;
-  static std::map<Key, int> chosen;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto found = chosen.find(key);
-  if (found != chosen.end()) return found->second;
-  const int ranks = work_order::choose_tail_ranks(pairs, tiles_by_rank(p, items_per_pair),
-                                                  walk_group, sms, block_start_tiles);
-  chosen.emplace(key, ranks);
-  return ranks;
+  return remembered(key, [&] {
+    return work_order::choose_tail_ranks(pairs, tiles_by_rank(p, items_per_pair), walk_group, sms,
+                                         block_start_tiles);
+  });
 }
 
 }  // namespace
@@ -130,18 +137,13 @@ int pairs_per_group(const Params& p, int pairs, int items_per_pair, TilesByRank 
   using Key = std::tuple<int, TilesByRank, int, int, int64_t, int, int, int, int, int>;
   const Key key{device,  tiles_by_rank, pairs,           items_per_pair, shared_bytes_per_pair,
                 p.q_len, p.kv_len,      p.causal_offset, p.window,       p.group};
-  static std::mutex mutex;
-  static std::map<Key, int> chosen;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto found = chosen.find(key);
-  if (found != chosen.end()) return found->second;
-  int sms = 0, l2_bytes = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  const int group = work_order::choose_pairs_per_group(pairs, tiles_by_rank(p, items_per_pair),
-                                                       shared_bytes_per_pair, sms, l2_bytes);
-  chosen.emplace(key, group);
-  return group;
+  return remembered(key, [&] {
+    int sms = 0, l2_bytes = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+    return work_order::choose_pairs_per_group(pairs, tiles_by_rank(p, items_per_pair),
+                                              shared_bytes_per_pair, sms, l2_bytes);
+  });
 }
 
 }  // namespace sm90

@@ -229,10 +229,9 @@ void dq_for(GradT* dq, const bf16* dout, const bf16* q, const bf16* k, const bf1
   // L2 (a pair's share of its kv head's K and V).
   const int64_t q_blocks = grid_blocks(s.q_len, kDqBlockM, "q_len");
   const int64_t kv_bytes_per_pair = 2 * s.kv_len * tile_bytes(1, D) / p.group;
-  const QueryGrid grid =
-      query_grid(p, s.batch * s.n_heads, q_blocks, key_tiles_by_rank<kDqBlockM, kDqBlockN<D>>,
-                 kv_bytes_per_pair,
-                 kDqPersistent<D> ? QueryWalk::kPersistent : QueryWalk::kBlockPerItem);
+  const QueryGrid grid = query_grid(
+      p, s.batch * s.n_heads, q_blocks, key_tiles_by_rank<kDqBlockM, kDqBlockN<D>>,
+      kv_bytes_per_pair, kDqPersistent<D> ? QueryWalk::kPersistent : QueryWalk::kBlockPerItem);
   const CUtensorMap dq_map = written_gradient_map(dq, s.batch, s.q_len, s.n_heads, D, q_map);
   kernel<<<grid.blocks, kThreads, smem, stream>>>(dq, dq_map, q_map, k_map, v_map, dout_map,
                                                   lse_log2, delta, p, grid.order);

@@ -520,7 +520,8 @@ void flash_attention_sm90_forward(bf16* out, float* lse, const bf16* q, const bf
 int64_t flash_attention_sm90_forward_tail_blocks(const AttentionShape& s) {
   if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return 0;
   const Params p = make_params(s);
-  return s.head_dim == 64 ? forward_grid<64>(s, p).tail_blocks : forward_grid<128>(s, p).tail_blocks;
+  return s.head_dim == 64 ? forward_grid<64>(s, p).tail_blocks
+                          : forward_grid<128>(s, p).tail_blocks;
 }
 
 }  // namespace frugal::cuda

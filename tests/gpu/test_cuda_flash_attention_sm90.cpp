@@ -58,6 +58,24 @@ using frugal::cuda::Sm90DqSum;
 using frugal::test::AttentionCase;
 using frugal::test::shape_of;
 
+// n standard normal values in bf16, drawn from rng.
+std::vector<Bf16> random_bf16(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<Bf16> x(n);
+  for (auto& e : x) e = __float2bfloat16(normal(rng));
+  return x;
+}
+
+// Elements of q (out, dout, dq), of k (v, dk, dv) and of lse for shape s.
+struct Sizes {
+  size_t q, kv, lse;
+};
+Sizes sizes_of(const frugal::cpu::AttentionShape& s) {
+  return {size_t(s.batch * s.q_len * s.n_heads * s.head_dim),
+          size_t(s.batch * s.kv_len * s.n_kv_heads * s.head_dim),
+          size_t(s.batch * s.n_heads * s.q_len)};
+}
+
 void check_case(const AttentionCase& c) {
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
       shape_of(c),
@@ -263,28 +281,20 @@ TEST_CASE("cuda sm90 fused dQ: the same bits under load, on several waves of blo
   cudaStream_t busy_stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&busy_stream, cudaStreamNonBlocking));
   const frugal::cpu::AttentionShape busy = shape_of({2, 3000, 3000, 8, 8, 128, 0});
-  const size_t busy_size = size_t(busy.batch * busy.q_len * busy.n_heads * busy.head_dim);
-  DeviceBuffer<Bf16> busy_in(busy_size), busy_out(busy_size);
-  DeviceBuffer<float> busy_lse(size_t(busy.batch * busy.n_heads * busy.q_len));
+  const Sizes busy_size = sizes_of(busy);
+  DeviceBuffer<Bf16> busy_in(busy_size.q), busy_out(busy_size.q);
+  DeviceBuffer<float> busy_lse(busy_size.lse);
   for (const AttentionCase& c : cases) {
     CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
             c.window);
     const frugal::cpu::AttentionShape s = shape_of(c);
-    const size_t q_size = size_t(s.batch * s.q_len * s.n_heads * s.head_dim);
-    const size_t kv_size = size_t(s.batch * s.kv_len * s.n_kv_heads * s.head_dim);
-    const size_t lse_size = size_t(s.batch * s.n_heads * s.q_len);
+    const auto [q_size, kv_size, lse_size] = sizes_of(s);
     std::mt19937 rng(unsigned(c.q_len * 7 + c.head_dim));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    auto random_bf16 = [&](size_t n) {
-      std::vector<Bf16> x(n);
-      for (auto& e : x) e = __float2bfloat16(normal(rng));
-      return x;
-    };
     DeviceBuffer<Bf16> q(q_size), k(kv_size), v(kv_size), dout(q_size), out(q_size);
-    q.upload(random_bf16(q_size));
-    k.upload(random_bf16(kv_size));
-    v.upload(random_bf16(kv_size));
-    dout.upload(random_bf16(q_size));
+    q.upload(random_bf16(rng, q_size));
+    k.upload(random_bf16(rng, kv_size));
+    v.upload(random_bf16(rng, kv_size));
+    dout.upload(random_bf16(rng, q_size));
     DeviceBuffer<float> lse(lse_size), dq(q_size), dk(kv_size), dv(kv_size),
         scratch(size_t(frugal::cuda::flash_attention_backward_scratch_floats(s)));
     frugal::cuda::flash_attention_sm90_forward(out.get(), lse.get(), q.get(), k.get(), v.get(), s,
@@ -341,21 +351,13 @@ TEST_CASE("cuda sm90 forward: a walk with a tail writes the bits of other schedu
       CHECK(tail > 0);
       CHECK(tail != one_tail * s.batch);
     }
-    const size_t q_size = size_t(s.batch * s.q_len * s.n_heads * s.head_dim);
-    const size_t kv_size = size_t(s.batch * s.kv_len * s.n_kv_heads * s.head_dim);
-    const size_t lse_size = size_t(s.batch * s.n_heads * s.q_len);
+    const auto [q_size, kv_size, lse_size] = sizes_of(s);
     std::mt19937 rng(unsigned(c.q_len + c.head_dim + c.n_kv_heads));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    auto random_bf16 = [&](size_t n) {
-      std::vector<Bf16> x(n);
-      for (auto& e : x) e = __float2bfloat16(normal(rng));
-      return x;
-    };
     DeviceBuffer<Bf16> q(q_size), k(kv_size), v(kv_size), out(q_size), out_one(q_size);
     DeviceBuffer<float> lse(lse_size), lse_one(lse_size);
-    q.upload(random_bf16(q_size));
-    k.upload(random_bf16(kv_size));
-    v.upload(random_bf16(kv_size));
+    q.upload(random_bf16(rng, q_size));
+    k.upload(random_bf16(rng, kv_size));
+    v.upload(random_bf16(rng, kv_size));
     CUDA_CHECK(cudaMemset(out.get(), 0xff, q_size * sizeof(Bf16)));
     CUDA_CHECK(cudaMemset(lse.get(), 0xff, lse_size * sizeof(float)));
     frugal::cuda::flash_attention_sm90_forward(out.get(), lse.get(), q.get(), k.get(), v.get(), s,
@@ -363,10 +365,9 @@ TEST_CASE("cuda sm90 forward: a walk with a tail writes the bits of other schedu
     const size_t q_each = q_size / size_t(s.batch), kv_each = kv_size / size_t(s.batch);
     const size_t lse_each = lse_size / size_t(s.batch);
     for (int64_t b = 0; b < s.batch; ++b)
-      frugal::cuda::flash_attention_sm90_forward(out_one.get() + b * q_each,
-                                                 lse_one.get() + b * lse_each,
-                                                 q.get() + b * q_each, k.get() + b * kv_each,
-                                                 v.get() + b * kv_each, one, nullptr);
+      frugal::cuda::flash_attention_sm90_forward(
+          out_one.get() + b * q_each, lse_one.get() + b * lse_each, q.get() + b * q_each,
+          k.get() + b * kv_each, v.get() + b * kv_each, one, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     CHECK(bitwise_equal(out.download_bits(), out_one.download_bits()));
     CHECK(bitwise_equal(lse.download<float>(), lse_one.download<float>()));

@@ -81,8 +81,7 @@ double walk_then_tail_by_scan(int pairs, const std::vector<double>& cost, int gr
                               int sms, double start) {
   const int items = static_cast<int>(cost.size()), walked = items - tail;
   const int blocks = std::min(sms, pairs * walked);
-  std::vector<double> free_at =
-      walk_ends_by_block({pairs, walked, group, tail}, cost, blocks);
+  std::vector<double> free_at = walk_ends_by_block({pairs, walked, group, tail}, cost, blocks);
   free_at.resize(static_cast<size_t>(sms), 0.0);
   double end = *std::max_element(free_at.begin(), free_at.end());
   for (int rank = walked; rank < items; ++rank)
@@ -219,8 +218,8 @@ TEST_CASE("the simulated walk and tail agree with a block-by-block walk and a sc
     const double start = 0.25 * static_cast<double>(rng() % 5);
     std::vector<double> cost;
     for (int r = 0; r < items; ++r) cost.push_back(1.0 + static_cast<double>(rng() % 17));
-    INFO("pairs " << pairs << " items " << items << " group " << group << " sms " << sms
-                  << " tail " << tail << " start " << start);
+    INFO("pairs " << pairs << " items " << items << " group " << group << " sms " << sms << " tail "
+                  << tail << " start " << start);
     const HeadGroupedOrder whole{pairs, items, group};
     const int blocks = std::min(sms, pairs * items);
     const std::vector<double> ends = walk_ends(whole, cost, blocks);
@@ -242,9 +241,13 @@ TEST_CASE("the tail chosen ends earliest, and no later than the walk alone") {
   const int sms = 132;
   // Causal forwards at head dim 128 (a tile per query block more), and one with more SMs than
   // items.
-  for (const auto& [pairs, blocks, group, start] : std::vector<std::tuple<int, int, int, double>>{
-           {256, 16, 1, 1.0}, {128, 32, 1, 1.0}, {128, 11, 128, 0.5}, {40, 9, 1, 1.0},
-           {16, 16, 1, 1.0}, {4, 16, 1, 1.0}}) {
+  for (const auto& [pairs, blocks, group, start] :
+       std::vector<std::tuple<int, int, int, double>>{{256, 16, 1, 1.0},
+                                                      {128, 32, 1, 1.0},
+                                                      {128, 11, 128, 0.5},
+                                                      {40, 9, 1, 1.0},
+                                                      {16, 16, 1, 1.0},
+                                                      {4, 16, 1, 1.0}}) {
     INFO("pairs " << pairs << " blocks " << blocks << " group " << group);
     const std::vector<int> tiles = causal_tiles(blocks, 1);
     const int tail = choose_tail_ranks(pairs, tiles, group, sms, start);
