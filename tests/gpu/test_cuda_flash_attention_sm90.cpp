@@ -327,9 +327,9 @@ TEST_CASE("cuda sm90 forward: a walk with a tail writes the bits of other schedu
   if (!have_sm90()) return;
   // The bench's shapes, where the forward's persistent walk leaves each sequence's shortest
   // query blocks to a second grid (on an H200's 132 SMs); the same attention one batch element
-  // at a time is scheduled otherwise (no tail at 2k tokens, a longer one at 4k). Each item is
-  // computed the same wherever it runs, so out and lse must agree bit for bit; the whole call
-  // writes into poisoned buffers, so every row must be written by one of its grids.
+  // at a time is scheduled otherwise (without a tail). Each item is computed the same wherever it
+  // runs, so out and lse must agree bit for bit; the two write into buffers poisoned differently
+  // (all ones, all zeros), so every row must be written by one of the whole call's grids.
   const AttentionCase cases[] = {
       {8, 2048, 2048, 32, 32, 128, 0},
       {4, 4096, 4096, 32, 32, 128, 0},
@@ -360,6 +360,8 @@ TEST_CASE("cuda sm90 forward: a walk with a tail writes the bits of other schedu
     v.upload(random_bf16(rng, kv_size));
     CUDA_CHECK(cudaMemset(out.get(), 0xff, q_size * sizeof(Bf16)));
     CUDA_CHECK(cudaMemset(lse.get(), 0xff, lse_size * sizeof(float)));
+    CUDA_CHECK(cudaMemset(out_one.get(), 0, q_size * sizeof(Bf16)));
+    CUDA_CHECK(cudaMemset(lse_one.get(), 0, lse_size * sizeof(float)));
     frugal::cuda::flash_attention_sm90_forward(out.get(), lse.get(), q.get(), k.get(), v.get(), s,
                                                nullptr);
     const size_t q_each = q_size / size_t(s.batch), kv_each = kv_size / size_t(s.batch);
