@@ -744,6 +744,21 @@ __device__ __forceinline__ void stage_row_pairs(uint32_t tile, int row, int lane
   }
 }
 
+// The copy engine's stores of a consumer's 64 staged rows (from consumer_row0 of `tile`, kTileRows
+// rows in 128-byte swizzled column blocks) to rows row + consumer_row0 on of head `head`, batch
+// `batch` of `map` (boxes of 64 rows; rows past the tensor's end are not written). Issued, not
+// committed.
+template <int D, int kTileRows>
+__device__ __forceinline__ void store_staged_rows(const CUtensorMap* map, uint32_t tile,
+                                                  int consumer_row0, int head, int row,
+                                                  int batch) {
+#pragma unroll
+  for (int block = 0; block < D / kSwizzleColumns; ++block)
+    tma_store_tile<BulkStore::kWrite>(
+        map, tile + block * column_block_bytes(kTileRows) + consumer_row0 * kSwizzleBytes,
+        block * kSwizzleColumns, head, row + consumer_row0, batch);
+}
+
 // A written (bf16) gradient's rows, as a consumer's epilogue puts them: the wgmma accumulator
 // acc (value 4 j + 2 r + e: row warp 16 + lane / 4 + 8 r, column 8 j + 2 (lane % 4) + e) times
 // scale, staged in the consumer's 64 rows of `tile` (kTileRows rows in 128-byte swizzled column
@@ -779,14 +794,8 @@ __device__ __forceinline__ void write_gradient_rows(int consumer, int warp, int 
   fence_proxy_async_shared();
   consumer_barrier<kBarrierGradientsStaged, true>(consumer, kWarpgroupThreads);
   if (threadIdx.x % kWarpgroupThreads != 0) return;
-  auto store = [&](const GradientRows<D>& g) {
-#pragma unroll
-    for (int block = 0; block < D / kSwizzleColumns; ++block)
-      tma_store_tile<BulkStore::kWrite>(
-          g.map, g.tile + block * column_block_bytes(kTileRows) + row0 * kSwizzleBytes,
-          block * kSwizzleColumns, g.head, g.row + row0, g.batch);
-  };
-  (store(rows), ...);
+  (store_staged_rows<D, kTileRows>(rows.map, rows.tile, row0, rows.head, rows.row, rows.batch),
+   ...);
   bulk_commit();
   bulk_wait_read<0>();
 }
@@ -819,11 +828,7 @@ __device__ __forceinline__ void write_output_rows_staged(const CUtensorMap* out_
   fence_proxy_async_shared();
   consumer_barrier<kBarrierGradientsStaged, true>(consumer, kWarpgroupThreads);
   if (threadIdx.x % kWarpgroupThreads != 0) return;
-#pragma unroll
-  for (int block = 0; block < D / kSwizzleColumns; ++block)
-    tma_store_tile<BulkStore::kWrite>(
-        out_map, tile + block * column_block_bytes(kTileRows) + consumer_row0 * kSwizzleBytes,
-        block * kSwizzleColumns, head, row0 + consumer_row0, batch);
+  store_staged_rows<D, kTileRows>(out_map, tile, consumer_row0, head, row0, batch);
   bulk_commit();
   bulk_wait_read<0>();
 }

@@ -491,7 +491,9 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   const CUtensorMap q_map = tensor_map(q, s.batch, s.q_len, s.n_heads, D, forward_block_rows(D));
   const CUtensorMap k_map = tensor_map(k, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
   const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
-  const CUtensorMap out_map = tensor_map(out, s.batch, s.q_len, s.n_heads, D, kRowsPerConsumer);
+  // Only the staged epilogue stores out through a map; q's stands in for it otherwise.
+  const CUtensorMap out_map =
+      kStagedOutput<D> ? tensor_map(out, s.batch, s.q_len, s.n_heads, D, kRowsPerConsumer) : q_map;
   const Params p = make_params(s);
   const QueryGrid grid = forward_grid<D>(s, p);
   kernel<<<grid.blocks, forward_threads(D), smem, stream>>>(out, lse, q_map, k_map, v_map, out_map,
@@ -518,10 +520,11 @@ void flash_attention_sm90_forward(bf16* out, float* lse, const bf16* q, const bf
 }
 
 int64_t flash_attention_sm90_forward_tail_blocks(const AttentionShape& s) {
-  if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return 0;
+  if (s.batch == 0 || s.q_len == 0 || s.kv_len == 0) return 0;  // no kernel runs
   const Params p = make_params(s);
-  return s.head_dim == 64 ? forward_grid<64>(s, p).tail_blocks
-                          : forward_grid<128>(s, p).tail_blocks;
+  if (s.head_dim == 64) return forward_grid<64>(s, p).tail_blocks;
+  if (s.head_dim == 128) return forward_grid<128>(s, p).tail_blocks;
+  fail("cuda flash attention sm90: head_dim ", s.head_dim, " is not supported (64 or 128)");
 }
 
 }  // namespace frugal::cuda
