@@ -21,8 +21,9 @@
 // folded in), O += P V with P in registers as bf16. S of the next tile is issued before P V of
 // this one, so the softmax of one tile overlaps the tensor cores' P V of the one before
 // (FlashAttention-3's intra-warpgroup pipelining), and likewise the next item's first S and softmax
-// overlap this item's last P V (at head dim 64 the next item's second S also runs through this
-// item's epilogue, and at 128 out leaves through shared memory and the copy engine); the producer
+// overlap this item's last P V, and the next item's second S runs through this item's epilogue
+// (at head dim 128 out leaves through shared memory and the copy engine, a warp's rows at a time,
+// with no barrier between the consumers); the producer
 // prefetches the next item's Q into L2; the consumers interleave too. On the diagonal, consumer
 // 0 at head dim 128 multiplies only the first half of its last tile, and at 64 a consumer leaves
 // out the last tiles none of its rows sees.

@@ -29,24 +29,14 @@ constexpr int forward_threads(int d) { return kWarpgroupThreads * (1 + forward_c
 constexpr int forward_consumer_registers(int d) {
   return forward_consumers(d) == 3 ? 160 : kConsumerRegisters;
 }
-// Whether the forward issues the next item's second S before it writes an item's out, so that
-// the epilogue runs in that product's shadow: at head dim 64, where it took the forwards 1-2 %
-// faster (H200: TinyLlama's shape 0.1855-0.1879 -> 0.1821-0.1864 ms, 8 x 32 heads x 2k
-// 0.369-0.373 -> 0.357-0.366; 8k the same); at 128 they went 3-6 % slower.
-template <int D>
-constexpr bool kOverlapEpilogue = D == 64;
-// The other epilogue, the head-dim-128 one: out leaves through shared memory and the copy engine
+// How out leaves at head dim 128: through shared memory and the copy engine
 // (write_output_rows_staged, staged in the item's last K tile once every consumer's last S has
 // read it) rather than in 4-byte stores from the registers, which took the forwards at 2k-4k
-// tokens 1-1.5 % faster (H200). At 64, staged in a buffer of its own while the next item's S_1
-// runs, the forwards went 12-15 % slower than with the quad stores (the stores' issuing thread
-// waits for them to read the buffer, and its warpgroup's products with it).
+// tokens 1-1.5 % faster (H200). At 64 the quad stores stay: staged in a buffer of their own, the
+// forwards went 12-15 % slower (the stores' issuing thread waited for them to read the buffer,
+// and its warpgroup's products with it).
 template <int D>
-constexpr bool kStagedOutput = !kOverlapEpilogue<D>;
-// The named barrier the consumers meet at before staging out: each has waited for its own last S
-// of the item, but the tile is free only once both have read all of it.
-constexpr int kBarrierLastKeysRead = 1;
-static_assert(kBarrierLastKeysRead + 1 < kBarrierGradientsStaged, "named barrier ids overlap");
+constexpr bool kStagedOutput = D == 128;
 // Whether the forward takes half tiles (below) on the diagonal: at head dim 128 only; at 64 they
 // measured slower (TinyLlama's forward 2-4 %), where S takes half as long and the kernel's code
 // grows by half.
@@ -327,7 +317,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
     accumulators_to_a<kBlockN>(pa, s);
   }
-  // The item's first step not yet taken (kOverlapEpilogue takes its step 0 across the boundary).
+  // The item's first step not yet taken (the epilogue takes the next item's step 0 in its shadow).
   int first_step = 0;
   while (it.w.n_tiles > 0) {
     const int my_tiles = it.n_mine();
@@ -387,6 +377,11 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         mbarrier_arrive(bars.empty(ring % kStages));
       }
     }
+    // kStagedOutput: out is staged in the item's last K tile, which is free once every consumer's
+    // last S of the item has read it: the event q_empty's phase for the item marks. Waited for
+    // before this consumer's first arrival for the next item (first_softmax), which could
+    // otherwise complete the next phase and hide this one's parity.
+    auto last_keys_read = [&] { mbarrier_wait(q_empty, (items & 1) ^ 1); };
     auto last_pv = [&](auto half_last) {
       if (next.w.n_tiles > 0) {
         take_q();
@@ -394,6 +389,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
           issue_scores(next, 0, half_first);
           issue_pv(it, my_tiles - 1, half_last);
           wgmma_wait<1>();  // the next S_0 has completed
+          if constexpr (kStagedOutput<D>) last_keys_read();
           scores_landed(half_first);
           first_softmax(next);
           wgmma_wait<0>();
@@ -405,6 +401,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       } else {
         issue_pv(it, my_tiles - 1, half_last);
         wgmma_wait<0>();
+        if constexpr (kStagedOutput<D>) last_keys_read();
       }
     };
     if (it.last_tile_half)
@@ -415,40 +412,35 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     pin_registers(pa);
     const int last_stage = (it.first_load + my_tiles - 1) % kStages;
     if constexpr (!kStagedOutput<D>) mbarrier_arrive(bars.empty(last_stage));
-    first_step = 0;
-    if constexpr (kOverlapEpilogue<D>) {
-      // When the next item has a second tile, its S_1 (s is free once P_0 is in pa) is issued
-      // before this item's out is written, and runs in the epilogue's shadow: the consumers reach
-      // the epilogue together, so the tensor cores would otherwise idle through it. The next
-      // item's first step is then finished here.
-      static_assert(!kForwardHalfTiles<D>, "S_1 is a full tile's product");
-      if (next.w.n_tiles > 0) accumulators_to_a<kBlockN>(pa, s);  // the next item's P_0
-      auto write_out = [&] {
+    // When the next item has a second tile, its S_1 (s is free once P_0 is in pa) is issued
+    // before this item's out is written, and runs in the epilogue's shadow: the consumers reach
+    // the epilogue together, so the tensor cores would otherwise idle through it. The next item's
+    // first step is then finished here. S_1 is issued as a full tile's product even where it is a
+    // half tile (the mask hides the second half's keys): a half tile's path here made ptxas
+    // serialize the wgmmas.
+    if (next.w.n_tiles > 0) accumulators_to_a<kBlockN>(pa, s);  // the next item's P_0
+    auto write_out = [&] {
+      if constexpr (kStagedOutput<D>) {  // the stage goes back once the stores have read its K tile
+        write_output_rows_staged<D, kBlockN>(
+            &out_map, k_tile(last_stage), it.w.h, it.w.q0, it.w.b, it.lse_head, consumer, warp,
+            lane, done_sum, done_max, p, [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
+        mbarrier_arrive(bars.empty(last_stage));
+      } else {
         write_output_rows_quad<D>(it.out_head, it.lse_head, it.row_a, lane, done_sum, done_max, p,
                                   [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
-#pragma unroll
-        for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
-      };
-      if (next.w.n_tiles > 0 && next.n_mine() > 1) {
-        issue_scores(next, 1, FullTile{});
-        write_out();
-        finish_step(next, 0, FullTile{});
-        after_step(next, 0);
-        first_step = 1;
-      } else {
-        write_out();
       }
-    } else {  // kStagedOutput: the stage goes back once the stores have read its K tile
-      named_barrier_sync(kBarrierLastKeysRead, kConsumerThreadCount);
-      write_output_rows_staged<D, kBlockN>(
-          &out_map, k_tile(last_stage), it.w.h, it.w.q0, it.w.b, it.lse_head, consumer, warp, lane,
-          done_sum, done_max, p, [&](int j, int r, int e) { return o[4 * j + 2 * r + e]; });
-      mbarrier_arrive(bars.empty(last_stage));
-      if (next.w.n_tiles > 0) {
 #pragma unroll
-        for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
-        accumulators_to_a<kBlockN>(pa, s);
-      }
+      for (int e = 0; e < D / 2; ++e) o[e] = 0.0f;
+    };
+    first_step = 0;
+    if (next.w.n_tiles > 0 && next.n_mine() > 1) {
+      issue_scores(next, 1, FullTile{});
+      write_out();
+      finish_step(next, 0, FullTile{});
+      after_step(next, 0);
+      first_step = 1;
+    } else {
+      write_out();
     }
     it = next;
   }
@@ -493,7 +485,7 @@ void forward_for(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16
   const CUtensorMap v_map = tensor_map(v, s.batch, s.kv_len, s.n_kv_heads, D, kFwdBlockN);
   // Only the staged epilogue stores out through a map; q's stands in for it otherwise.
   const CUtensorMap out_map =
-      kStagedOutput<D> ? tensor_map(out, s.batch, s.q_len, s.n_heads, D, kRowsPerConsumer) : q_map;
+      kStagedOutput<D> ? tensor_map(out, s.batch, s.q_len, s.n_heads, D, kRowsPerWarp) : q_map;
   const Params p = make_params(s);
   const QueryGrid grid = forward_grid<D>(s, p);
   kernel<<<grid.blocks, forward_threads(D), smem, stream>>>(out, lse, q_map, k_map, v_map, out_map,
