@@ -6,9 +6,12 @@ enable_gqa when kv heads < heads) on the same shape and layout ([B, S, H, D] ten
 [B, H, S, D]) and prints one JSON line with both figures and the ratios frugal / SDPA.
 With --check DUMP (bench_attention --dump; repeatable) it runs SDPA on frugal's inputs and
 prints, one line per dump, the max relative error, max |frugal - sdpa| / max |sdpa|, of
-frugal's out, dq, dk and dv.
+frugal's out, dq, dk and dv. Each timing line also says whether SDPA's gradients came out the
+same bits in two runs on the same inputs (frugal's backward is deterministic; its GPU tests
+check that). With --deterministic SDPA runs under torch.use_deterministic_algorithms(True),
+which takes its deterministic backend (cuDNN's backward is refused there as not deterministic).
 
-usage: torch_sdpa.py --frugal FRUGAL.jsonl [--check DUMP]... [--iters N]
+usage: torch_sdpa.py --frugal FRUGAL.jsonl [--check DUMP]... [--iters N] [--deterministic]
 """
 import argparse
 import json
@@ -61,7 +64,13 @@ def time_sdpa(b, h, kvh, s, d, iters):
         q.grad = k.grad = v.grad = None
         sdpa(q, k, v).backward(dout)
 
-    return median_ms(forward, iters), median_ms(forward_backward, iters)
+    def gradients():
+        forward_backward()
+        return [x.grad.clone() for x in (q, k, v)]
+
+    first, second = gradients(), gradients()
+    repeatable = all(torch.equal(a, b) for a, b in zip(first, second))
+    return median_ms(forward, iters), median_ms(forward_backward, iters), repeatable
 
 
 def check(path):
@@ -102,13 +111,16 @@ def main():
     parser.add_argument("--frugal", required=True)
     parser.add_argument("--check", action="append", default=[])
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--deterministic", action="store_true")
     args = parser.parse_args()
-    print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}))
+    torch.use_deterministic_algorithms(args.deterministic)
+    print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                      "sdpa_deterministic_algorithms": args.deterministic}))
     with open(args.frugal) as f:
         for line in f:
             fr = json.loads(line)
             b, h, kvh, s, d = (fr[x] for x in ("batch", "heads", "kv_heads", "seq", "head_dim"))
-            fwd_ms, fwdbwd_ms = time_sdpa(b, h, kvh, s, d, args.iters)
+            fwd_ms, fwdbwd_ms, repeatable = time_sdpa(b, h, kvh, s, d, args.iters)
             fwd_flop = 4.0 * b * h * s * s * d / 2
             sdpa_fwd = fwd_flop / fwd_ms * 1e-9
             sdpa_fwdbwd = 3.5 * fwd_flop / fwdbwd_ms * 1e-9
@@ -120,6 +132,7 @@ def main():
                 "frugal_fwdbwd_tflops": fr["fwdbwd_tflops"],
                 "sdpa_fwdbwd_tflops": round(sdpa_fwdbwd, 1),
                 "fwdbwd_ratio": round(fr["fwdbwd_tflops"] / sdpa_fwdbwd, 3),
+                "sdpa_grads_same_bits_twice": repeatable,
             }), flush=True)
     for dump in args.check:
         print(json.dumps(check(dump)), flush=True)
