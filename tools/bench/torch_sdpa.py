@@ -69,7 +69,7 @@ def time_sdpa(b, h, kvh, s, d, iters):
         return [x.grad.clone() for x in (q, k, v)]
 
     first, second = gradients(), gradients()
-    repeatable = all(torch.equal(a, b) for a, b in zip(first, second))
+    repeatable = all(torch.equal(x, y) for x, y in zip(first, second))
     return median_ms(forward, iters), median_ms(forward_backward, iters), repeatable
 
 
