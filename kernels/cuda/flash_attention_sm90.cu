@@ -35,8 +35,9 @@
 //     computes S^T = K Q^T and dP^T = V dO^T (at head dim 64 with its K and V rows held in
 //     registers), so P^T and dS^T are register A operands of dV += P^T dO and dK += dS^T Q. The
 //     block walks the 64-row query tiles its keys are seen by, upwards, every head of its group
-//     inner (GQA sums in registers). The producer warp also stages each tile's lse_log2 and Delta
-//     in shared memory.
+//     inner (GQA sums in registers), each tile's S^T issued right behind the tile before's dK
+//     (without the fused dQ). The producer warp also stages each tile's lse_log2 and Delta in
+//     shared memory.
 //  3. dQ, either in the same pass (Sm90DqSum::kFused; FlashAttention-3's design, made
 //     deterministic): the consumers store dS transposed in shared memory (stmatrix), compute
 //     the block's part of dQ = dS K (wgmma, both operands in shared memory; at head dim 128 each
