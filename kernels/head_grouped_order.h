@@ -46,23 +46,34 @@ struct HeadGroupedOrder {
   }
 };
 
-// When the last of `sms` SMs finishes if each takes the next item in `order` as it becomes free
-// (as the hardware hands out a grid's blocks), item costs by rank. In the same unit as the costs.
-inline double simulated_makespan(const HeadGroupedOrder& order,
-                                 const std::vector<double>& cost_of_rank, int sms) {
-  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
-  for (int s = 0; s < sms; ++s) free_at.push(0.0);
+// The hardware's hand-out of a grid's blocks: each item of `order` in turn goes to the SM that
+// frees first, the SMs free at `free_at` to begin with, rank r costing
+// cost_of_rank[first_rank + r] + block_start. When the last SM finishes (no earlier than the
+// latest of `free_at`).
+inline double handed_out_end(std::vector<double> free_at, const HeadGroupedOrder& order,
+                             const std::vector<double>& cost_of_rank, int first_rank = 0,
+                             double block_start = 0.0) {
   double end = 0.0;
+  for (double e : free_at) end = std::max(end, e);
+  std::priority_queue<double, std::vector<double>, std::greater<>> queue(std::greater<>{},
+                                                                         std::move(free_at));
   const int64_t items = int64_t{order.pairs} * order.items_per_pair;
   for (int64_t i = 0; i < items; ++i) {
     int pair = 0, rank = 0;
     order.at(static_cast<int>(i), pair, rank);
-    const double done = free_at.top() + cost_of_rank[rank];
-    free_at.pop();
-    free_at.push(done);
+    const double done = queue.top() + cost_of_rank[first_rank + rank] + block_start;
+    queue.pop();
+    queue.push(done);
     end = std::max(end, done);
   }
   return end;
+}
+
+// When the last of `sms` SMs finishes if each takes the next item in `order` as it becomes free
+// (as the hardware hands out a grid's blocks), item costs by rank. In the same unit as the costs.
+inline double simulated_makespan(const HeadGroupedOrder& order,
+                                 const std::vector<double>& cost_of_rank, int sms) {
+  return handed_out_end(std::vector<double>(static_cast<size_t>(sms), 0.0), order, cost_of_rank);
 }
 
 // The persistent walk (flash_attention_sm90.cuh's item_of_round): `blocks` blocks take the
@@ -93,23 +104,10 @@ inline double walk_then_tail_makespan(int pairs, const std::vector<double>& cost
   const int walked = items_per_pair - tail_ranks;
   const HeadGroupedOrder walk{pairs, walked, walk_group, tail_ranks};
   const int blocks = static_cast<int>(std::min<int64_t>(sms, int64_t{pairs} * walked));
-  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
-  double end = 0.0;
-  for (double e : walk_ends(walk, cost_of_rank, blocks)) {
-    free_at.push(e);
-    end = std::max(end, e);
-  }
-  for (int s = blocks; s < sms; ++s) free_at.push(0.0);
-  const HeadGroupedOrder tail{pairs, tail_ranks, pairs};
-  for (int64_t i = 0; i < int64_t{pairs} * tail_ranks; ++i) {
-    int pair = 0, rank = 0;
-    tail.at(static_cast<int>(i), pair, rank);
-    const double done = free_at.top() + cost_of_rank[walked + rank] + block_start;
-    free_at.pop();
-    free_at.push(done);
-    end = std::max(end, done);
-  }
-  return end;
+  std::vector<double> free_at = walk_ends(walk, cost_of_rank, blocks);
+  free_at.resize(static_cast<size_t>(sms), 0.0);  // the SMs no walker took
+  return handed_out_end(std::move(free_at), HeadGroupedOrder{pairs, tail_ranks, pairs},
+                        cost_of_rank, walked, block_start);
 }
 
 // How many of each pair's shortest items a persistent walk leaves to a tail of a block per item

@@ -143,6 +143,12 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v;
 }
 
+// A row's lse = max * scale + log(sum) from its completed sum and kept maximum; -inf for a row
+// that saw no key (sum 0).
+__device__ __forceinline__ float lse_of_row(float sum, float row_max, const Params& p) {
+  return sum > 0.0f ? row_max * p.scale + logf(sum) : -INFINITY;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -186,7 +192,7 @@ __device__ __forceinline__ void write_output_rows(__nv_bfloat16* out_head, float
     for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<__nv_bfloat162*>(out_head + row * p.q_stride + j * 8 + (lane % 4) * 2) =
           __floats2bfloat162_rn(o_at(j, r, 0) * inv, o_at(j, r, 1) * inv);
-    if (lane % 4 == 0) lse_head[row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+    if (lane % 4 == 0) lse_head[row] = lse_of_row(sum, row_max[r], p);
   }
 }
 
@@ -207,7 +213,7 @@ __device__ __forceinline__ void write_output_rows_quad(__nv_bfloat16* out_head, 
   for (int r = 0; r < 2; ++r) {
     const float sum = quad_sum(row_sum[r]);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    lse[r] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+    lse[r] = lse_of_row(sum, row_max[r], p);
 #pragma unroll
     for (int g = 0; g < D / 32; ++g) {
       // Lane q starts with 2 of every 8 columns of groups 4 g .. 4 g + 3; two rounds of shuffles

@@ -786,9 +786,10 @@ __device__ __forceinline__ void write_gradient_rows(int consumer, int warp, int 
   auto stage = [&](const GradientRows<D>& g) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      stage_row_pairs<D, kTileRows>(g.tile, row0 + warp * 16 + lane / 4 + 8 * r, lane, [&](int j) {
-        return pack_bf16(g.scale * g.acc[4 * j + 2 * r], g.scale * g.acc[4 * j + 2 * r + 1]);
-      });
+      stage_row_pairs<D, kTileRows>(
+          g.tile, row0 + warp * kRowsPerWarp + lane / 4 + 8 * r, lane, [&](int j) {
+            return pack_bf16(g.scale * g.acc[4 * j + 2 * r], g.scale * g.acc[4 * j + 2 * r + 1]);
+          });
   };
   (stage(rows), ...);
   fence_proxy_async_shared();
@@ -825,7 +826,7 @@ __device__ __forceinline__ void write_output_rows_staged(const CUtensorMap* out_
       return pack_bf16(o_at(j, r, 0) * inv, o_at(j, r, 1) * inv);
     });
     if (lane % 4 == 0 && row0 + row < p.q_len)
-      lse_head[row0 + row] = sum > 0.0f ? row_max[r] * p.scale + logf(sum) : -INFINITY;
+      lse_head[row0 + row] = lse_of_row(sum, row_max[r], p);
   }
   fence_proxy_async_shared();
   __syncwarp();

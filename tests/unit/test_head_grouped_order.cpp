@@ -42,6 +42,13 @@ double makespan_by_scan(int pairs, int items_per_pair, int group, const std::vec
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
+// Item costs by rank for the randomized cases: 1 to 17 each, drawn from rng.
+std::vector<double> random_costs(std::mt19937& rng, int items) {
+  std::vector<double> cost;
+  for (int r = 0; r < items; ++r) cost.push_back(1.0 + static_cast<double>(rng() % 17));
+  return cost;
+}
+
 std::vector<double> costs_of(const std::vector<int>& tiles) {
   std::vector<double> cost;
   for (int t : tiles) cost.push_back(t + 1.0);
@@ -127,8 +134,7 @@ TEST_CASE("the simulated hand-out agrees with a scan over the SMs") {
   for (int trial = 0; trial < 40; ++trial) {
     const int pairs = 1 + static_cast<int>(rng() % 40), items = 1 + static_cast<int>(rng() % 20);
     const int group = 1 + static_cast<int>(rng() % pairs), sms = 1 + static_cast<int>(rng() % 50);
-    std::vector<double> cost;
-    for (int r = 0; r < items; ++r) cost.push_back(1.0 + static_cast<double>(rng() % 17));
+    const std::vector<double> cost = random_costs(rng, items);
     INFO("pairs " << pairs << " items " << items << " group " << group << " sms " << sms);
     CHECK(simulated_makespan({pairs, items, group}, cost, sms) ==
           Approx(makespan_by_scan(pairs, items, group, cost, sms)));
@@ -216,8 +222,7 @@ TEST_CASE("the simulated walk and tail agree with a block-by-block walk and a sc
     const int group = 1 + static_cast<int>(rng() % pairs), sms = 1 + static_cast<int>(rng() % 50);
     const int tail = static_cast<int>(rng() % items);
     const double start = 0.25 * static_cast<double>(rng() % 5);
-    std::vector<double> cost;
-    for (int r = 0; r < items; ++r) cost.push_back(1.0 + static_cast<double>(rng() % 17));
+    const std::vector<double> cost = random_costs(rng, items);
     INFO("pairs " << pairs << " items " << items << " group " << group << " sms " << sms << " tail "
                   << tail << " start " << start);
     const HeadGroupedOrder whole{pairs, items, group};
