@@ -16,8 +16,13 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "data/chat_template.h"
+#include "data/corpus.h"
+#include "data/document_tokens.h"
+#include "data/sampler.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "data/train_on.h"
 #include "model/hf_model.h"
 #include "model/llama_model.h"
 #include "quant/quantized_parameters.h"
@@ -69,8 +74,10 @@ InferenceModel load_inference_model(const std::string& command, const std::strin
 namespace {
 
 struct EvalOptions {
-  std::string hf_dir, ckpt_path, tokens_path, text_path, token_file_path, tokenizer_path,
-      logits_path;
+  std::string hf_dir, ckpt_path, tokens_path, text_path, token_file_path, data_path, tokenizer_path,
+      logits_path, chat_template_path;
+  std::string train_on = "auto";
+  std::string format = "jsonl";
   std::string quant = "none";
   std::string device = "auto";
   std::string gpu_mem_limit = "0";
@@ -80,22 +87,79 @@ struct EvalOptions {
   bool timing = false;
 };
 
+// Sequences to evaluate: their ids and, where only some targets count (instruction and chat
+// data), whether the target of each position (the next id) does.
+struct EvalLines {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<bool>> counted;  // empty: every target counts
+  std::string train_on;                    // the mode that chose them, when it did
+};
+
+// `roles[j + 1]` decides target j of a sequence of n ids.
+std::vector<bool> counted_targets_of(const TokenRole* roles, size_t n, TrainedRoles trained) {
+  std::vector<bool> counted(n, false);
+  for (size_t j = 0; j + 1 < n; ++j) counted[j] = (trained >> uint8_t(roles[j + 1])) & 1u;
+  return counted;
+}
+
 // Consecutive, non-overlapping sequences of seq_len ids from the start of a token file (the
 // documents' bos and eos included, as training reads them); at most `max_sequences` (0: all).
-std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64_t seq_len,
-                                                  int64_t max_sequences) {
+// The targets data.train_on's `mode` trains count, as in training.
+EvalLines read_token_file(const std::string& path, int64_t seq_len, int64_t max_sequences,
+                          TrainOn mode) {
   if (seq_len < 2) fail("eval: --token-file needs --seq-len N with N >= 2");
   TokenFile file(path);
   const TokenView view = file.view();
-  std::vector<std::vector<int32_t>> lines;
+  const TrainedRoles trained = trained_roles(mode, file.header().content, path);
+  const bool masked = file.roles() && trained != kEveryRole;
+  EvalLines lines;
+  if (masked) lines.train_on = std::string(enum_name(mode));
   for (uint64_t begin = 0; begin + uint64_t(seq_len) <= view.size; begin += uint64_t(seq_len)) {
-    if (max_sequences > 0 && int64_t(lines.size()) == max_sequences) break;
+    if (max_sequences > 0 && int64_t(lines.ids.size()) == max_sequences) break;
     std::vector<int32_t> ids(static_cast<size_t>(seq_len));
     view.copy(begin, uint64_t(seq_len), ids.data());
-    lines.push_back(std::move(ids));
+    lines.ids.push_back(std::move(ids));
+    if (masked)
+      lines.counted.push_back(counted_targets_of(file.roles() + begin, size_t(seq_len), trained));
   }
-  if (lines.empty())
+  if (lines.ids.empty())
     fail("eval: '", path, "' holds ", view.size, " tokens, fewer than one sequence of ", seq_len);
+  return lines;
+}
+
+// One sequence per document of a corpus file (instruction or chat records, or text), encoded as
+// `frugal prepare` encodes it, with the targets `mode` trains.
+EvalLines read_data_file(const std::string& path, CorpusFormat format, TrainOn mode,
+                         const std::string& tokenizer_path, const std::string& template_path,
+                         int32_t model_eos) {
+  CorpusOptions options;
+  options.format = format;
+  const Corpus corpus = read_corpus({path}, options);
+  if (corpus.documents.empty()) fail("eval: '", path, "' holds no document");
+  const Tokenizer tokenizer(tokenizer_path);
+  std::optional<ChatTemplate> chat;
+  if (corpus.content() & content_bit(DocumentContent::chat)) {
+    const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
+    chat = find_chat_template(tokenizer_path, template_path,
+                              bos >= 0 ? tokenizer.piece(bos) : std::string(),
+                              tokenizer.piece(eos >= 0 ? eos : model_eos));
+    if (!chat)
+      fail("eval: '", path, "' holds conversations, and tokenizer '", tokenizer_path,
+           "' has no chat template beside it: give --chat-template FILE");
+  }
+  const TrainedRoles trained = trained_roles(mode, corpus.content(), path);
+  const DocumentEncoder encoder(tokenizer, chat ? &*chat : nullptr);
+  EvalLines lines;
+  const bool masked =
+      corpus.content() != content_bit(DocumentContent::text) && trained != kEveryRole;
+  if (masked) lines.train_on = std::string(enum_name(mode));
+  for (const CorpusDocument& doc : corpus.documents) {
+    TokenizedDocument encoded = encoder.encode(doc);
+    if (masked)
+      lines.counted.push_back(
+          counted_targets_of(encoded.roles.data(), encoded.ids.size(), trained));
+    lines.ids.push_back(std::move(encoded.ids));
+  }
   return lines;
 }
 
@@ -154,6 +218,18 @@ int cmd_eval(const std::vector<std::string>& args) {
       ("token-file", po::value<std::string>(&opt.token_file_path)->value_name("FILE"),
        "a token file of `frugal prepare` (e.g. DIR/val.tok), cut into consecutive sequences "
        "of --seq-len ids")
+      ("data", po::value<std::string>(&opt.data_path)->value_name("FILE"),
+       "a file of JSON records (chat, instruction or text, as `frugal prepare` reads them): "
+       "each document one sequence, encoded as prepare does (conversations with the model's "
+       "chat template)")
+      ("format", po::value<std::string>(&opt.format)->default_value(opt.format)->value_name("F"),
+       "with --data: jsonl (the first record tells), messages, sharegpt, alpaca, completion")
+      ("train-on", po::value<std::string>(&opt.train_on)->default_value(opt.train_on)
+           ->value_name("MODE"),
+       "with --token-file or --data: the targets that count, as data.train_on in training: "
+       "auto, all, assistant, last_turn, completion")
+      ("chat-template", po::value<std::string>(&opt.chat_template_path)->value_name("FILE"),
+       "with --data: this Jinja template instead of the tokenizer's own")
       ("seq-len", po::value<int64_t>(&opt.seq_len)->value_name("N"),
        "with --token-file: tokens per sequence")
       ("max-sequences", po::value<int64_t>(&opt.max_sequences)->value_name("K"),
@@ -188,11 +264,15 @@ int cmd_eval(const std::vector<std::string>& args) {
   if (vm.count("help")) {
     std::cout
         << "usage: frugal eval (--hf-model DIR | --ckpt DIR)\n"
-           "         (--tokens FILE | --text FILE | --token-file FILE --seq-len N)\n\n"
+           "         (--tokens FILE | --text FILE | --token-file FILE --seq-len N |\n"
+           "          --data FILE)\n\n"
            "Prints one JSON line {\"loss\": L, \"tokens\": N}: L is the mean next-token\n"
            "cross-entropy (natural log) over all N predicted positions, every position\n"
            "of a line but the first predicting the next id, as transformers' loss with\n"
-           "labels = input_ids. Lines are run one at a time, each from position 0; a\n"
+           "labels = input_ids. For instruction and chat data (a token file that records\n"
+           "replies, or --data) only the targets --train-on selects count, as in training\n"
+           "(transformers' labels -100 elsewhere), and the line says \"train_on\".\n"
+           "Lines are run one at a time, each from position 0; a\n"
            "line longer than the model's context is an error. With --bucket-tokens W the\n"
            "line also holds \"buckets\": [{\"first\", \"last\", \"loss\", \"tokens\"}...],\n"
            "the loss of the predictions made at positions first..last.\n\n"
@@ -203,13 +283,19 @@ int cmd_eval(const std::vector<std::string>& args) {
     return 0;
   }
   if (int(!opt.tokens_path.empty()) + int(!opt.text_path.empty()) +
-          int(!opt.token_file_path.empty()) !=
+          int(!opt.token_file_path.empty()) + int(!opt.data_path.empty()) !=
       1)
     fail(
-        "eval: give exactly one of --tokens FILE, --text FILE or --token-file FILE (see "
-        "'frugal eval --help')");
-  for (const std::string* p :
-       {&opt.tokens_path, &opt.text_path, &opt.token_file_path, &opt.tokenizer_path})
+        "eval: give exactly one of --tokens FILE, --text FILE, --token-file FILE or --data FILE "
+        "(see 'frugal eval --help')");
+  const std::optional<TrainOn> train_on = enum_from_name<TrainOn>(opt.train_on);
+  if (!train_on)
+    fail("eval: --train-on '", opt.train_on, "' is not one of: ", enum_name_list<TrainOn>());
+  const std::optional<CorpusFormat> data_format = enum_from_name<CorpusFormat>(opt.format);
+  if (!data_format)
+    fail("eval: --format '", opt.format, "' is not one of: ", enum_name_list<CorpusFormat>());
+  for (const std::string* p : {&opt.tokens_path, &opt.text_path, &opt.token_file_path,
+                               &opt.data_path, &opt.tokenizer_path, &opt.chat_template_path})
     if (!p->empty() && !fs::is_regular_file(*p)) fail("eval: '", *p, "' does not exist");
   if (opt.bucket_tokens < 0) fail("eval: --bucket-tokens ", opt.bucket_tokens, " must be > 0");
 
@@ -224,13 +310,22 @@ int cmd_eval(const std::vector<std::string>& args) {
   Comm& world = model.world();
   if (!opt.logits_path.empty() && world.size() > 1)
     fail("eval: --logits-out runs on one rank, not ", world.size());
-  std::vector<std::vector<int32_t>> lines;
+  EvalLines eval_lines;
   std::string input = opt.tokens_path;
   if (!opt.tokens_path.empty()) {
-    lines = read_token_lines(opt.tokens_path);
+    eval_lines.ids = read_token_lines(opt.tokens_path);
   } else if (!opt.token_file_path.empty()) {
     input = opt.token_file_path;
-    lines = read_token_file(opt.token_file_path, opt.seq_len, opt.max_sequences);
+    eval_lines = read_token_file(opt.token_file_path, opt.seq_len, opt.max_sequences, *train_on);
+  } else if (!opt.data_path.empty()) {
+    input = opt.data_path;
+    const std::string tokenizer_path =
+        opt.tokenizer_path.empty() ? model.tokenizer_path() : opt.tokenizer_path;
+    if (tokenizer_path.empty())
+      fail("eval: --data needs a tokenizer, and ", model.source(),
+           " has no tokenizer.model or tokenizer.json: pass --tokenizer PATH");
+    eval_lines = read_data_file(opt.data_path, *data_format, *train_on, tokenizer_path,
+                                opt.chat_template_path, model.eos_id());
   } else {
     input = opt.text_path;
     const std::string tokenizer_path =
@@ -245,8 +340,10 @@ int cmd_eval(const std::vector<std::string>& args) {
     const int32_t bos = !tokenizer.prepends_bos() ? -1
                         : tokenizer.bos_id() >= 0 ? tokenizer.bos_id()
                                                   : model.bos_id();
-    lines = read_text_lines(opt.text_path, tokenizer, bos);
+    eval_lines.ids = read_text_lines(opt.text_path, tokenizer, bos);
   }
+  const std::vector<std::vector<int32_t>>& lines = eval_lines.ids;
+  const std::vector<std::vector<bool>>& counted = eval_lines.counted;
   if (lines.empty()) fail("eval: '", input, "' holds no sequences");
   int64_t longest = 0;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -286,7 +383,11 @@ int cmd_eval(const std::vector<std::string>& args) {
     }
     const std::vector<int32_t>& ids = lines[static_cast<size_t>(i)];
     const auto n = static_cast<int64_t>(ids.size());
-    const Batch b = next_token_batch(ids);
+    Batch b = next_token_batch(ids);
+    if (!counted.empty())
+      for (int64_t j = 0; j < n; ++j)
+        if (!counted[static_cast<size_t>(i)][static_cast<size_t>(j)])
+          b.targets.data<int32_t>()[j] = kIgnoreTarget;
     if (logits_out.is_open()) {
       Tensor logits = llama.forward_logits(b, model.params());
       logits_out.write(static_cast<const char*>(logits.raw()),
@@ -316,24 +417,29 @@ int cmd_eval(const std::vector<std::string>& args) {
       const double v = line_bucket_sums[static_cast<size_t>(i * buckets + k)];
       loss_sum += v;
       bucket_sum[static_cast<size_t>(k)] += v;
-      // Positions 0 .. n - 2 predict; the last reads the end of the line.
-      bucket_count[static_cast<size_t>(k)] +=
-          std::max<int64_t>(0, std::min(n - 1, (k + 1) * width) - k * width);
+      // Positions 0 .. n - 2 predict (those whose target counts); the last reads the end.
+      int64_t in_bucket = 0;
+      for (int64_t j = k * width; j < std::min(n - 1, (k + 1) * width); ++j)
+        in_bucket += counted.empty() || counted[static_cast<size_t>(i)][static_cast<size_t>(j)];
+      bucket_count[static_cast<size_t>(k)] += in_bucket;
+      predicted += in_bucket;
     }
-    predicted += std::max<int64_t>(0, n - 1);
   }
   if (logits_out.is_open()) {
     logits_out.close();
     if (!logits_out) fail("eval: writing '", opt.logits_path, "' failed");
   }
   if (predicted == 0)
-    fail("eval: '", input, "' has no position to predict: every sequence has one token");
+    fail("eval: '", input, "' has no position to predict: ",
+         counted.empty() ? "every sequence has one token"
+                         : "every target is masked (--train-on " + eval_lines.train_on + ")");
   const double loss = loss_sum / static_cast<double>(predicted);
   // JSON has no NaN: it would print as null with exit 0, as if all were well.
   if (!std::isfinite(loss))
     fail("eval: the loss of ", model.source(), " on '", input, "' is ", loss,
          " (its weights overflow the forward pass, or are not finite)");
   nlohmann::ordered_json result = {{"loss", loss}, {"tokens", predicted}};
+  if (!eval_lines.train_on.empty()) result["train_on"] = eval_lines.train_on;
   if (opt.timing) {
     int64_t line_tokens = 0;
     for (const auto& ids : lines) line_tokens += static_cast<int64_t>(ids.size());

@@ -3,11 +3,16 @@
 // (weights sharded over them as in training; every rank runs the same sequence).
 #include <boost/program_options.hpp>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "data/chat_template.h"
+#include "data/records.h"
 #include "data/text_stream.h"
 #include "data/tokenizer.h"
 #include "model/kv_cache.h"
@@ -25,6 +30,8 @@ namespace {
 
 struct GenerateOptions {
   std::string hf_dir, ckpt_path, prompt, prompt_ids, tokenizer_path;
+  std::string system, messages_path, chat_template_path;
+  bool chat = false;
   std::string device = "auto", gpu_mem_limit = "0", quant = "none";
   int64_t max_new_tokens = 32;
   float temperature = 0;
@@ -35,6 +42,33 @@ struct GenerateOptions {
   bool ignore_eos = false;
   bool no_cache = false;
 };
+
+// The conversation to answer: --messages FILE ({"messages": [...]}, or the list alone), or
+// --system and --prompt.
+Conversation chat_messages(const GenerateOptions& opt) {
+  Conversation messages;
+  if (!opt.messages_path.empty()) {
+    std::ifstream in(opt.messages_path, std::ios::binary);
+    if (!in) fail("generate: cannot read --messages '", opt.messages_path, "'");
+    std::ostringstream text;
+    text << in.rdbuf();
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::exception& e) {
+      fail("generate: --messages '", opt.messages_path, "' is not valid JSON: ", e.what());
+    }
+    if (record.is_array()) record = {{"messages", record}};
+    messages = document_from_record(record, RecordFormat::messages, opt.messages_path).conversation;
+  } else {
+    if (!opt.system.empty()) messages.push_back({ChatRole::system, opt.system});
+    messages.push_back({ChatRole::user, opt.prompt});
+  }
+  if (messages.back().role == ChatRole::assistant)
+    fail("generate: the conversation ends with an assistant turn: its last message must be the ",
+         "user's, for the model to answer");
+  return messages;
+}
 
 }  // namespace
 
@@ -49,7 +83,18 @@ int cmd_generate(const std::vector<std::string>& args) {
       ("ckpt", po::value<std::string>(&opt.ckpt_path)->value_name("DIR"),
        "a frugal run directory, its ckpt/ directory, or one step directory")
       ("prompt", po::value<std::string>(&opt.prompt)->value_name("TEXT"),
-       "the prompt, encoded with the tokenizer as bos + ids")
+       "the prompt, encoded with the tokenizer as bos + ids; with --chat, the user's message")
+      ("chat", po::bool_switch(&opt.chat),
+       "chat: render the conversation (--system and --prompt, or --messages) with the model's "
+       "chat template and its generation prompt, stop at the model's end-of-turn ids "
+       "(generation_config.json's eos_token_id), print the reply alone")
+      ("system", po::value<std::string>(&opt.system)->value_name("TEXT"),
+       "with --chat: a system message before the prompt")
+      ("messages", po::value<std::string>(&opt.messages_path)->value_name("FILE"),
+       "with --chat: the conversation so far, a JSON file {\"messages\": [{\"role\", "
+       "\"content\"}...]} ending with the user's message (instead of --prompt)")
+      ("chat-template", po::value<std::string>(&opt.chat_template_path)->value_name("FILE"),
+       "with --chat: this Jinja template instead of the tokenizer's own")
       ("prompt-ids", po::value<std::string>(&opt.prompt_ids)->value_name("\"IDS\""),
        "the prompt as whitespace-separated token ids, used as given (no bos added)")
       ("max-new-tokens", po::value<int64_t>(&opt.max_new_tokens)->default_value(opt.max_new_tokens)
@@ -89,19 +134,30 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
   if (vm.count("help")) {
     std::cout << "usage: frugal generate (--hf-model DIR | --ckpt DIR)\n"
-                 "         (--prompt TEXT | --prompt-ids \"IDS\") [options]\n\n"
+                 "         (--prompt TEXT | --prompt-ids \"IDS\" | --chat (--prompt TEXT |\n"
+                 "          --messages FILE)) [options]\n\n"
                  "Prints the prompt and its continuation: the text, or with --ids the token\n"
-                 "ids on one line. Greedy unless --temperature is given; stops at eos or after\n"
-                 "--max-new-tokens. Sequences longer than the model's context keep their\n"
-                 "last context-length tokens. Under mpirun the weights are sharded over the\n"
-                 "ranks as in training, every rank takes rank 0's tokens, and rank 0 prints.\n\n"
+                 "ids on one line. With --chat, the model's reply alone: the conversation is\n"
+                 "rendered with the model's chat template and its generation prompt, and the\n"
+                 "reply stops at any of the model's end-of-turn ids. Greedy unless\n"
+                 "--temperature is given; stops at eos or after --max-new-tokens. Sequences\n"
+                 "longer than the model's context keep their last context-length tokens.\n"
+                 "Under mpirun the weights are sharded over the ranks as in training, every\n"
+                 "rank takes rank 0's tokens, and rank 0 prints.\n\n"
               << named << "\n";
     return 0;
   }
-  if (vm.count("prompt") == vm.count("prompt-ids"))
+  if (!opt.messages_path.empty() || !opt.system.empty() || !opt.chat_template_path.empty())
+    if (!opt.chat) fail("generate: --messages, --system and --chat-template go with --chat");
+  if (opt.chat) {
+    if (vm.count("prompt-ids")) fail("generate: --chat takes --prompt TEXT or --messages FILE");
+    if (vm.count("prompt") == !opt.messages_path.empty())
+      fail("generate: with --chat give exactly one of --prompt TEXT or --messages FILE");
+  } else if (vm.count("prompt") == vm.count("prompt-ids")) {
     fail(
         "generate: give exactly one of --prompt TEXT or --prompt-ids \"IDS\" (see 'frugal "
         "generate --help')");
+  }
   if (opt.max_new_tokens < 0)
     fail("generate: --max-new-tokens ", opt.max_new_tokens, " must be >= 0");
   if (!(opt.temperature >= 0)) fail("generate: --temperature ", opt.temperature, " must be >= 0");
@@ -127,13 +183,29 @@ int cmd_generate(const std::vector<std::string>& args) {
       fail("generate: tokenizer '", tokenizer_path, "' has ", tokenizer->vocab_size(),
            " pieces, more than the model's vocab_size ", c.vocab_size);
   }
-  if (!tokenizer && (vm.count("prompt") || !opt.print_ids))
+  if (!tokenizer && (vm.count("prompt") || opt.chat || !opt.print_ids))
     fail("generate: ", model.source(), " has no tokenizer.model or tokenizer.json, needed for ",
-         vm.count("prompt") ? "--prompt" : "printing text",
+         opt.chat             ? "--chat"
+         : vm.count("prompt") ? "--prompt"
+                              : "printing text",
          ": pass --tokenizer PATH, or use --prompt-ids and --ids");
 
   std::vector<int32_t> prompt;
-  if (vm.count("prompt")) {
+  std::vector<int32_t> stop_tokens;
+  if (!opt.ignore_eos) stop_tokens = {model.eos_id()};
+  if (opt.chat) {
+    const Conversation messages = chat_messages(opt);
+    const int32_t bos = tokenizer->bos_id();
+    const std::optional<ChatTemplate> chat = find_chat_template(
+        tokenizer_path, opt.chat_template_path, bos >= 0 ? tokenizer->piece(bos) : std::string(),
+        tokenizer->piece(tokenizer->eos_id() >= 0 ? tokenizer->eos_id() : model.eos_id()));
+    if (!chat)
+      fail("generate: --chat needs a chat template, and tokenizer '", tokenizer_path,
+           "' has none beside it (tokenizer_config.json's chat_template, chat_template.jinja): ",
+           "give --chat-template FILE");
+    prompt = tokenizer->encode_template_output(chat->render(messages, true)).ids;
+    if (!opt.ignore_eos) stop_tokens = reply_end_ids(tokenizer_path, model.eos_id());
+  } else if (vm.count("prompt")) {
     if (!opt.no_bos && tokenizer->prepends_bos())
       prompt.push_back(tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : model.bos_id());
     const std::vector<int32_t> ids = tokenizer->encode(opt.prompt);
@@ -152,15 +224,17 @@ int cmd_generate(const std::vector<std::string>& args) {
   sampling.temperature = opt.temperature;
   sampling.top_p = opt.top_p;
   sampling.seed = opt.seed;
-  sampling.stop_token = opt.ignore_eos ? -1 : model.eos_id();
+  sampling.stop_tokens = stop_tokens;
   Comm& world = model.world();
   // Ranks take rank 0's token (ids are >= 0, the others offer -1).
   if (world.size() > 1)
     sampling.agree = [&world](int32_t token) {
       return static_cast<int32_t>(world.all_reduce_max(world.rank() == 0 ? token : -1));
     };
-  // Rank 0 prints the sequence as it grows: the prompt, then each token as it is chosen.
-  TextStream text([&](const std::vector<int32_t>& ids) { return tokenizer->decode(ids); }, prompt);
+  // Rank 0 prints the sequence as it grows: the prompt (not a chat's rendered conversation),
+  // then each token as it is chosen.
+  TextStream text([&](const std::vector<int32_t>& ids) { return tokenizer->decode(ids); },
+                  opt.chat ? std::vector<int32_t>{} : prompt);
   std::vector<int32_t> streamed = prompt;  // --ids
   if (world.rank() == 0) {
     if (opt.print_ids)
@@ -185,8 +259,9 @@ int cmd_generate(const std::vector<std::string>& args) {
     tokens = generate_cached(c, model.params(), prompt, sampling);
   }
   if (world.rank() != 0) return 0;
-  FRUGAL_CHECK((opt.print_ids ? streamed : text.tokens()) == tokens,
-               "generate: the printed tokens differ from the sequence");
+  std::vector<int32_t> printed = opt.print_ids ? streamed : text.tokens();
+  if (opt.chat && !opt.print_ids) printed.insert(printed.begin(), prompt.begin(), prompt.end());
+  FRUGAL_CHECK(printed == tokens, "generate: the printed tokens differ from the sequence");
   if (!opt.print_ids) std::cout << text.finish();
   std::cout << std::endl;
   return 0;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -14,28 +15,6 @@ namespace frugal {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-CorpusFormat corpus_format_from_name(const std::string& name) {
-  if (name == "auto") return CorpusFormat::auto_detect;
-  if (name == "text") return CorpusFormat::text;
-  if (name == "fortune") return CorpusFormat::fortune;
-  if (name == "jsonl") return CorpusFormat::jsonl;
-  fail("corpus format '", name, "' is not one of: auto, text, fortune, jsonl");
-}
-
-std::string corpus_format_name(CorpusFormat format) {
-  switch (format) {
-    case CorpusFormat::auto_detect:
-      return "auto";
-    case CorpusFormat::text:
-      return "text";
-    case CorpusFormat::fortune:
-      return "fortune";
-    case CorpusFormat::jsonl:
-      return "jsonl";
-  }
-  return "?";
-}
 
 bool is_valid_utf8(std::string_view text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
@@ -131,37 +110,74 @@ bool ends_with(const std::string& s, std::string_view suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string string_field(const json& record, const char* key, const std::string& where) {
-  auto it = record.find(key);
-  if (it == record.end() || it->is_null()) return "";
-  if (!it->is_string()) fail(where, ": field '", key, "' is not a string");
-  return it->get<std::string>();
-}
-
-std::string document_from_record(const json& record, const std::string& where) {
-  if (!record.is_object()) fail(where, ": expected a JSON object, got ", record.type_name());
-  if (record.contains("text")) return string_field(record, "text", where);
-  if (record.contains("instruction") && record.contains("output")) {
-    return alpaca_prompt(string_field(record, "instruction", where),
-                         string_field(record, "input", where)) +
-           string_field(record, "output", where);
-  }
-  fail(where, ": expected a \"text\" field, or \"instruction\" and \"output\" fields");
-}
-
-void add_document(std::string doc, Corpus& corpus) {
-  if (is_blank(doc)) {
+void add_document(CorpusDocument doc, Corpus& corpus) {
+  if (doc.content == DocumentContent::text && is_blank(doc.text)) {
     ++corpus.stats.skipped_empty;
     return;
   }
-  if (!is_valid_utf8(doc)) {
+  // Records were valid JSON, hence UTF-8; text files are checked here.
+  if (doc.content == DocumentContent::text && !is_valid_utf8(doc.text)) {
     ++corpus.stats.skipped_invalid_utf8;
     return;
   }
-  corpus.stats.bytes += static_cast<int64_t>(doc.size());
+  corpus.stats.bytes += static_cast<int64_t>(doc.plain_text().size());
   ++corpus.stats.documents;
   corpus.documents.push_back(std::move(doc));
 }
+
+// The record format of a file, when the corpus format names one.
+std::optional<RecordFormat> named_record_format(CorpusFormat format) {
+  switch (format) {
+    case CorpusFormat::messages:
+      return RecordFormat::messages;
+    case CorpusFormat::sharegpt:
+      return RecordFormat::sharegpt;
+    case CorpusFormat::alpaca:
+      return RecordFormat::alpaca;
+    case CorpusFormat::completion:
+      return RecordFormat::completion;
+    default:
+      return std::nullopt;
+  }
+}
+
+bool is_record_format(CorpusFormat format) {
+  return format == CorpusFormat::jsonl || named_record_format(format).has_value();
+}
+
+// Reads records one at a time, each a JSON text: the file's record format is the named one, or
+// the first record's (jsonl), and every record must be of it.
+class RecordReader {
+ public:
+  explicit RecordReader(CorpusFormat format) : format_(named_record_format(format)) {}
+
+  CorpusDocument read(std::string_view text, const std::string& where) {
+    json record;
+    try {
+      record = json::parse(text);
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
+      fail(where, ": invalid JSON (", e.what(), ")");
+    }
+    if (!record.is_object()) fail(where, ": expected a JSON object, got ", record.type_name());
+    const std::optional<RecordFormat> detected = detect_record_format(record);
+    if (!format_) {
+      if (!detected)
+        fail(where, ": the record has none of the fields that tell its format: \"messages\", ",
+             "\"conversations\", \"prompt\" and \"completion\", \"instruction\" and \"output\", ",
+             "\"text\"");
+      format_ = detected;
+      told_by_ = where;
+    } else if (!told_by_.empty() && detected && *detected != *format_) {
+      fail(where, ": a ", enum_name(*detected), " record in a file of ", enum_name(*format_),
+           " records (told by ", told_by_, "); give --format to read every record as one format");
+    }
+    return document_from_record(record, *format_, where);
+  }
+
+ private:
+  std::optional<RecordFormat> format_;
+  std::string told_by_;  // where the format was told, when the first record told it
+};
 
 }  // namespace
 
@@ -190,37 +206,30 @@ std::vector<std::string> split_fortunes(std::string_view text) {
   return docs;
 }
 
-std::string alpaca_prompt(const std::string& instruction, const std::string& input) {
-  if (input.empty())
-    return "Below is an instruction that describes a task. Write a response that "
-           "appropriately completes the request.\n\n### Instruction:\n" +
-           instruction + "\n\n### Response:\n";
-  return "Below is an instruction that describes a task, paired with an input that provides "
-         "further context. Write a response that appropriately completes the request.\n\n"
-         "### Instruction:\n" +
-         instruction + "\n\n### Input:\n" + input + "\n\n### Response:\n";
-}
-
-std::vector<std::string> parse_jsonl(std::string_view text, const std::string& name) {
-  std::vector<std::string> docs;
+std::vector<CorpusDocument> parse_jsonl(std::string_view text, const std::string& name,
+                                        CorpusFormat format) {
+  FRUGAL_CHECK(is_record_format(format), "parse_jsonl: format ", enum_name(format),
+               " is not one of records");
+  RecordReader reader(format);
+  std::vector<CorpusDocument> docs;
   for_each_line(text, [&](std::string_view line, int64_t number, size_t, size_t) {
     if (is_blank(line)) return;
-    const std::string where = name + ":" + std::to_string(number);
-    json record;
-    try {
-      record = json::parse(line);
-    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
-      fail(where, ": invalid JSON (", e.what(), ")");
-    }
-    docs.push_back(document_from_record(record, where));
+    docs.push_back(reader.read(line, name + ":" + std::to_string(number)));
   });
   return docs;
 }
 
-void read_corpus_file(const std::string& path, CorpusFormat format, Corpus& corpus) {
+uint32_t Corpus::content() const {
+  uint32_t bits = 0;
+  for (const CorpusDocument& doc : documents) bits |= content_bit(doc.content);
+  return bits;
+}
+
+void read_corpus_file(const std::string& path, const CorpusOptions& options, Corpus& corpus) {
   const std::string text = read_file_bytes(path);
   if (size_t nul = binary_marker(text); nul != std::string::npos)
     fail("corpus file '", path, "' looks binary (NUL byte at offset ", nul, ")");
+  CorpusFormat format = options.format;
   if (format == CorpusFormat::auto_detect) {
     if (ends_with(path, ".jsonl") || ends_with(path, ".json"))
       format = CorpusFormat::jsonl;
@@ -231,37 +240,57 @@ void read_corpus_file(const std::string& path, CorpusFormat format, Corpus& corp
   }
   ++corpus.stats.files;
   corpus.files.push_back(path);
-  switch (format) {
-    case CorpusFormat::text:
-      add_document(text, corpus);
-      break;
-    case CorpusFormat::fortune:
-      for (std::string& doc : split_fortunes(text)) add_document(std::move(doc), corpus);
-      break;
-    case CorpusFormat::jsonl: {
-      size_t first = text.find_first_not_of(" \t\r\n");
-      if (first != std::string::npos && text[first] == '[') {
-        // A JSON array of records (Stanford Alpaca's alpaca_data.json).
-        json records;
-        try {
-          records = json::parse(text);
-        } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
-          fail(path, ": invalid JSON (", e.what(), ")");
-        }
-        for (size_t i = 0; i < records.size(); ++i)
-          add_document(document_from_record(records[i], path + ": record " + std::to_string(i)),
-                       corpus);
-      } else {
-        for (std::string& doc : parse_jsonl(text, path)) add_document(std::move(doc), corpus);
-      }
-      break;
-    }
-    case CorpusFormat::auto_detect:
-      break;
+  auto add_text = [&](std::string doc, const std::string& where) {
+    CorpusDocument d;
+    d.text = std::move(doc);
+    d.where = where;
+    add_document(std::move(d), corpus);
+  };
+  if (format == CorpusFormat::text) {
+    add_text(text, path);
+    return;
   }
+  if (format == CorpusFormat::fortune) {
+    int64_t entry = 0;
+    for (std::string& doc : split_fortunes(text))
+      add_text(std::move(doc), path + ": entry " + std::to_string(entry++));
+    return;
+  }
+  // JSON records: one a line, or (a file starting with '[') an array of them.
+  RecordReader reader(format);
+  auto read_record = [&](std::string_view record, const std::string& where) {
+    if (!is_valid_utf8(record)) {  // nlohmann refuses the whole text; the record alone is skipped
+      ++corpus.stats.skipped_invalid_utf8;
+      return;
+    }
+    try {
+      add_document(reader.read(record, where), corpus);
+    } catch (const Error& e) {
+      if (!options.skip_bad_records) throw;
+      ++corpus.stats.skipped_bad_records;
+      if (corpus.bad_records.size() < kMaxBadRecordMessages) corpus.bad_records.push_back(e.what());
+    }
+  };
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {
+    // A JSON array of records (Stanford Alpaca's alpaca_data.json): valid JSON as a whole or
+    // not at all.
+    json records;
+    try {
+      records = json::parse(text);
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number too large
+      fail(path, ": invalid JSON (", e.what(), ")");
+    }
+    for (size_t i = 0; i < records.size(); ++i)
+      read_record(records[i].dump(), path + ": record " + std::to_string(i));
+    return;
+  }
+  for_each_line(text, [&](std::string_view line, int64_t number, size_t, size_t) {
+    if (!is_blank(line)) read_record(line, path + ":" + std::to_string(number));
+  });
 }
 
-Corpus read_corpus(const std::vector<std::string>& paths, CorpusFormat format) {
+Corpus read_corpus(const std::vector<std::string>& paths, const CorpusOptions& options) {
   Corpus corpus;
   std::set<fs::path> seen;  // canonical paths already read: a file is read once
   auto read_once = [&](const fs::path& file) {
@@ -272,7 +301,7 @@ Corpus read_corpus(const std::vector<std::string>& paths, CorpusFormat format) {
       ++corpus.stats.skipped_files;
       return;
     }
-    read_corpus_file(file.string(), format, corpus);
+    read_corpus_file(file.string(), options, corpus);
   };
   for (const std::string& path : paths) {
     std::error_code ec;

@@ -17,42 +17,6 @@ namespace frugal {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-void AddedTokenMatcher::add(const std::string& content, int32_t id) {
-  if (content.empty()) return;  // matches nothing in HF either
-  tokens_.emplace_back(content, id);
-  auto& bucket = by_first_byte_[static_cast<unsigned char>(content[0])];
-  bucket.push_back(tokens_.size() - 1);
-  std::stable_sort(bucket.begin(), bucket.end(), [&](size_t a, size_t b) {
-    return tokens_[a].first.size() > tokens_[b].first.size();
-  });
-}
-
-std::vector<AddedTokenMatcher::Segment> AddedTokenMatcher::split(std::string_view text) const {
-  std::vector<Segment> segments;
-  size_t plain_begin = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    const int32_t* found = nullptr;
-    size_t found_length = 0;
-    for (size_t index : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
-      const auto& [content, id] = tokens_[index];
-      if (text.compare(pos, content.size(), content) == 0) {
-        found = &id, found_length = content.size();
-        break;  // longest first
-      }
-    }
-    if (!found) {
-      ++pos;
-      continue;
-    }
-    if (plain_begin < pos) segments.push_back({plain_begin, pos, -1});
-    segments.push_back({pos, pos + found_length, *found});
-    pos += found_length;
-    plain_begin = pos;
-  }
-  if (plain_begin < text.size()) segments.push_back({plain_begin, text.size(), -1});
-  return segments;
-}
-
 namespace {
 
 struct Reader {
@@ -355,20 +319,23 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view input) const {
     }
     const std::string_view plain = text.substr(segment.begin, segment.end - segment.begin);
     if (!nfc_) {
-      encode_text(plain, ids);
+      encode_text(plain, ids, nullptr);
       continue;
     }
     const std::string normalized = nfc_normalize(plain);
-    encode_text(normalized, ids);
+    encode_text(normalized, ids, nullptr);
   }
   return ids;
 }
 
-// Normalized text: normalized added tokens, then the pre-tokenizers and the model.
-void HfTokenizer::encode_text(std::string_view text, std::vector<int32_t>& ids) const {
+// Normalized text: normalized added tokens, then the pre-tokenizers and the model. With
+// `ends`, also each token's end offset in `text`.
+void HfTokenizer::encode_text(std::string_view text, std::vector<int32_t>& ids,
+                              std::vector<size_t>* ends) const {
   for (const auto& segment : normalized_tokens_.split(text)) {
     if (segment.id >= 0) {
       ids.push_back(segment.id);
+      if (ends) ends->push_back(segment.end);
       continue;
     }
     std::vector<std::string_view> words{text.substr(segment.begin, segment.end - segment.begin)};
@@ -385,7 +352,44 @@ void HfTokenizer::encode_text(std::string_view text, std::vector<int32_t>& ids) 
       }
       words = std::move(finer);
     }
-    for (std::string_view word : words) encode_word(word, ids);
+    for (std::string_view word : words) {
+      const size_t first = ids.size();
+      encode_word(word, ids);
+      if (!ends) continue;
+      // A word's tokens spell its bytes in order, each the bytes its characters stand for.
+      size_t at = static_cast<size_t>(word.data() - text.data());
+      const size_t word_end = at + word.size();
+      for (size_t k = first; k < ids.size(); ++k) {
+        const std::optional<std::string>& token = id_to_token_[size_t(ids[k])];
+        const std::optional<std::string> bytes = token ? alphabet_.decode(*token) : std::nullopt;
+        at = std::min(word_end, at + (bytes ? bytes->size() : 0));
+        ends->push_back(k + 1 == ids.size() ? word_end : at);
+      }
+    }
+  }
+}
+
+void HfTokenizer::encode_template_output(std::string_view text, TokenSpans& out) const {
+  FRUGAL_CHECK(is_valid_utf8(text), "tokenizer '", path_, "': template output is not UTF-8");
+  for (const auto& segment : raw_tokens_.split(text)) {
+    if (segment.id >= 0) {
+      out.push(segment.id, segment.begin, segment.end);
+      continue;
+    }
+    const std::string_view plain = text.substr(segment.begin, segment.end - segment.begin);
+    std::vector<int32_t> ids;
+    std::vector<size_t> ends;
+    if (!nfc_) {
+      encode_text(plain, ids, &ends);
+      for (size_t k = 0; k < ids.size(); ++k)
+        out.push(ids[k], segment.begin + (k ? ends[k - 1] : 0), segment.begin + ends[k]);
+      continue;
+    }
+    const NfcText normalized(plain);
+    encode_text(normalized.text(), ids, &ends);
+    for (size_t k = 0; k < ids.size(); ++k)
+      out.push(ids[k], segment.begin + normalized.original_begin(k ? ends[k - 1] : 0),
+               segment.begin + normalized.original_end(ends[k]));
   }
 }
 

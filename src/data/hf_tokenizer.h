@@ -19,28 +19,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "data/added_tokens.h"
 #include "data/byte_level_bpe.h"
 #include "data/tokenizer_model.h"
 #include "data/unicode_regex.h"
 
 namespace frugal {
-
-// Added tokens found in text by leftmost-longest matching (HF's Aho-Corasick trie).
-class AddedTokenMatcher {
- public:
-  struct Segment {
-    size_t begin, end;
-    int32_t id;  // -1: plain text
-  };
-  void add(const std::string& content, int32_t id);
-  bool empty() const { return tokens_.empty(); }
-  // `text` cut into plain-text segments and added-token matches, in order.
-  std::vector<Segment> split(std::string_view text) const;
-
- private:
-  std::vector<std::pair<std::string, int32_t>> tokens_;
-  std::vector<size_t> by_first_byte_[256];  // indexes into tokens_, longest first
-};
 
 class HfTokenizer : public TokenizerModel {
  public:
@@ -48,6 +32,7 @@ class HfTokenizer : public TokenizerModel {
   ~HfTokenizer() override;
 
   std::vector<int32_t> encode(std::string_view text) const override;
+  void encode_template_output(std::string_view text, TokenSpans& out) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   std::string piece(int32_t id) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(id_to_token_.size()); }
@@ -58,7 +43,8 @@ class HfTokenizer : public TokenizerModel {
   bool prepends_bos() const override { return template_bos_id_ >= 0; }
 
  private:
-  void encode_text(std::string_view text, std::vector<int32_t>& ids) const;
+  void encode_text(std::string_view text, std::vector<int32_t>& ids,
+                   std::vector<size_t>* ends) const;
   void encode_word(std::string_view word, std::vector<int32_t>& ids) const;
   int32_t id_of(const std::string& token) const;  // -1 when unknown
 

@@ -21,9 +21,10 @@ TokenBatch allocate_batch(int64_t rows, int64_t seq_len) {
 
 // Writes the window starting at token `start` into row `row`: inputs are tokens
 // [start, start + seq_len), targets [start + 1, start + seq_len + 1); positions past the end
-// of the stream get input 0 and target kIgnoreTarget. Returns the number of real targets.
-int64_t fill_row(const TokenView& tokens, int64_t start, int64_t seq_len, int32_t* inputs,
-                 int32_t* targets) {
+// of the stream, and targets whose role is not trained, get target kIgnoreTarget (and input 0
+// past the end). Returns the number of counted targets.
+int64_t fill_row(const TokenView& tokens, const TargetSelection& selection, int64_t start,
+                 int64_t seq_len, int32_t* inputs, int32_t* targets) {
   const auto n = static_cast<int64_t>(tokens.size);
   const int64_t real_inputs = std::clamp<int64_t>(n - start, 0, seq_len);
   const int64_t real_targets = std::clamp<int64_t>(n - 1 - start, 0, seq_len);
@@ -33,7 +34,16 @@ int64_t fill_row(const TokenView& tokens, int64_t start, int64_t seq_len, int32_
   if (real_targets > 0)
     tokens.copy(static_cast<uint64_t>(start + 1), static_cast<uint64_t>(real_targets), targets);
   std::fill(targets + real_targets, targets + seq_len, kIgnoreTarget);
-  return real_targets;
+  if (!selection.roles || selection.trained == kEveryRole) return real_targets;
+  int64_t counted = 0;
+  const TokenRole* roles = selection.roles + start + 1;  // the targets' roles
+  for (int64_t j = 0; j < real_targets; ++j) {
+    if ((selection.trained >> uint8_t(roles[j])) & 1u)
+      ++counted;
+    else
+      targets[j] = kIgnoreTarget;
+  }
+  return counted;
 }
 
 // A batch of [micro_batch_size, seq_len] ids must have a size: a huge micro_batch_size would
@@ -51,8 +61,8 @@ void check_batch_size(const char* who, int64_t micro_batch_size, int64_t seq_len
 
 // --- BatchSampler -----------------------------------------------------------------------
 
-BatchSampler::BatchSampler(TokenView tokens, const SamplerConfig& config)
-    : tokens_(tokens), config_(config) {
+BatchSampler::BatchSampler(TokenView tokens, const SamplerConfig& config, TargetSelection targets)
+    : tokens_(tokens), config_(config), targets_(targets) {
   if (config.seq_len < 1) fail("sampler: seq_len ", config.seq_len, " must be at least 1");
   if (config.micro_batch_size < 1)
     fail("sampler: micro_batch_size ", config.micro_batch_size, " must be at least 1");
@@ -94,8 +104,8 @@ TokenBatch BatchSampler::next() {
     const uint64_t index = state_.position + static_cast<uint64_t>(config_.rank * rows + i);
     const uint64_t epoch = state_.epoch + index / windows;
     const int64_t window = order_of(epoch)[index % windows];
-    batch.target_tokens +=
-        fill_row(tokens_, window * seq_len, seq_len, inputs + i * seq_len, targets + i * seq_len);
+    batch.target_tokens += fill_row(tokens_, targets_, window * seq_len, seq_len,
+                                    inputs + i * seq_len, targets + i * seq_len);
   }
   const uint64_t advanced = state_.position + static_cast<uint64_t>(config_.world * rows);
   state_.epoch += advanced / windows;
@@ -124,8 +134,9 @@ void BatchSampler::load_state_values(const nlohmann::json& values) {
 // --- EvalIterator -----------------------------------------------------------------------
 
 EvalIterator::EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batch_size, int rank,
-                           int world, int64_t max_batches)
+                           int world, int64_t max_batches, TargetSelection targets)
     : tokens_(tokens),
+      targets_(targets),
       seq_len_(seq_len),
       micro_batch_size_(micro_batch_size),
       rank_(rank),
@@ -158,7 +169,7 @@ bool EvalIterator::next(TokenBatch& batch) {
     const int64_t window = first + i;
     if (window < num_windows_) {
       batch.target_tokens +=
-          fill_row(tokens_, window * seq_len_, seq_len_, row_inputs, row_targets);
+          fill_row(tokens_, targets_, window * seq_len_, seq_len_, row_inputs, row_targets);
     } else {
       std::fill(row_inputs, row_inputs + seq_len_, 0);
       std::fill(row_targets, row_targets + seq_len_, kIgnoreTarget);

@@ -7,11 +7,12 @@
 //
 // Choices:
 // - Windows cross document boundaries, and so do targets: after a document's eos comes the
-//   next document's bos, then its first token. Nothing is masked in training windows (this
-//   is how llm.c and GPT-2 pack text; attention also runs across the boundary).
-// - A target of -1 marks a position the loss ignores. Training batches never hold one (every
-//   window is full); the evaluation iterator pads its last, partial window and the rows past
-//   the end of the data with input 0 and target -1.
+//   next document's bos, then its first token (this is how llm.c and GPT-2 pack text;
+//   attention also runs across the boundary).
+// - A target of -1 marks a position the loss ignores: a token whose role (instruction and chat
+//   data, data/token_file.h) the run does not train on (data.train_on, TargetSelection), and in
+//   evaluation the padding of the last, partial window and of the rows past the end of the
+//   data (input 0).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "core/stateful.h"
 #include "core/tensor.h"
 #include "data/token_file.h"
+#include "data/train_on.h"
 
 namespace frugal {
 
@@ -30,6 +32,13 @@ struct TokenBatch {
   Tensor inputs;   // [micro_batch_size, seq_len] i32 token ids
   Tensor targets;  // [micro_batch_size, seq_len] i32 next-token ids, kIgnoreTarget = masked
   int64_t target_tokens = 0;  // targets that are not kIgnoreTarget
+};
+
+// Which targets the loss counts: those whose token has a role in `trained` (every target when
+// `roles` is null, as for text).
+struct TargetSelection {
+  const TokenRole* roles = nullptr;  // one per token of the stream, or null
+  TrainedRoles trained = kEveryRole;
 };
 
 // Where the sampler is: `position` global rows of epoch `epoch`'s order have been handed
@@ -63,7 +72,7 @@ class BatchSampler : public Stateful {
  public:
   // Throws Error when the stream holds fewer than seq_len + 1 tokens (not one window), or
   // for a bad config, naming the values. (A global batch larger than an epoch is allowed.)
-  BatchSampler(TokenView tokens, const SamplerConfig& config);
+  BatchSampler(TokenView tokens, const SamplerConfig& config, TargetSelection targets = {});
 
   TokenBatch next();
 
@@ -83,6 +92,7 @@ class BatchSampler : public Stateful {
 
   TokenView tokens_;
   SamplerConfig config_;
+  TargetSelection targets_;
   int64_t num_windows_ = 0;
   SamplerState state_;
   // The window orders of the last two epochs asked for (a batch may span two).
@@ -102,7 +112,7 @@ class EvalIterator {
  public:
   // max_batches <= 0: all batches.
   EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batch_size, int rank = 0,
-               int world = 1, int64_t max_batches = 0);
+               int world = 1, int64_t max_batches = 0, TargetSelection targets = {});
 
   // Fills `batch` and returns true, or returns false at the end.
   bool next(TokenBatch& batch);
@@ -112,6 +122,7 @@ class EvalIterator {
 
  private:
   TokenView tokens_;
+  TargetSelection targets_;
   int64_t seq_len_;
   int64_t micro_batch_size_;
   int rank_;

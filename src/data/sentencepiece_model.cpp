@@ -27,6 +27,7 @@ SentencePieceModel::SentencePieceModel(const std::string& model_path)
     fail("tokenizer model '", model_path, "' is not a valid SentencePiece model (",
          status.ToString(), ")");
   if (processor_->GetPieceSize() <= 0) fail("tokenizer model '", model_path, "' has no pieces");
+  read_special_tokens();
 }
 
 SentencePieceModel::~SentencePieceModel() = default;

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
+#include "data/added_tokens.h"
 #include "data/tokenizer_model.h"
 
 namespace sentencepiece {
@@ -20,6 +22,12 @@ class SentencePieceModel : public TokenizerModel {
   ~SentencePieceModel() override;
 
   std::vector<int32_t> encode(std::string_view text) const override;
+  // Control pieces (<s>, </s>, Mistral's [INST]) and <unk> are matched in the text; each
+  // stretch between them gets the prefix space (SentencePiece's dummy prefix) as transformers'
+  // LlamaTokenizer gives it: at the text's start only ("first", transformers' default), before
+  // every stretch (tokenizer_config.json's "legacy": true), or never ("add_prefix_space":
+  // false). (sentencepiece_special.cpp)
+  void encode_template_output(std::string_view text, TokenSpans& out) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   std::string piece(int32_t id) const override;
   int32_t vocab_size() const override;
@@ -30,8 +38,18 @@ class SentencePieceModel : public TokenizerModel {
   bool prepends_bos() const override { return true; }  // LlamaTokenizer's add_bos_token
 
  private:
+  // Where the prefix space goes in template output (transformers' Metaspace prepend_scheme).
+  enum class PrefixSpace { first, always, never };
+  void read_special_tokens();  // the matcher and the prefix rule (sentencepiece_special.cpp)
+  const sentencepiece::SentencePieceProcessor& without_prefix_space() const;
+
   std::string path_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  AddedTokenMatcher special_tokens_;
+  PrefixSpace prefix_space_ = PrefixSpace::first;
+  // The same model with add_dummy_prefix off, made when first needed.
+  mutable std::once_flag without_prefix_once_;
+  mutable std::unique_ptr<sentencepiece::SentencePieceProcessor> without_prefix_;
 };
 
 }  // namespace frugal

@@ -22,6 +22,16 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
+constexpr uint32_t kHasRolesFlag = 1;
+constexpr uint32_t kAllContentBits = content_bit(DocumentContent::text) |
+                                     content_bit(DocumentContent::instruction) |
+                                     content_bit(DocumentContent::chat);
+
+// Bytes from the start of the file to the document starts: the ids padded to 8 bytes.
+uint64_t starts_offset(uint64_t ids_bytes) {
+  return kTokenFileHeaderBytes + (ids_bytes + 7) / 8 * 8;
+}
+
 template <class T>
 void put(char* at, T value) {
   std::memcpy(at, &value, sizeof(T));
@@ -44,6 +54,8 @@ void encode_header(const TokenFileHeader& h, char* out) {
   put<int32_t>(out + 36, h.bos_id);
   put<int32_t>(out + 40, h.eos_id);
   put<uint32_t>(out + 44, kTokenFileHeaderBytes);
+  put<uint32_t>(out + 48, h.content);
+  put<uint32_t>(out + 52, h.has_roles ? kHasRolesFlag : 0u);
 }
 
 // Parses and checks a header against the file's size in bytes.
@@ -63,8 +75,8 @@ TokenFileHeader decode_header(const char* in, uint64_t file_bytes, const std::st
   h.bos_id = get<int32_t>(in + 36);
   h.eos_id = get<int32_t>(in + 40);
   const auto header_bytes = get<uint32_t>(in + 44);
-  if (h.version != kTokenFileVersion)
-    fail("token file '", path, "' has version ", h.version, "; this frugal reads version ",
+  if (h.version != 1 && h.version != kTokenFileVersion)
+    fail("token file '", path, "' has version ", h.version, "; this frugal reads versions 1 and ",
          kTokenFileVersion);
   if (h.token_bytes != 2 && h.token_bytes != 4)
     fail("token file '", path, "' has token_bytes ", h.token_bytes, " (expected 2 or 4)");
@@ -74,20 +86,62 @@ TokenFileHeader decode_header(const char* in, uint64_t file_bytes, const std::st
   if (h.vocab_size == 0 || uint64_t{h.vocab_size} > (uint64_t{1} << (8 * h.token_bytes)))
     fail("token file '", path, "' has vocab size ", h.vocab_size, ", which does not fit ",
          h.token_bytes, "-byte ids");
+  // Generation starts from bos and stops at eos: ids outside the vocabulary would index past
+  // the embedding table there.
+  if (h.bos_id < -1 || (h.bos_id >= 0 && uint32_t(h.bos_id) >= h.vocab_size))
+    fail("token file '", path, "' has bos id ", h.bos_id, ", outside the vocabulary [0, ",
+         h.vocab_size, ") (-1: none)");
+  if (h.eos_id < 0 || uint32_t(h.eos_id) >= h.vocab_size)
+    fail("token file '", path, "' has eos id ", h.eos_id, ", outside the vocabulary [0, ",
+         h.vocab_size, ")");
+  const auto what = [&](const char* part) {
+    return detail::concat("token file '", path, "': ", part);
+  };
   // A corrupt count must not wrap around into a size that matches the file.
-  const uint64_t expected =
-      checked_add<uint64_t>(kTokenFileHeaderBytes,
-                            checked_mul<uint64_t>(h.num_tokens, h.token_bytes, "token file '", path,
-                                                  "': its header's num_tokens x token_bytes"),
-                            "token file '", path, "': header + token bytes");
+  const uint64_t ids_bytes =
+      checked_mul<uint64_t>(h.num_tokens, h.token_bytes, "token file '", path,
+                            "': its header's num_tokens x token_bytes");
+  uint64_t expected = checked_add<uint64_t>(kTokenFileHeaderBytes, ids_bytes, "token file '", path,
+                                            "': header + token bytes");
+  if (h.version == 1) {
+    h.content = content_bit(DocumentContent::text);
+  } else {
+    h.content = get<uint32_t>(in + 48);
+    const auto flags = get<uint32_t>(in + 52);
+    if (h.content == 0 || (h.content & ~kAllContentBits) != 0)
+      fail("token file '", path, "' has content bits ", h.content, " (expected a non-empty ",
+           "set of 1 text, 2 instruction, 4 chat)");
+    if ((flags & ~kHasRolesFlag) != 0) fail("token file '", path, "' has unknown flags ", flags);
+    h.has_roles = (flags & kHasRolesFlag) != 0;
+    if (h.has_roles != (h.content != content_bit(DocumentContent::text)))
+      fail("token file '", path, "' holds ", content_names(h.content), " documents ",
+           h.has_roles ? "with" : "without", " token roles");
+    const uint64_t starts_bytes =
+        checked_mul<uint64_t>(checked_add<uint64_t>(h.num_documents, 1, what("num_documents + 1")),
+                              8, what("its header's document starts"));
+    expected = checked_add<uint64_t>(starts_offset(ids_bytes), starts_bytes,
+                                     what("the ids and the document starts"));
+    if (h.has_roles) expected = checked_add<uint64_t>(expected, h.num_tokens, what("the roles"));
+  }
   if (file_bytes != expected)
     fail("token file '", path, "' is ", file_bytes < expected ? "truncated" : "too long",
-         ": its header promises ", h.num_tokens, " tokens = ", expected, " bytes, the file has ",
-         file_bytes, " bytes");
+         ": its header promises ", h.num_tokens, " tokens", h.version == 1 ? "" : " and ",
+         h.version == 1 ? std::string() : std::to_string(h.num_documents) + " documents", " = ",
+         expected, " bytes, the file has ", file_bytes, " bytes");
   return h;
 }
 
 }  // namespace
+
+std::string content_names(uint32_t content_bits) {
+  std::string names;
+  for (const EnumName<DocumentContent>& n : enum_names(DocumentContent{}))
+    if (content_bits & content_bit(n.value)) {
+      if (!names.empty()) names += " + ";
+      names += n.name;
+    }
+  return names.empty() ? "nothing" : names;
+}
 
 uint32_t token_bytes_for_vocab(uint32_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
@@ -108,7 +162,7 @@ TokenView view_of(const std::vector<int32_t>& ids) { return TokenView{ids.data()
 
 TokenFileWriter::TokenFileWriter(const std::string& path, uint32_t vocab_size, int32_t bos_id,
                                  int32_t eos_id)
-    : path_(path), tmp_path_(path + ".tmp") {
+    : path_(path), tmp_path_(path + ".tmp"), roles_path_(path + ".roles.tmp") {
   if (vocab_size == 0) fail("token file '", path, "': vocab size 0");
   if (bos_id < -1 || (bos_id >= 0 && uint32_t(bos_id) >= vocab_size) || eos_id < 0 ||
       uint32_t(eos_id) >= vocab_size)
@@ -118,6 +172,7 @@ TokenFileWriter::TokenFileWriter(const std::string& path, uint32_t vocab_size, i
   header_.vocab_size = vocab_size;
   header_.bos_id = bos_id;
   header_.eos_id = eos_id;
+  header_.content = 0;  // the documents' kinds, as they come
   out_.open(tmp_path_, std::ios::binary | std::ios::trunc);
   if (!out_) fail("cannot create token file '", tmp_path_, "'");
   char header[kTokenFileHeaderBytes];
@@ -129,7 +184,9 @@ TokenFileWriter::TokenFileWriter(const std::string& path, uint32_t vocab_size, i
 TokenFileWriter::~TokenFileWriter() {
   if (!finished_) {
     out_.close();
+    roles_out_.close();
     std::remove(tmp_path_.c_str());
+    std::remove(roles_path_.c_str());
   }
 }
 
@@ -150,30 +207,91 @@ void TokenFileWriter::flush_buffer() {
   buffer_.clear();
 }
 
-void TokenFileWriter::add_document(const std::vector<int32_t>& ids) {
+void TokenFileWriter::check_ids(const std::vector<int32_t>& ids) const {
   FRUGAL_CHECK(!finished_, "token file '", path_, "' already finished");
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || uint32_t(ids[i]) >= header_.vocab_size)
       fail("token file '", path_, "': document ", header_.num_documents, " has id ", ids[i],
            " at position ", i, ", outside the vocabulary [0, ", header_.vocab_size, ")");
+}
+
+void TokenFileWriter::add_document(const std::vector<int32_t>& ids) {
+  check_ids(ids);
+  if (header_.has_roles)
+    fail("token file '", path_, "': a text document cannot follow instruction or chat ",
+         "documents in one file");
   if (header_.bos_id >= 0) append(header_.bos_id);
   for (int32_t id : ids) append(id);
   append(header_.eos_id);
   ++header_.num_documents;
+  header_.content |= content_bit(DocumentContent::text);
+  document_starts_.push_back(header_.num_tokens);
+  any_document_ = true;
+}
+
+void TokenFileWriter::add_document(const TokenizedDocument& document) {
+  if (document.content == DocumentContent::text && document.roles.empty()) {
+    check_ids(document.ids);
+    if (document.ids.empty())
+      fail("token file '", path_, "': document ", header_.num_documents, " is empty");
+    if (header_.has_roles)
+      fail("token file '", path_, "': a text document cannot follow instruction or chat ",
+           "documents in one file");
+    for (int32_t id : document.ids) append(id);
+  } else {
+    check_ids(document.ids);
+    if (document.content == DocumentContent::text || document.roles.size() != document.ids.size())
+      fail("token file '", path_, "': document ", header_.num_documents, " (",
+           enum_name(document.content), ") has ", document.ids.size(), " ids and ",
+           document.roles.size(), " roles");
+    if (document.ids.empty())
+      fail("token file '", path_, "': document ", header_.num_documents, " is empty");
+    if (any_document_ && !header_.has_roles)
+      fail("token file '", path_, "': ", enum_name(document.content),
+           " documents cannot follow text documents in one file");
+    if (!header_.has_roles) {
+      roles_out_.open(roles_path_, std::ios::binary | std::ios::trunc);
+      if (!roles_out_) fail("cannot create '", roles_path_, "'");
+      header_.has_roles = true;
+    }
+    roles_out_.write(reinterpret_cast<const char*>(document.roles.data()),
+                     static_cast<std::streamsize>(document.roles.size()));
+    if (!roles_out_) fail("writing '", roles_path_, "' failed (disk full?)");
+    for (int32_t id : document.ids) append(id);
+  }
+  ++header_.num_documents;
+  header_.content |= content_bit(document.content);
+  document_starts_.push_back(header_.num_tokens);
+  any_document_ = true;
 }
 
 TokenFileHeader TokenFileWriter::finish() {
   FRUGAL_CHECK(!finished_, "token file '", path_, "' already finished");
+  if (header_.content == 0) header_.content = content_bit(DocumentContent::text);  // no document
+  // Zeros up to the document starts' 8-byte alignment, then the starts.
+  const uint64_t ids_bytes = header_.num_tokens * header_.token_bytes;
+  buffer_.resize(buffer_.size() + (starts_offset(ids_bytes) - kTokenFileHeaderBytes - ids_bytes),
+                 '\0');
   flush_buffer();
+  out_.write(reinterpret_cast<const char*>(document_starts_.data()),
+             static_cast<std::streamsize>(document_starts_.size() * sizeof(uint64_t)));
+  if (header_.has_roles) {
+    roles_out_.close();
+    if (!roles_out_) fail("writing '", roles_path_, "' failed (disk full?)");
+    std::ifstream roles(roles_path_, std::ios::binary);
+    out_ << roles.rdbuf();
+    if (!roles || !out_) fail("appending '", roles_path_, "' to '", tmp_path_, "' failed");
+  }
   char header[kTokenFileHeaderBytes];
   encode_header(header_, header);
   out_.seekp(0);
   out_.write(header, sizeof(header));
   out_.close();
-  if (!out_) fail("writing token file '", tmp_path_, "' failed");
+  if (!out_) fail("writing token file '", tmp_path_, "' failed (disk full?)");
   std::error_code ec;
   std::filesystem::rename(tmp_path_, path_, ec);
   if (ec) fail("cannot rename '", tmp_path_, "' to '", path_, "': ", ec.message());
+  std::remove(roles_path_.c_str());
   finished_ = true;
   return header_;
 }
@@ -219,6 +337,22 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
         fail("token file '", path, "': id ", static_cast<uint32_t>(id), " at position ", i,
              " is outside the vocabulary [0, ", header_.vocab_size, ")");
     }
+    // Windows and packing index by the starts, the loss by the roles.
+    const std::span<const uint64_t> starts = document_starts();
+    if (!starts.empty()) {
+      if (starts.front() != 0 || starts.back() != header_.num_tokens)
+        fail("token file '", path, "': its document starts run from ", starts.front(), " to ",
+             starts.back(), ", not from 0 to its ", header_.num_tokens, " tokens");
+      for (size_t d = 1; d < starts.size(); ++d)
+        if (starts[d] <= starts[d - 1])
+          fail("token file '", path, "': document ", d - 1, " starts at token ", starts[d - 1],
+               " and ends at ", starts[d], " (documents are never empty)");
+    }
+    if (const TokenRole* role = roles())
+      for (uint64_t i = 0; i < header_.num_tokens; ++i)
+        if (static_cast<uint8_t>(role[i]) >= kTokenRoles)
+          fail("token file '", path, "': token ", i, " has role ", int(role[i]),
+               " (expected 0 prompt, 1 reply or 2 last reply)");
   } catch (...) {
     unmap();
     throw;
@@ -258,6 +392,20 @@ void TokenFile::unmap() {
 TokenView TokenFile::view() const {
   return TokenView{map_ ? static_cast<const char*>(map_) + kTokenFileHeaderBytes : nullptr,
                    header_.num_tokens, header_.token_bytes};
+}
+
+std::span<const uint64_t> TokenFile::document_starts() const {
+  if (header_.version == 1 || !map_) return {};
+  const char* at =
+      static_cast<const char*>(map_) + starts_offset(header_.num_tokens * header_.token_bytes);
+  // 8-byte aligned: the mapping is page-aligned and the offset a multiple of 8.
+  return {reinterpret_cast<const uint64_t*>(at), header_.num_documents + 1};
+}
+
+const TokenRole* TokenFile::roles() const {
+  if (!header_.has_roles || !map_) return nullptr;
+  const std::span<const uint64_t> starts = document_starts();
+  return reinterpret_cast<const TokenRole*>(starts.data() + starts.size());
 }
 
 std::vector<int32_t> TokenFile::read_all() const {

@@ -40,14 +40,31 @@ std::string find_tokenizer(const std::string& dir) {
   return "";
 }
 
+const std::vector<std::string>& tokenizer_companion_files() {
+  static const std::vector<std::string> names = {"tokenizer_config.json", "chat_template.jinja",
+                                                 "generation_config.json"};
+  return names;
+}
+
 std::string copy_tokenizer(const std::string& path, const std::string& dir) {
   const TokenizerKind kind = tokenizer_kind_of(path);
+  const fs::path from_dir = fs::path(path).parent_path();
   std::vector<std::pair<fs::path, fs::path>> copies = {
       {path, fs::path(dir) / tokenizer_file_name(kind)}};
-  const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
   std::error_code ec;
-  if (kind == TokenizerKind::byte_level_bpe && fs::is_regular_file(config, ec))
-    copies.emplace_back(config, fs::path(dir) / "tokenizer_config.json");
+  const bool same_dir =
+      fs::exists(dir, ec) && fs::equivalent(from_dir.empty() ? "." : from_dir, dir, ec);
+  for (const std::string& name : tokenizer_companion_files()) {
+    const fs::path from = from_dir / name, to = fs::path(dir) / name;
+    if (fs::is_regular_file(from, ec)) {
+      copies.emplace_back(from, to);
+    } else if (!same_dir && fs::exists(to, ec)) {
+      // Left from another tokenizer: it would be read as this one's.
+      log_info("removing '", to.string(), "': the tokenizer copied has none");
+      fs::remove(to, ec);
+      if (ec) fail("cannot remove '", to.string(), "': ", ec.message());
+    }
+  }
   for (const auto& [from, to] : copies) {
     if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) continue;
     fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
@@ -77,6 +94,12 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const { return model_->encode(text); }
+
+TokenSpans Tokenizer::encode_template_output(std::string_view text) const {
+  TokenSpans spans;
+  model_->encode_template_output(text, spans);
+  return spans;
+}
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   const int32_t n = vocab_size();

@@ -13,10 +13,9 @@
 #include <vector>
 
 #include "core/enum_names.h"
+#include "data/tokenizer_model.h"
 
 namespace frugal {
-
-class TokenizerModel;
 
 enum class TokenizerKind {
   sentencepiece,   // tokenizer.model (protobuf)
@@ -37,8 +36,12 @@ const char* tokenizer_file_name(TokenizerKind kind);
 // DIR's tokenizer: tokenizer.model when there is one (Llama 1 and 2 directories hold both
 // files, and the SentencePiece model is their original), else tokenizer.json, else "".
 std::string find_tokenizer(const std::string& dir);
-// Copies the tokenizer at `path` into `dir` under its kind's file name (with
-// tokenizer_config.json for a tokenizer.json that has one beside it), so that it is what
+// The files beside a tokenizer that belong to it: tokenizer_config.json (special tokens, the
+// chat template, SentencePiece's legacy prefix rule), chat_template.jinja,
+// generation_config.json (the ids that end a reply).
+const std::vector<std::string>& tokenizer_companion_files();
+// Copies the tokenizer at `path` into `dir` under its kind's file name, with the companion files
+// it has beside it (those `dir` holds from another tokenizer are removed), so that it is what
 // find_tokenizer(dir) finds: a tokenizer.json copied removes a tokenizer.model already there
 // (with a warning). Returns the new path. Copying a file onto itself does nothing.
 std::string copy_tokenizer(const std::string& path, const std::string& dir);
@@ -58,6 +61,11 @@ class Tokenizer {
   // valid UTF-8 is encoded as its U+FFFD-repaired form by tokenizer.json (as transformers
   // sees it), byte by byte by SentencePiece's byte fallback. Thread-safe.
   std::vector<int32_t> encode(std::string_view text) const;
+  // `text` (valid UTF-8) as transformers tokenizes what a chat template renders
+  // (apply_chat_template(tokenize=True)): the strings of special tokens (bos, eos, <|im_end|>,
+  // [INST] ...) are those tokens, the text between them is encoded on its own, nothing is
+  // added; each id with the bytes of `text` it stands for. Thread-safe.
+  TokenSpans encode_template_output(std::string_view text) const;
   // The text of `ids`; control and special ids (bos, eos, <|im_end|>, ...) are dropped.
   // Throws Error on an id outside [0, vocab_size()).
   std::string decode(const std::vector<int32_t>& ids) const;

@@ -3,6 +3,7 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -83,6 +84,52 @@ std::string nfc_normalize(std::string_view utf8) {
   if (length < 0) fail("NFC normalization failed: ", utf8proc_errmsg(length));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(result, &std::free);
   return std::string(reinterpret_cast<const char*>(result), static_cast<size_t>(length));
+}
+
+NfcText::NfcText(std::string_view original) {
+  text_.reserve(original.size());
+  size_t copied = 0;  // original bytes before this are in text_
+  for (size_t i = 0; i < original.size();) {
+    if (static_cast<unsigned char>(original[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    // A run of non-ASCII bytes, with the ASCII character before it (which may compose with
+    // a combining mark that follows, as e + U+0301).
+    size_t end = i;
+    while (end < original.size() && static_cast<unsigned char>(original[end]) >= 0x80) ++end;
+    const size_t begin = i > copied ? i - 1 : i;
+    text_.append(original.substr(copied, begin - copied));
+    const std::string_view piece = original.substr(begin, end - begin);
+    const std::string normalized = nfc_normalize(piece);
+    if (normalized != piece)
+      changed_.push_back({begin, end, text_.size(), text_.size() + normalized.size()});
+    text_ += normalized;
+    copied = i = end;
+  }
+  text_.append(original.substr(copied));
+}
+
+size_t NfcText::original_begin(size_t n) const {
+  // The last changed piece that starts at or before n.
+  auto it =
+      std::upper_bound(changed_.begin(), changed_.end(), n,
+                       [](size_t v, const ChangedPiece& p) { return v < p.normalized_begin; });
+  if (it == changed_.begin()) return n;
+  const ChangedPiece& p = *std::prev(it);
+  if (n < p.normalized_end) return p.original_begin;
+  return p.original_end + (n - p.normalized_end);
+}
+
+size_t NfcText::original_end(size_t n) const {
+  // The last changed piece that starts before n.
+  auto it =
+      std::lower_bound(changed_.begin(), changed_.end(), n,
+                       [](const ChangedPiece& p, size_t v) { return p.normalized_begin < v; });
+  if (it == changed_.begin()) return n;
+  const ChangedPiece& p = *std::prev(it);
+  if (n <= p.normalized_end) return p.original_end;
+  return p.original_end + (n - p.normalized_end);
 }
 
 void append_utf8(std::string& out, char32_t cp) {

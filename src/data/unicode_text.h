@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace frugal {
 
@@ -15,6 +16,28 @@ std::string replace_invalid_utf8(std::string_view bytes);
 
 // The NFC form of valid UTF-8 text (canonical decomposition, then canonical composition).
 std::string nfc_normalize(std::string_view utf8);
+
+// Valid UTF-8 text in NFC, with the way back to the original's byte offsets. NFC of a text is
+// the NFC of its pieces cut before each ASCII character (none is ever the second of a canonical
+// composition, and reordering stops at it, a starter), so only the pieces that hold other
+// characters are normalized, and offsets outside the pieces NFC changed map exactly.
+class NfcText {
+ public:
+  explicit NfcText(std::string_view original);
+  const std::string& text() const { return text_; }
+  // The original offset of the normalized offset `n` as the start of a range: inside a piece NFC
+  // changed, that piece's start.
+  size_t original_begin(size_t n) const;
+  // The same as the end of a range: inside a piece NFC changed, that piece's end.
+  size_t original_end(size_t n) const;
+
+ private:
+  struct ChangedPiece {
+    size_t original_begin, original_end, normalized_begin, normalized_end;
+  };
+  std::string text_;
+  std::vector<ChangedPiece> changed_;  // in order
+};
 
 // Appends code point `cp` (at most U+10FFFF) to `out` as UTF-8.
 void append_utf8(std::string& out, char32_t cp);

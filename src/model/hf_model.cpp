@@ -417,12 +417,17 @@ void export_hf(const std::string& dir, const LlamaConfig& config, ParameterProvi
   const fs::path out(dir);
   write_json_file(out / "config.json", hf_config_json(config, options.dtype, options.bos_token_id,
                                                       options.eos_token_id));
-  write_json_file(out / "generation_config.json",
-                  {{"bos_token_id", options.bos_token_id}, {"eos_token_id", options.eos_token_id}});
-  // A tokenizer.json travels with the tokenizer_config.json that was beside it (bos, eos, chat
-  // template); a SentencePiece model gets one for LlamaTokenizer.
+  // The tokenizer travels with the files that were beside it (tokenizer_config.json: bos, eos,
+  // the chat template; chat_template.jinja; generation_config.json: a chat model's end-of-turn
+  // ids); what it does not bring is written here: generation_config.json from config.json's
+  // ids, and for a SentencePiece model a tokenizer_config.json for LlamaTokenizer.
   if (tokenizer) copy_tokenizer(options.tokenizer_path, dir);
-  if (tokenizer && tokenizer->kind() == TokenizerKind::sentencepiece) {
+  std::error_code ec;
+  if (!fs::exists(out / "generation_config.json", ec))
+    write_json_file(out / "generation_config.json", {{"bos_token_id", options.bos_token_id},
+                                                     {"eos_token_id", options.eos_token_id}});
+  if (tokenizer && tokenizer->kind() == TokenizerKind::sentencepiece &&
+      !fs::exists(out / "tokenizer_config.json", ec)) {
     auto piece_or_null = [&](int32_t id) -> nlohmann::json {
       if (id < 0) return nullptr;
       return tokenizer->piece(id);

@@ -162,7 +162,7 @@ std::vector<int32_t> generate_cached(const LlamaConfig& config, ParameterProvide
     if (options.agree) next = options.agree(next);
     tokens.push_back(next);
     if (options.on_token) options.on_token(next);
-    if (next == options.stop_token) break;
+    if (options.stops_at(next)) break;
   }
   return tokens;
 }

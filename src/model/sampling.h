@@ -2,6 +2,7 @@
 // This version re-runs the whole prefix each token (no KV cache yet).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -15,7 +16,11 @@ struct SamplingOptions {
   float temperature = 0;  // 0: greedy
   float top_p = 1.0f;
   uint64_t seed = 0;
-  int32_t stop_token = -1;  // e.g. eos; -1: none
+  // Tokens that end the sequence once chosen (kept in it): eos, a chat model's end-of-turn ids.
+  std::vector<int32_t> stop_tokens;
+  bool stops_at(int32_t token) const {
+    return std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end();
+  }
   // Ranks that generate together (weights sharded over them) take the token this returns, the
   // same on every rank (e.g. rank 0's), so that a rounding difference cannot make their
   // sequences, and so their collectives, part. Null: the sampled token.

@@ -77,6 +77,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"data.dir", &c.data.dir, kPath,
        "directory written by `frugal prepare` (train.tok, val.tok, tokenizer.model or "
        "tokenizer.json)"},
+      {"data.train_on", &c.data.train_on, kAny,
+       "the tokens the loss learns from: assistant (every assistant turn of chat data), "
+       "last_turn (the last assistant turn of each conversation), completion (the completion of "
+       "instruction data: Alpaca, prompt/completion), all (every token, prompts too); auto: "
+       "assistant for chat data, completion for instruction data, all for plain text"},
 
       {"train.steps", &t.steps, kPositive, "optimizer steps"},
       {"train.seed", &t.seed, kAny, "seed of initialisation and data order"},

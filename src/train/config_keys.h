@@ -46,7 +46,7 @@ using KeyField =
     std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*, CheckpointPolicy*,
                  Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
                  MomentsOnRefresh*, GaloreRefresh*, GaloreProjectionPrecision*, Fp8Recipe*,
-                 RopeScalingType*, DivergenceAction*, ActivationOffload*>;
+                 RopeScalingType*, DivergenceAction*, ActivationOffload*, TrainOn*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

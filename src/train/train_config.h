@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/enum_names.h"
+#include "data/train_on.h"
 #include "model/checkpoint_policy.h"
 #include "model/fp8_scaling.h"
 #include "model/llama_config.h"
@@ -79,6 +80,7 @@ inline std::span<const EnumName<ActivationOffload>> enum_names(ActivationOffload
 
 struct DataConfig {
   std::string dir = "data/fortunes";
+  TrainOn train_on = TrainOn::automatic;
 };
 
 struct TrainSettings {

@@ -48,10 +48,10 @@ Batch to_model_batch(const TokenBatch& tokens, const Mesh& mesh) {
 
 // Mean validation loss over (at most eval_batches per rank of) the validation split.
 double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& val,
-                const TrainConfig& c, const Mesh& mesh) {
+                const TargetSelection& targets, const TrainConfig& c, const Mesh& mesh) {
   Comm& world = *mesh.world;
   EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, mesh.dp_rank, mesh.dp_size,
-                  c.train.eval_batches);
+                  c.train.eval_batches, targets);
   TokenBatch tokens;
   double loss_sum = 0;
   int64_t counted = 0;
@@ -63,7 +63,8 @@ double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& v
   const double total = world.all_reduce_sum(double(counted));
   if (total == 0)
     fail("the validation split of '", c.data.dir,
-         "' holds no window of train.seq_len = ", c.train.seq_len, " + 1 tokens");
+         "' holds no window of train.seq_len = ", c.train.seq_len, " + 1 tokens",
+         targets.roles ? " with a target data.train_on trains" : "");
   const double loss = world.all_reduce_sum(loss_sum) / total;
   // metrics.jsonl would hold null, and the run would end as if all were well.
   if (!std::isfinite(loss))
@@ -158,7 +159,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   const int64_t tokens_per_step = run.tokens_per_step();
   run.log_plan(start_step);
 
-  summary.first_val_loss = evaluate(model, params, val_tokens, c, mesh);
+  summary.first_val_loss = evaluate(model, params, val_tokens, run.targets.val, c, mesh);
   log_info("step ", start_step, " | val_loss ", fixed(summary.first_val_loss, 4));
   if (metrics && start_step == 0)
     metrics->write({{"step", 0}, {"val_loss", summary.first_val_loss}});
@@ -303,7 +304,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       if (nlohmann::json profile = run.optimizer->take_profile(); !profile.is_null())
         record["galore_profile"] = std::move(profile);
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
-      summary.final_val_loss = evaluate(model, params, val_tokens, c, mesh);
+      summary.final_val_loss = evaluate(model, params, val_tokens, run.targets.val, c, mesh);
       record["val_loss"] = summary.final_val_loss;
     }
     // Checkpoints: a background save every rank has written is committed; a due one starts
@@ -385,7 +386,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     sampling.temperature = 0.8f;
     sampling.top_p = 0.95f;
     sampling.seed = c.train.seed;
-    sampling.stop_token = run.tokenizer->eos_id();
+    sampling.stop_tokens = {run.tokenizer->eos_id()};
     std::vector<int32_t> prompt = run.tokenizer->encode(c.train.sample_prompt);
     // What precedes a document in training: bos, or without one the previous document's eos.
     const int32_t start =

@@ -24,6 +24,7 @@
 #include "parallel/zero3_parameters.h"
 #include "train/run_memory.h"
 #include "train/train_config.h"
+#include "train/training_data.h"
 
 namespace frugal {
 
@@ -54,6 +55,7 @@ struct TrainingRun {
   Mesh host_mesh;  // MPI over every rank, for host values
   bool use_gpu = false;
   std::unique_ptr<TokenFile> train_tokens, val_tokens;
+  TrainingTargets targets;  // what data.train_on selects in them
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<BatchSampler> sampler;
   std::unique_ptr<RunMemory> memory;  // before every part that allocates from it

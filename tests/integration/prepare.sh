@@ -45,7 +45,7 @@ awk 'BEGIN {
 }' > corpus/fortunes
 printf 'binary\0index' > corpus/fortunes.dat       # skipped: a fortune index
 ln -s fortunes corpus/fortunes.u8                   # skipped: a second name
-printf '{"text": "A JSON document about the moon."}\n{"instruction": "Say hi.", "output": "Hi!"}\n' \
+printf '{"text": "A JSON document about the moon."}\n{"text": "And one about the sun."}\n' \
   > corpus/sub/extra.jsonl
 
 # --help: exit 0, every option with its default.

@@ -19,6 +19,7 @@
 #include "data/shuffle.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "data/train_on.h"
 
 namespace fs = std::filesystem;
 using namespace frugal;
@@ -75,6 +76,13 @@ std::vector<int32_t> as_vector(const Tensor& t) {
   return std::vector<int32_t>(p, p + t.numel());
 }
 
+// The texts of text documents.
+std::vector<std::string> texts(const std::vector<CorpusDocument>& docs) {
+  std::vector<std::string> out;
+  for (const CorpusDocument& d : docs) out.push_back(d.text);
+  return out;
+}
+
 std::vector<int32_t> ramp_tokens(int32_t n) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;  // token value = position
@@ -114,7 +122,7 @@ TEST_CASE("directories are walked in order, skipping .dat, binaries, links and d
   Corpus corpus = read_corpus({dir.path.string()});
   const std::vector<std::string> expected = {
       "a whole file\n%s is not a separator\n", "one", "two", "three", "from json", "again"};
-  CHECK(corpus.documents == expected);
+  CHECK(texts(corpus.documents) == expected);
   CHECK(corpus.stats.documents == 6);
   CHECK(corpus.stats.files == 5);          // a_text, b_fortunes, blank, c.jsonl, latin1
   CHECK(corpus.stats.skipped_files == 3);  // .dat, the .u8 link, image.bin
@@ -122,14 +130,14 @@ TEST_CASE("directories are walked in order, skipping .dat, binaries, links and d
   CHECK(corpus.stats.skipped_empty == 1);
 
   // Forcing a format overrides detection.
-  Corpus forced = read_corpus({dir.file("b_fortunes")}, CorpusFormat::text);
-  CHECK(forced.documents == std::vector<std::string>{"one\n%\ntwo\n%\nthree\n"});
+  Corpus forced = read_corpus({dir.file("b_fortunes")}, {.format = CorpusFormat::text});
+  CHECK(texts(forced.documents) == std::vector<std::string>{"one\n%\ntwo\n%\nthree\n"});
 
   // Explicit paths: a missing one, or a binary one, is an error naming it.
   CHECK(contains(error_of([&] { read_corpus({dir.file("nope")}); }), "nope' does not exist"));
   CHECK(contains(error_of([&] { read_corpus({dir.file("sub/image.bin")}); }), "looks binary"));
-  CHECK(corpus_format_from_name("jsonl") == CorpusFormat::jsonl);
-  CHECK(contains(error_of([] { corpus_format_from_name("xml"); }), "'xml'"));
+  CHECK(enum_from_name<CorpusFormat>("jsonl") == CorpusFormat::jsonl);
+  CHECK_FALSE(enum_from_name<CorpusFormat>("xml").has_value());
 }
 
 TEST_CASE("JSONL: text and alpaca records, errors name the line", "[data][corpus]") {
@@ -138,19 +146,24 @@ TEST_CASE("JSONL: text and alpaca records, errors name the line", "[data][corpus
       "{\"instruction\": \"Add.\", \"input\": \"1 2\", \"output\": \"3\"}\n"
       "\n"
       "{\"instruction\": \"Greet.\", \"output\": \"Hi\"}\n";
-  const auto docs = parse_jsonl(good, "g.jsonl");
-  REQUIRE(docs.size() == 3);
-  CHECK(docs[0] == "plain");
-  CHECK(docs[1] == alpaca_prompt("Add.", "1 2") + "3");
-  CHECK(contains(docs[1], "### Input:\n1 2\n\n### Response:\n3"));
-  CHECK(docs[2] == alpaca_prompt("Greet.", "") + "Hi");
-  CHECK_FALSE(contains(docs[2], "### Input"));
+  // Every record of a file has the format of its first: text, then alpaca, is refused.
+  CHECK(contains(error_of([&] { parse_jsonl(good, "g.jsonl"); }),
+                 "g.jsonl:2: a alpaca record in a file of text records (told by g.jsonl:1)"));
+  const auto docs = parse_jsonl(good.substr(good.find('\n') + 1), "g.jsonl");
+  REQUIRE(docs.size() == 2);
+  CHECK(docs[0].content == DocumentContent::instruction);
+  CHECK(docs[0].text == alpaca_prompt("Add.", "1 2"));
+  CHECK(docs[0].completion == "3");
+  CHECK(contains(docs[0].text + docs[0].completion, "### Input:\n1 2\n\n### Response:\n3"));
+  CHECK(docs[1].text + docs[1].completion == alpaca_prompt("Greet.", "") + "Hi");
+  CHECK_FALSE(contains(docs[1].text, "### Input"));
+  CHECK(docs[1].where == "g.jsonl:3");
 
   const std::string bad = "{\"text\": \"ok\"}\n{\"text\": \"fine\"}\n{\"text\": oops}\n";
   const std::string msg = error_of([&] { parse_jsonl(bad, "data/bad.jsonl"); });
   CHECK(contains(msg, "data/bad.jsonl:3: invalid JSON"));
   CHECK(contains(error_of([] { parse_jsonl("{\"title\": \"x\"}\n", "f.jsonl"); }),
-                 "f.jsonl:1: expected a \"text\" field"));
+                 "f.jsonl:1: the record has none of the fields that tell its format"));
   CHECK(contains(error_of([] { parse_jsonl("[1, 2]\n", "f.jsonl"); }),
                  "f.jsonl:1: expected a JSON object"));
   CHECK(contains(error_of([] { parse_jsonl("{\"text\": 5}\n", "f.jsonl"); }),
@@ -163,8 +176,10 @@ TEST_CASE("JSONL: text and alpaca records, errors name the line", "[data][corpus
       contains(error_of([&] { read_corpus({dir.file("x.jsonl")}); }), dir.file("x.jsonl") + ":3:"));
   // A .json file holding an array (Stanford Alpaca's alpaca_data.json).
   write_text(dir.file("a.json"), "[{\"instruction\": \"I\", \"input\": \"\", \"output\": \"O\"}]");
-  CHECK(read_corpus({dir.file("a.json")}).documents ==
-        std::vector<std::string>{alpaca_prompt("I", "") + "O"});
+  const Corpus array = read_corpus({dir.file("a.json")});
+  REQUIRE(array.documents.size() == 1);
+  CHECK(array.documents[0].text + array.documents[0].completion == alpaca_prompt("I", "") + "O");
+  CHECK(array.documents[0].where == dir.file("a.json") + ": record 0");
 }
 
 TEST_CASE("UTF-8 validation", "[data][corpus]") {
@@ -185,7 +200,10 @@ TEST_CASE("token files round-trip and reject damage", "[data][token_file]") {
   CHECK(written.token_bytes == 2);
   CHECK(written.num_documents == 3);
   CHECK(written.num_tokens == 3 + 2 + 0 + 2 + 2 + 2);
-  CHECK(fs::file_size(path) == kTokenFileHeaderBytes + 2 * written.num_tokens);
+  // Ids (22 bytes, padded to 24), then the 4 document starts.
+  CHECK(fs::file_size(path) == kTokenFileHeaderBytes + 24 + 8 * 4);
+  CHECK_FALSE(written.has_roles);
+  CHECK(written.content == content_bit(DocumentContent::text));
   CHECK_FALSE(fs::exists(path + ".tmp"));
 
   TokenFile file(path);
@@ -195,6 +213,9 @@ TEST_CASE("token files round-trip and reject damage", "[data][token_file]") {
   CHECK(file.read_all() == std::vector<int32_t>{1, 5, 6, 7, 2, 1, 2, 1, 300, 4, 2});
   CHECK(file[8] == 300);
   CHECK(read_token_file_header(path).num_tokens == 11);
+  CHECK(file.roles() == nullptr);
+  CHECK(std::vector<uint64_t>(file.document_starts().begin(), file.document_starts().end()) ==
+        std::vector<uint64_t>{0, 5, 7, 11});
 
   // Without bos (a Qwen2-style tokenizer): every document is ids..., eos.
   const std::string no_bos = dir.file("no_bos.tok");
@@ -227,7 +248,7 @@ TEST_CASE("token files round-trip and reject damage", "[data][token_file]") {
   write_text(cut, "hello, this is not a token file at all, just some text here....");
   CHECK(contains(error_of([&] { TokenFile t(cut); }), "not a frugal token file"));
   std::string corrupt = bytes;
-  corrupt[kTokenFileHeaderBytes + 2 * 3] = '\xff';  // id 7 -> 0x??ff >= 512
+  corrupt[kTokenFileHeaderBytes + 2 * 3] = '\xff';  // id 7 -> 0x7fff >= 512
   corrupt[kTokenFileHeaderBytes + 2 * 3 + 1] = '\x7f';
   write_text(cut, corrupt);
   CHECK(contains(error_of([&] { TokenFile t(cut); }), "at position 3 is outside the vocabulary"));
@@ -509,4 +530,173 @@ TEST_CASE("tokenizer: train, encode, decode, deterministic", "[data][tokenizer]"
                    train_tokenizer({"", ""}, dir.file("x.model"), options);
                  }),
                  "no text"));
+}
+
+namespace {
+
+// A version 1 token file (before roles and document starts), byte for byte as frugal wrote it.
+std::string version1_file(const std::vector<uint16_t>& ids, uint32_t vocab, int32_t bos,
+                          int32_t eos, uint64_t documents) {
+  std::string bytes(kTokenFileHeaderBytes, '\0');
+  auto put = [&](size_t at, auto value) { std::memcpy(bytes.data() + at, &value, sizeof value); };
+  std::memcpy(bytes.data(), kTokenFileMagic, sizeof kTokenFileMagic);
+  put(8, uint32_t{1});
+  put(12, uint32_t{2});
+  put(16, uint64_t{ids.size()});
+  put(24, documents);
+  put(32, vocab);
+  put(36, bos);
+  put(40, eos);
+  put(44, kTokenFileHeaderBytes);
+  bytes.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 2);
+  return bytes;
+}
+
+TokenizedDocument chat_document(std::vector<int32_t> ids, std::vector<TokenRole> roles) {
+  return {std::move(ids), std::move(roles), DocumentContent::chat};
+}
+
+}  // namespace
+
+TEST_CASE("token files: roles and document starts round-trip, damage is named",
+          "[data][token_file]") {
+  TempDir dir;
+  const std::string path = dir.file("chat.tok");
+  using R = TokenRole;
+  {
+    TokenFileWriter writer(path, 70000, -1, 9);  // 4-byte ids, no bos
+    writer.add_document(
+        chat_document({1, 2, 3, 9}, {R::prompt, R::prompt, R::last_reply, R::last_reply}));
+    writer.add_document(chat_document(
+        {4, 5, 6, 7, 9}, {R::prompt, R::reply, R::prompt, R::last_reply, R::last_reply}));
+    writer.add_document({{8, 9}, {R::prompt, R::last_reply}, DocumentContent::instruction});
+    // Text cannot join documents that have roles; a document's roles must match its ids.
+    CHECK(contains(error_of([&] { writer.add_document(std::vector<int32_t>{1}); }),
+                   "a text document cannot follow"));
+    CHECK(contains(error_of([&] {
+                     writer.add_document(chat_document({1, 2}, {R::prompt}));
+                   }),
+                   "has 2 ids and 1 roles"));
+    CHECK(contains(error_of([&] { writer.add_document(chat_document({}, {})); }), "is empty"));
+    const TokenFileHeader h = writer.finish();
+    CHECK(h.has_roles);
+    CHECK(h.content ==
+          (content_bit(DocumentContent::chat) | content_bit(DocumentContent::instruction)));
+  }
+  CHECK_FALSE(fs::exists(path + ".roles.tmp"));
+  const TokenFile file(path);
+  CHECK(file.header().version == 2);
+  CHECK(content_names(file.header().content) == "instruction + chat");
+  CHECK(file.read_all() == std::vector<int32_t>{1, 2, 3, 9, 4, 5, 6, 7, 9, 8, 9});
+  REQUIRE(file.roles() != nullptr);
+  const std::vector<R> roles(file.roles(), file.roles() + file.size());
+  CHECK(roles == std::vector<R>{R::prompt, R::prompt, R::last_reply, R::last_reply, R::prompt,
+                                R::reply, R::prompt, R::last_reply, R::last_reply, R::prompt,
+                                R::last_reply});
+  CHECK(std::vector<uint64_t>(file.document_starts().begin(), file.document_starts().end()) ==
+        std::vector<uint64_t>{0, 4, 9, 11});
+  // 11 ids of 4 bytes (44, padded to 48), 4 starts, 11 roles.
+  CHECK(fs::file_size(path) == kTokenFileHeaderBytes + 48 + 32 + 11);
+
+  // Damage: a role out of range, starts that do not rise, a cut file; each named.
+  const std::string bytes = read_bytes(path);
+  const std::string bad = dir.file("bad.tok");
+  std::string damaged = bytes;
+  damaged[bytes.size() - 1] = 3;
+  write_text(bad, damaged);
+  CHECK(contains(error_of([&] { TokenFile t(bad); }), "token 10 has role 3"));
+  damaged = bytes;
+  const uint64_t backwards = 10;  // document 1 would start after document 2
+  std::memcpy(damaged.data() + kTokenFileHeaderBytes + 48 + 8, &backwards, 8);
+  write_text(bad, damaged);
+  CHECK(contains(error_of([&] { TokenFile t(bad); }), "document 1 starts at token 10"));
+  write_text(bad, bytes.substr(0, bytes.size() - 1));
+  CHECK(contains(error_of([&] { TokenFile t(bad); }), "truncated"));
+  damaged = bytes;
+  damaged[52] = 0;  // flags: roles gone, content still chat
+  write_text(bad, damaged);
+  CHECK(contains(error_of([&] { TokenFile t(bad); }), "without token roles"));
+  // Header ids outside the vocabulary (a file that would make generation read past the table).
+  damaged = bytes;
+  const int32_t eos = 70000, bos = -2;
+  std::memcpy(damaged.data() + 40, &eos, 4);
+  write_text(bad, damaged);
+  CHECK(contains(error_of([&] { TokenFile t(bad); }), "has eos id 70000, outside the vocabulary"));
+  damaged = bytes;
+  std::memcpy(damaged.data() + 36, &bos, 4);
+  write_text(bad, damaged);
+  CHECK(contains(error_of([&] { read_token_file_header(bad); }), "has bos id -2"));
+}
+
+TEST_CASE("token files of version 1 still read: text, without starts", "[data][token_file]") {
+  TempDir dir;
+  const std::string path = dir.file("v1.tok");
+  write_text(path, version1_file({1, 5, 6, 2, 1, 7, 2}, 512, 1, 2, 2));
+  const TokenFile file(path);
+  CHECK(file.header().version == 1);
+  CHECK(file.header().content == content_bit(DocumentContent::text));
+  CHECK(file.read_all() == std::vector<int32_t>{1, 5, 6, 2, 1, 7, 2});
+  CHECK(file.roles() == nullptr);
+  CHECK(file.document_starts().empty());
+  // A sampler over it trains on every target, as before.
+  BatchSampler sampler(file.view(), {.seq_len = 3, .micro_batch_size = 2, .seed = 1});
+  CHECK(sampler.next().target_tokens == 6);
+}
+
+TEST_CASE("sampler: targets whose role is not trained are ignored, counted per batch",
+          "[data][sampler]") {
+  // 21 tokens: roles cycle prompt, reply, last_reply.
+  const auto tokens = ramp_tokens(21);
+  std::vector<TokenRole> roles(tokens.size());
+  for (size_t i = 0; i < roles.size(); ++i) roles[i] = TokenRole(i % 3);
+  for (const TrainedRoles trained :
+       {kEveryRole, TrainedRoles(role_bit(TokenRole::reply) | role_bit(TokenRole::last_reply)),
+        role_bit(TokenRole::last_reply)}) {
+    BatchSampler sampler(view_of(tokens), {.seq_len = 4, .micro_batch_size = 5, .seed = 3},
+                         {roles.data(), trained});
+    const TokenBatch batch = sampler.next();
+    const std::vector<int32_t> inputs = as_vector(batch.inputs), targets = as_vector(batch.targets);
+    int64_t counted = 0;
+    for (size_t j = 0; j < targets.size(); ++j) {
+      // The target of input token t is token t + 1 (values are positions).
+      const int32_t t = inputs[j] + 1;
+      const bool trained_role = (trained >> uint8_t(roles[size_t(t)])) & 1u;
+      CHECK(targets[j] == (trained_role ? t : kIgnoreTarget));
+      counted += trained_role;
+    }
+    CHECK(batch.target_tokens == counted);
+  }
+  // The evaluation iterator masks the same way.
+  EvalIterator it(view_of(tokens), 4, 5, 0, 1, 0, {roles.data(), role_bit(TokenRole::prompt)});
+  TokenBatch batch;
+  REQUIRE(it.next(batch));
+  const std::vector<int32_t> targets = as_vector(batch.targets);
+  for (int32_t t : targets) CHECK((t == kIgnoreTarget || t % 3 == 0));
+  CHECK(batch.target_tokens == 6);  // targets 3, 6, ..., 18 of the 20
+}
+
+TEST_CASE("data.train_on: what each mode trains, refused where it does not apply",
+          "[data][train_on]") {
+  const uint32_t text = content_bit(DocumentContent::text);
+  const uint32_t chat = content_bit(DocumentContent::chat);
+  const uint32_t instruction = content_bit(DocumentContent::instruction);
+  const TrainedRoles replies = role_bit(TokenRole::reply) | role_bit(TokenRole::last_reply);
+  CHECK(trained_roles(TrainOn::automatic, text, "t") == kEveryRole);
+  CHECK(trained_roles(TrainOn::automatic, chat, "t") == replies);
+  CHECK(trained_roles(TrainOn::automatic, instruction, "t") == replies);
+  CHECK(trained_roles(TrainOn::assistant, chat, "t") == replies);
+  CHECK(trained_roles(TrainOn::last_turn, chat, "t") == role_bit(TokenRole::last_reply));
+  CHECK(trained_roles(TrainOn::completion, instruction, "t") == replies);
+  CHECK(trained_roles(TrainOn::all, chat, "t") == kEveryRole);
+  CHECK(contains(error_of([&] { trained_roles(TrainOn::assistant, instruction, "d/train.tok"); }),
+                 "'d/train.tok' holds instruction data without conversations (use completion"));
+  CHECK(contains(error_of([&] { trained_roles(TrainOn::completion, chat, "d/train.tok"); }),
+                 "(use assistant or last_turn, or all)"));
+  CHECK(contains(error_of([&] { trained_roles(TrainOn::last_turn, text, "d/train.tok"); }),
+                 "nothing in it marks a prompt"));
+  const std::vector<TokenRole> roles = {TokenRole::prompt, TokenRole::reply, TokenRole::last_reply,
+                                        TokenRole::reply};
+  CHECK(count_trained(roles.data(), roles.size(), replies) == 3);
+  CHECK(count_trained(roles.data(), roles.size(), role_bit(TokenRole::last_reply)) == 1);
+  CHECK(count_trained(nullptr, 7, role_bit(TokenRole::last_reply)) == 7);
 }

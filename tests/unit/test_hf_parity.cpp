@@ -109,7 +109,7 @@ void check_against_transformers(const std::string& name, bool no_cache_equal = t
   const auto greedy = f.expected["greedy"].get<std::vector<int32_t>>();
   SamplingOptions options;
   options.max_new_tokens = static_cast<int64_t>(greedy.size() - prompt.size());
-  options.stop_token = hf.eos_token_id();
+  options.stop_tokens = {hf.eos_token_id()};
   if (no_cache_equal) CHECK(generate(model, *params, prompt, options) == greedy);
   CHECK(generate_cached(hf.config(), *params, prompt, options) == greedy);
 }
