@@ -24,6 +24,13 @@ std::function<void(Tensor&)> sum_over(Comm* comm, Comm* host_comm) {
 
 }  // namespace
 
+NothingToTrain::NothingToTrain(int64_t step, size_t micro_batches, int ranks)
+    : Error(detail::concat("train step ", step, ": every target of the global batch (",
+                           micro_batches, " micro-batch", micro_batches == 1 ? "" : "es",
+                           " on each of ", ranks, " rank", ranks == 1 ? "" : "s",
+                           ") is masked out of the loss: nothing to train")),
+      step(step) {}
+
 StepCollectives step_collectives(const StepComms& comms) {
   Comm* shard = comms.shard ? comms.shard : comms.world;
   if (!shard) return local_collectives();
@@ -59,10 +66,17 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& o
   int64_t local_tokens = 0;
   for (const Batch& b : micro_batches) local_tokens += counted_targets(b.targets);
   StepResult result;
+  // Each trained target is on one rank only: cp ranks hold disjoint parts of a sequence (their
+  // padding masked), dp ranks different sequences.
   result.tokens = static_cast<int64_t>(global_sum(double(local_tokens)));
+  if (result.tokens == 0) {
+    // Every rank knows the same count: all throw here, before any collective of the step.
+    params.wait_for_updates();  // the previous step's, if they run beside the forward
+    throw NothingToTrain(step, micro_batches.size(), world ? world->size() : 1);
+  }
   // Each rank scales by the GLOBAL token count, so that summing the ranks' gradients (the
   // reduce-scatter) gives the gradient of the global mean loss.
-  const float grad_scale = 1.0f / float(std::max<int64_t>(1, result.tokens));
+  const float grad_scale = 1.0f / float(result.tokens);
 
   const double start = now_seconds();
   params.zero_grads();
@@ -75,7 +89,7 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& o
   model.set_noise(0);
   const double backward_end = now_seconds();
   result.forward_backward_seconds = backward_end - start;
-  result.loss = global_sum(loss_sum) / double(std::max<int64_t>(1, result.tokens));
+  result.loss = global_sum(loss_sum) / double(result.tokens);
   // The previous step's updates are done by now (the forward gathered every unit); waiting
   // makes it certain before the optimizer's step state changes.
   params.wait_for_updates();

@@ -1,11 +1,12 @@
 // One optimizer step over a list of micro-batches, on any ParameterProvider and any number
-// of data-parallel ranks: the gradients are those of the mean loss over every counted token
-// of every rank's micro-batches.
+// of data-parallel and cp ranks: the loss and its gradients are the mean over every trained
+// (unmasked) target of the global batch, whatever its split into ranks and micro-batches.
 #pragma once
 
 #include <functional>
 #include <vector>
 
+#include "core/error.h"
 #include "model/llama_model.h"
 #include "optim/optimizer.h"
 #include "parallel/comm.h"
@@ -13,8 +14,8 @@
 namespace frugal {
 
 struct StepResult {
-  double loss = 0;       // mean over the global batch's counted tokens
-  int64_t tokens = 0;    // counted tokens, all ranks
+  double loss = 0;       // mean over the global batch's trained targets
+  int64_t tokens = 0;    // trained (unmasked) targets of the global batch: every rank's, once
   double grad_norm = 0;  // before clipping
   // Wall time of the forward and backward passes of every micro-batch (up to the last loss
   // read back, so a GPU's work included) and of the optimizer (global norm, clipping, AdamW).
@@ -56,6 +57,22 @@ StepCollectives step_collectives(const StepComms& comms);
 // MPI world beside an NCCL `comm`, among the same ranks.
 StepCollectives step_collectives(Comm* comm, Comm* host_comm = nullptr);
 
+// What train_step throws, on every rank alike, when no target of the global batch is trained
+// (every one masked on every rank): a mean over no targets has no value, and an update from a
+// zero gradient would still move the weights (AdamW's momentum and decay) as if it had
+// trained. Nothing changes: the parameters and the optimizer's state stay as they were. The
+// message names the step; a caller that knows where the batch came from may catch this type
+// and say so.
+class NothingToTrain : public Error {
+ public:
+  NothingToTrain(int64_t step, size_t micro_batches, int ranks);
+  int64_t step;
+};
+
+// The loss is the sum of the token losses of every rank's micro-batches over the GLOBAL count
+// of trained targets (StepComms::world), and each rank scales its gradients by 1 / that count,
+// so that the sums over the shard group and the replicas give the gradient of that mean.
+// Throws NothingToTrain when that count is 0.
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, const StepComms& comms, double lr,
                       int64_t step, CheckpointPolicy policy, const StepHooks& hooks = {});

@@ -247,6 +247,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
                              {"link_bytes", link_bytes},
                              {"peak_memory_bytes", run.memory->peak_bytes()},
                              {"memory", run.memory->report()}};
+    record["trained_tokens"] = result.tokens;  // the loss's denominator (masks left out)
     if (!std::isfinite(result.loss)) record["loss"] = nullptr;
     if (!std::isfinite(result.grad_norm)) record["grad_norm"] = nullptr;
     if (!result.applied) record["skipped"] = true;

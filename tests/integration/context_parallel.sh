@@ -3,7 +3,8 @@
 # trains like one rank holding whole sequences (cp = 2, and dp = 2 x cp = 2), at a sequence
 # length that needs padding, also with each rank's share of the blocks' inputs offloaded
 # (train.activation_offload = inputs) and the MLP in chunks of 7 rows, under full checkpointing;
-# a cp that does not divide the ranks is refused.
+# metrics.jsonl's trained_tokens counts each step's targets once over the ranks; a cp that does
+# not divide the ranks is refused.
 # usage: context_parallel.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
@@ -32,6 +33,12 @@ for run in cp2 dp2cp2 cp2_offload; do
   rel=$(max_rel "$work/one/metrics.jsonl" "$work/$run/metrics.jsonl")
   awk -v r="$rel" 'BEGIN { exit !(r < 1e-4) }' || { echo "FAIL: $run differs from one rank by $rel"; exit 1; }
   echo "$run vs one rank: largest relative loss difference $rel"
+done
+# Every step's trained targets, counted once over the dp and cp ranks: 2 windows of 37 targets
+# per step, every one trained (no mask in this data).
+for run in one cp2 dp2cp2 cp2_offload; do
+  counts=$(grep -o '"trained_tokens":[0-9]*' "$work/$run/metrics.jsonl" | cut -d: -f2 | sort | uniq -c)
+  [ "$(echo $counts)" = "8 74" ] || { echo "FAIL: $run's trained_tokens per step: $counts"; exit 1; }
 done
 
 rc=0
