@@ -113,7 +113,7 @@ EvalLines read_token_file(const std::string& path, int64_t seq_len, int64_t max_
   const TrainedRoles trained = trained_roles(mode, file.header().content, path);
   const bool masked = file.roles() && trained != kEveryRole;
   EvalLines lines;
-  if (masked) lines.train_on = std::string(enum_name(mode));
+  if (masked) lines.train_on = enum_name(resolved_train_on(mode, file.header().content));
   for (uint64_t begin = 0; begin + uint64_t(seq_len) <= view.size; begin += uint64_t(seq_len)) {
     if (max_sequences > 0 && int64_t(lines.ids.size()) == max_sequences) break;
     std::vector<int32_t> ids(static_cast<size_t>(seq_len));
@@ -152,7 +152,7 @@ EvalLines read_data_file(const std::string& path, CorpusFormat format, TrainOn m
   EvalLines lines;
   const bool masked =
       corpus.content() != content_bit(DocumentContent::text) && trained != kEveryRole;
-  if (masked) lines.train_on = std::string(enum_name(mode));
+  if (masked) lines.train_on = enum_name(resolved_train_on(mode, corpus.content()));
   for (const CorpusDocument& doc : corpus.documents) {
     TokenizedDocument encoded = encoder.encode(doc);
     if (masked)

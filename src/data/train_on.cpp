@@ -33,6 +33,14 @@ TrainedRoles trained_roles(TrainOn mode, uint32_t content, const std::string& fi
   return kEveryRole;
 }
 
+TrainOn resolved_train_on(TrainOn mode, uint32_t content) {
+  if (mode != TrainOn::automatic) return mode;
+  if (content == content_bit(DocumentContent::text)) return TrainOn::all;
+  if (content == content_bit(DocumentContent::chat)) return TrainOn::assistant;
+  if (content == content_bit(DocumentContent::instruction)) return TrainOn::completion;
+  return TrainOn::automatic;
+}
+
 uint64_t count_trained(const TokenRole* roles, uint64_t n, TrainedRoles trained) {
   if (!roles || trained == kEveryRole) return n;
   uint64_t count = 0;

@@ -38,6 +38,11 @@ constexpr TrainedRoles role_bit(TokenRole role) { return TrainedRoles(1u << uint
 // instruction data, a completion in chat data, anything but all in plain text).
 TrainedRoles trained_roles(TrainOn mode, uint32_t content, const std::string& file);
 
+// What auto stands for in a file of `content`: assistant for chat, completion for instruction
+// data, all for text (auto itself for instruction and chat together, where it trains the replies
+// of both); any other mode is itself.
+TrainOn resolved_train_on(TrainOn mode, uint32_t content);
+
 // The number of tokens of `roles` (n of them) whose role `trained` selects.
 uint64_t count_trained(const TokenRole* roles, uint64_t n, TrainedRoles trained);
 

@@ -211,9 +211,17 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     comms.host_replica = run.host_mesh.replica.get();
     // FP8 weight gathers for the step's GEMMs only: evaluation reads the weights as they are.
     params.set_fp8_gathers(true);
-    StepResult result =
-        train_step(model, params, *run.optimizer, micro, comms, lr, step,
-                   c.train.activation_checkpointing, health.hooks(step, first_pass));
+    StepResult result;
+    try {
+      result = train_step(model, params, *run.optimizer, micro, comms, lr, step,
+                          c.train.activation_checkpointing, health.hooks(step, first_pass));
+    } catch (const NothingToTrain& e) {
+      // Every window the step drew lies in prompts (data.train_on leaves them no target).
+      fail(e.what(), ": the windows it drew from '", (fs::path(c.data.dir) / "train.tok").string(),
+           "' hold no target that data.train_on = ", enum_name(c.data.train_on),
+           " trains (see the count of such windows at the start); a larger global batch, a longer ",
+           "train.seq_len or data.train_on = all avoids it");
+    }
     params.set_fp8_gathers(false);
     nlohmann::json link_bytes = nlohmann::json::object();
     for (LinkClass link : {LinkClass::intra_node, LinkClass::inter_node})

@@ -39,7 +39,11 @@ TrainingTargets select_training_targets(const TrainConfig& c, const TokenFile& t
   const uint64_t n = train.size();
   const TokenRole* roles = train.roles();
   const uint64_t counted = n > 0 ? count_trained(roles + 1, n - 1, trained) : 0;
-  const std::string mode(enum_name(c.data.train_on));
+  std::string mode(enum_name(c.data.train_on));
+  if (c.data.train_on == TrainOn::automatic)
+    mode += " (" +
+            std::string(enum_name(resolved_train_on(c.data.train_on, train.header().content))) +
+            ")";
   if (counted == 0)
     fail("data.train_on = ", mode, ": '", train_path, "' holds no token to train on (its ",
          content_names(train.header().content), " documents have no ",

@@ -4,6 +4,8 @@
 set -euo pipefail
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# KEEP=1 keeps the scratch directory for a look after a failure.
+if [ -n "${KEEP:-}" ]; then trap - EXIT; echo "work: $work"; fi
 # These scripts check fp32 equalities of the CPU backend: on a machine with a GPU, `train`
 # would pick it (parallel.device = auto, and eval's and generate's --device auto), so $frugal
 # pins the CPU; $frugal_binary is the real one (tests/integration/gpu_*.sh use it).
