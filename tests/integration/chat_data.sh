@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instruction and chat data end to end, and what bad input gets: prepare with the Qwen2 and
 # Mistral chat fixtures (tests/fixtures/chat), the counts in prepare.json, training from scratch
-# on the assistant turns, eval --data against prepare's counts, generate --chat; an unknown
+# on the assistant turns (resumed, and over two cp ranks, as a straight one-rank run), eval
+# --data against prepare's counts, generate --chat; an unknown
 # role, an empty assistant turn, a template that raises, data with nothing to train, a mode
 # that does not apply, conversations longer than the window, a tokenizer without a template,
 # plain text mixed in, a line that is not UTF-8, --skip-bad-records.
@@ -64,6 +65,22 @@ tokens=$(( $(grep -o '"tokens":[0-9]*' eval.json | cut -d: -f2) + $(grep -o '"to
 grep -q '"train_on":"assistant"' eval.json || fail "eval does not say what it counted"
 all=$("$frugal" eval --ckpt run --data chats.jsonl --train-on all | grep -o '"tokens":[0-9]*' | cut -d: -f2)
 [ "$all" -gt "$tokens" ] || fail "--train-on all counted no more than the replies"
+
+# The masks go with the windows: a run stopped after its step-2 checkpoint and resumed equals a
+# straight one bit for bit; each sequence split over two cp ranks trains like one rank (fp32
+# reduction order), with the same trained tokens per step.
+steps4=(--data.dir=data --train.steps=4 --train.seq_len=32 --train.micro_batch_size=2
+        --train.sample_tokens=0 --train.eval_batches=1 --ckpt.every=2 --ckpt.async=false)
+"$frugal" train "${model[@]}" "${steps4[@]}" --train.out_dir=straight > /dev/null
+FRUGAL_INJECT_FAULT=exit:0:3 "$frugal" train "${model[@]}" "${steps4[@]}" --train.out_dir=resumed   > /dev/null 2>&1 && fail "the injected fault did not stop the run"
+"$frugal" train "${model[@]}" "${steps4[@]}" --train.resume=true --train.out_dir=resumed > resumed.log
+grep -q "resumed from step 2" resumed.log || fail "did not resume"
+cmp <(losses straight/metrics.jsonl) <(losses resumed/metrics.jsonl) || fail "resumed losses differ"
+"${mpi[@]}" -np 2 "$frugal" train "${model[@]}" "${steps4[@]}" --parallel.cp=2 --train.out_dir=cp2 > /dev/null
+trained() { grep '"loss"' "$1" | grep -o '"trained_tokens":[0-9]*' | cut -d: -f2; }
+cmp <(trained straight/metrics.jsonl) <(trained cp2/metrics.jsonl) || fail "cp 2 trained other tokens"
+[ "$(max_rel straight/metrics.jsonl cp2/metrics.jsonl | awk '{ print ($1 <= 1e-5) }')" = 1 ] \
+  || fail "cp 2 losses differ by $(max_rel straight/metrics.jsonl cp2/metrics.jsonl)"
 
 # generate --chat: the rendered prompt starts with <|im_start|>, the reply stops at an end id.
 im_start=$(python3 -c 'import json, sys
