@@ -26,6 +26,7 @@
 #include "model/hf_model.h"
 #include "model/llama_model.h"
 #include "quant/quantized_parameters.h"
+#include "train/chat_template_trial.h"
 #include "train/saved_model.h"
 #include "train/sharded_model.h"
 
@@ -146,6 +147,10 @@ EvalLines read_data_file(const std::string& path, CorpusFormat format, TrainOn m
     if (!chat)
       fail("eval: '", path, "' holds conversations, and tokenizer '", tokenizer_path,
            "' has no chat template beside it: give --chat-template FILE");
+    std::vector<Conversation> samples;
+    for (const CorpusDocument& d : corpus.documents)
+      if (d.content == DocumentContent::chat && samples.size() < 8) samples.push_back(d.conversation);
+    try_chat_template(*chat, samples);
   }
   const TrainedRoles trained = trained_roles(mode, corpus.content(), path);
   const DocumentEncoder encoder(tokenizer, chat ? &*chat : nullptr);

@@ -19,6 +19,7 @@
 #include "model/llama_model.h"
 #include "model/sampling.h"
 #include "quant/quantized_parameters.h"
+#include "train/chat_template_trial.h"
 #include "train/sharded_model.h"
 
 namespace frugal {
@@ -203,6 +204,7 @@ int cmd_generate(const std::vector<std::string>& args) {
       fail("generate: --chat needs a chat template, and tokenizer '", tokenizer_path,
            "' has none beside it (tokenizer_config.json's chat_template, chat_template.jinja): ",
            "give --chat-template FILE");
+    try_chat_template(*chat, std::span<const Conversation>(&messages, 1));
     prompt = tokenizer->encode_template_output(chat->render(messages, true)).ids;
     if (!opt.ignore_eos) stop_tokens = reply_end_ids(tokenizer_path, model.eos_id());
   } else if (vm.count("prompt")) {

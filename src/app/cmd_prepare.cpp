@@ -22,6 +22,7 @@
 #include "data/shuffle.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "train/chat_template_trial.h"
 
 namespace frugal {
 
@@ -416,13 +417,17 @@ int cmd_prepare(const std::vector<std::string>& args) {
   std::optional<ChatTemplate> chat_template;
   if (has_chat) {
     chat_template = find_chat_template(
-        model_path, "",
+        model_path, opt.chat_template_path,
         tokenizer.bos_id() >= 0 ? tokenizer.piece(tokenizer.bos_id()) : std::string(),
         tokenizer.piece(tokenizer.eos_id()));
     if (!chat_template)
       fail("prepare: the corpus holds conversations, and tokenizer '", model_path,
            "' has no chat template to render them with (none in a tokenizer_config.json or "
            "chat_template.jinja beside it): give --chat-template FILE");
+    std::vector<Conversation> samples;
+    for (const CorpusDocument& d : train_docs)
+      if (d.content == DocumentContent::chat && samples.size() < 8) samples.push_back(d.conversation);
+    try_chat_template(*chat_template, samples);
     log_info("prepare: rendering conversations with chat template ", chat_template->source());
   }
 

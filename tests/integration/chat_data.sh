@@ -99,6 +99,14 @@ expect_error "empty.jsonl:1: message 1 is an empty assistant turn" "$frugal" pre
 printf '{"messages": [%s, %s, %s]}\n' "$(msg user "a")" "$(msg user "b")" "$(msg assistant "c")" > twice.jsonl
 expect_error "twice.jsonl:1: chat template .* raised an exception: After the optional system message, conversation roles must alternate" \
   "$frugal" prepare twice.jsonl --tokenizer "$mistral" --out bad
+# A template that crashes the Jinja engine (unbounded recursion, a division by zero) is tried in
+# a child process first and refused by name.
+printf '{%% macro f(n) %%}{{ f(n) }}{%% endmacro %%}{{ f(1) }}' > recursive.jinja
+expect_error "chat template .*recursive.jinja.* crashed \(signal 11" \
+  "$frugal" prepare chats.jsonl --tokenizer "$qwen" --chat-template recursive.jinja --out bad
+printf '{{ 1 / 0 }}' > divide.jinja
+expect_error "chat template .* crashed \(signal 8" \
+  "$frugal" generate --ckpt run --chat --prompt hi --chat-template divide.jinja
 cat chats.jsonl robot.jsonl empty.jsonl > mixed.jsonl
 "$frugal" prepare mixed.jsonl --tokenizer "$qwen" --out skipped --skip-bad-records > skipped.log 2>&1
 [ "$(json_number skipped/prepare.json skipped_bad_records)" -eq 2 ] || fail "bad records not counted"
