@@ -248,6 +248,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "(activation checkpointing; 0: never)"},
       {"monitor.check_replicas_every", &c.monitor.check_replicas_every, at_least(0),
        "compare the checksums of replicated state tensors across ranks every N steps (0: never)"},
+      {"monitor.tensorboard", &c.monitor.tensorboard, kPath,
+       "also write every number of metrics.jsonl as TensorBoard scalars (tag: the member's path "
+       "joined by '/') into event files in this directory, for `tensorboard --logdir` (rank 0; "
+       "a resumed run starts a new file that replaces the steps after its checkpoint; empty: "
+       "none)"},
   };
 }
 

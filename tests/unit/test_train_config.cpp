@@ -125,6 +125,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"monitor.slow_rank_factor", "1.5"},
     {"monitor.check_recompute_every", "100"},
     {"monitor.check_replicas_every", "100"},
+    {"monitor.tensorboard", ""},
 };
 
 template <class E>
