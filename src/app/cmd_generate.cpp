@@ -92,9 +92,10 @@ int cmd_generate(const std::vector<std::string>& args) {
                  "         (--prompt TEXT | --prompt-ids \"IDS\") [options]\n\n"
                  "Prints the prompt and its continuation: the text, or with --ids the token\n"
                  "ids on one line. Greedy unless --temperature is given; stops at eos or after\n"
-                 "--max-new-tokens. Sequences longer than the model's context keep their\n"
-                 "last context-length tokens. Under mpirun the weights are sharded over the\n"
-                 "ranks as in training, every rank takes rank 0's tokens, and rank 0 prints.\n\n"
+                 "--max-new-tokens, or where prompt and continuation fill the model's context\n"
+                 "(max_position_embeddings; a longer prompt is refused). Under mpirun the\n"
+                 "weights are sharded over the ranks as in training, every rank takes rank\n"
+                 "0's tokens, and rank 0 prints.\n\n"
               << named << "\n";
     return 0;
   }
@@ -148,7 +149,8 @@ int cmd_generate(const std::vector<std::string>& args) {
            c.vocab_size, ")");
 
   SamplingOptions sampling;
-  sampling.max_new_tokens = opt.max_new_tokens;
+  sampling.max_new_tokens = new_tokens_within_context(
+      c, static_cast<int64_t>(prompt.size()), opt.max_new_tokens, "generate: --max-new-tokens");
   sampling.temperature = opt.temperature;
   sampling.top_p = opt.top_p;
   sampling.seed = opt.seed;
