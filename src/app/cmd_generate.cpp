@@ -141,10 +141,10 @@ int cmd_generate(const std::vector<std::string>& args) {
                  "ids on one line. With --chat, the model's reply alone: the conversation is\n"
                  "rendered with the model's chat template and its generation prompt, and the\n"
                  "reply stops at any of the model's end-of-turn ids. Greedy unless\n"
-                 "--temperature is given; stops at eos or after --max-new-tokens. Sequences\n"
-                 "longer than the model's context keep their last context-length tokens.\n"
-                 "Under mpirun the weights are sharded over the ranks as in training, every\n"
-                 "rank takes rank 0's tokens, and rank 0 prints.\n\n"
+                 "--temperature is given; stops at eos or after --max-new-tokens, or where\n"
+                 "prompt and continuation fill the model's context (max_position_embeddings;\n"
+                 "a longer prompt is refused). Under mpirun the weights are sharded over the\n"
+                 "ranks as in training, every rank takes rank 0's tokens, and rank 0 prints.\n\n"
               << named << "\n";
     return 0;
   }
@@ -222,7 +222,8 @@ int cmd_generate(const std::vector<std::string>& args) {
            c.vocab_size, ")");
 
   SamplingOptions sampling;
-  sampling.max_new_tokens = opt.max_new_tokens;
+  sampling.max_new_tokens = new_tokens_within_context(
+      c, static_cast<int64_t>(prompt.size()), opt.max_new_tokens, "generate: --max-new-tokens");
   sampling.temperature = opt.temperature;
   sampling.top_p = opt.top_p;
   sampling.seed = opt.seed;

@@ -4,13 +4,22 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+#include <string_view>
+#include <thread>
 #include <unordered_map>
 
+#include "core/duration.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "data/shuffle.h"
 #include "data/tokenizer.h"
 
 namespace frugal {
@@ -56,23 +65,31 @@ int32_t SentencePieceModel::unk_id() const { return processor_->unk_id(); }
 
 namespace {
 
+// A training sentence: bytes [begin, end) of document `document`.
+struct SentenceSpan {
+  size_t document, begin, end;
+};
+
 // Cuts a document into training sentences of at most max_bytes, at line ends where it can
 // (after the '\n', so newlines are learnt) and otherwise at a UTF-8 character boundary.
 // SentencePiece skips longer sentences, which would silently drop whole plain-text books.
-void append_sentences(const std::string& doc, size_t max_bytes, std::vector<std::string>& out) {
+// A line end is looked for within the sentence only: a search back to the document's start
+// made one 100 MB line quadratic (an hour of scanning).
+void append_sentences(const std::string& doc, size_t document, size_t max_bytes,
+                      std::vector<SentenceSpan>& out) {
   size_t begin = 0;
   while (begin < doc.size()) {
     size_t end = std::min(doc.size(), begin + max_bytes);
     if (end < doc.size()) {
-      size_t newline = doc.rfind('\n', end - 1);
-      if (newline != std::string::npos && newline >= begin) {
-        end = newline + 1;
+      const size_t newline = std::string_view(doc).substr(begin, end - begin).rfind('\n');
+      if (newline != std::string_view::npos) {
+        end = begin + newline + 1;
       } else {
         // No line end in reach: back up to the start of a UTF-8 character.
         while (end > begin + 1 && (static_cast<unsigned char>(doc[end]) & 0xC0) == 0x80) --end;
       }
     }
-    out.push_back(doc.substr(begin, end - begin));
+    out.push_back({document, begin, end});
     begin = end;
   }
 }
@@ -91,7 +108,81 @@ class VectorSentenceIterator : public sentencepiece::SentenceIterator {
   size_t index_ = 0;
 };
 
+// SentencePiece says nothing while it trains: a line every interval_s tells that it is at
+// work, and for how long (its time grows with the text, up to max_training_bytes).
+class TrainingHeartbeat {
+ public:
+  TrainingHeartbeat(std::string what, double interval_s)
+      : what_(std::move(what)), thread_([this, interval_s] { run(interval_s); }) {}
+  ~TrainingHeartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  void run(double interval_s) {
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (
+        !wake_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return done_; }))
+      log_info(what_, ": ",
+               format_duration(
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()),
+               " so far");
+  }
+
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the rest is ready
+};
+
 }  // namespace
+
+TokenizerTrainingText tokenizer_training_text(const std::vector<std::string>& documents,
+                                              const TokenizerTrainOptions& options) {
+  if (options.max_sentence_bytes < 16)
+    fail("tokenizer max sentence bytes ", options.max_sentence_bytes, " is below 16");
+  if (options.max_training_bytes != 0 && options.max_training_bytes < options.max_sentence_bytes)
+    fail("tokenizer max training bytes ", options.max_training_bytes,
+         " is below the max sentence bytes ", options.max_sentence_bytes);
+  std::vector<SentenceSpan> spans;
+  for (size_t d = 0; d < documents.size(); ++d)
+    append_sentences(documents[d], d, static_cast<size_t>(options.max_sentence_bytes), spans);
+  TokenizerTrainingText text;
+  text.corpus_sentences = static_cast<int64_t>(spans.size());
+  for (const SentenceSpan& s : spans) text.corpus_bytes += static_cast<int64_t>(s.end - s.begin);
+
+  std::vector<size_t> chosen;  // indices into spans, in corpus order
+  if (options.max_training_bytes == 0 || text.corpus_bytes <= options.max_training_bytes) {
+    chosen.resize(spans.size());
+    for (size_t i = 0; i < spans.size(); ++i) chosen[i] = i;
+  } else {
+    // Whole sentences in a seeded order while they fit; their own stream of the seed, apart
+    // from prepare's train/val split.
+    constexpr uint64_t kSampleStream = 0x746f6b656e697a65;  // "tokenize"
+    int64_t bytes = 0;
+    for (int64_t i : seeded_permutation(text.corpus_sentences, options.seed, kSampleStream)) {
+      const auto length = static_cast<int64_t>(spans[size_t(i)].end - spans[size_t(i)].begin);
+      if (bytes + length > options.max_training_bytes) continue;
+      bytes += length;
+      chosen.push_back(size_t(i));
+    }
+    std::sort(chosen.begin(), chosen.end());
+  }
+  text.sentences.reserve(chosen.size());
+  for (size_t i : chosen) {
+    const SentenceSpan& s = spans[i];
+    text.sentences.push_back(documents[s.document].substr(s.begin, s.end - s.begin));
+    text.bytes += static_cast<int64_t>(s.end - s.begin);
+  }
+  return text;
+}
 
 void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_path,
                      const TokenizerTrainOptions& options) {
@@ -100,13 +191,16 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
          "259 ids (256 bytes, unk, bos, eos); use at least ", kMinTokenizerVocab);
   if (options.model_type != "bpe" && options.model_type != "unigram")
     fail("tokenizer model type '", options.model_type, "' is not one of: bpe, unigram");
-  if (options.max_sentence_bytes < 16)
-    fail("tokenizer max sentence bytes ", options.max_sentence_bytes, " is below 16");
 
-  std::vector<std::string> sentences;
-  for (const std::string& doc : documents)
-    append_sentences(doc, static_cast<size_t>(options.max_sentence_bytes), sentences);
+  const TokenizerTrainingText text = tokenizer_training_text(documents, options);
+  const std::vector<std::string>& sentences = text.sentences;
   if (sentences.empty()) fail("cannot train a tokenizer: the corpus holds no text");
+  if (text.bytes < text.corpus_bytes)
+    log_info("tokenizer training: the corpus holds ", format_bytes(size_t(text.corpus_bytes)),
+             " in ", text.corpus_sentences, " sentences, more than the ",
+             format_bytes(size_t(options.max_training_bytes)), " SentencePiece trains on: a ",
+             "sample of ", sentences.size(), " sentences (", format_bytes(size_t(text.bytes)),
+             ", seed ", options.seed, ")");
 
   // Llama's settings, spelled out: identity normalization and kept whitespace make
   // decode(encode(text)) == text for any UTF-8 text.
@@ -136,7 +230,13 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
   sentencepiece::SetRandomGeneratorSeed(options.seed == 0xffffffffu ? 0x7fffffffu : options.seed);
   VectorSentenceIterator iterator(sentences);
   std::string model;
-  auto status = sentencepiece::SentencePieceTrainer::Train(args, &iterator, &model);
+  sentencepiece::util::Status status;
+  {
+    const TrainingHeartbeat heartbeat("tokenizer training: SentencePiece (" + options.model_type +
+                                          ") on " + format_bytes(size_t(text.bytes)),
+                                      kTrainingHeartbeatSeconds);
+    status = sentencepiece::SentencePieceTrainer::Train(args, &iterator, &model);
+  }
   if (!status.ok())
     fail("training the tokenizer (", options.model_type, ", vocab size ", options.vocab_size, ", ",
          sentences.size(), " sentences) failed: ", status.ToString());

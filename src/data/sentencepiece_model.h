@@ -2,9 +2,11 @@
 // behind the TokenizerModel interface.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "data/added_tokens.h"
 #include "data/tokenizer_model.h"
@@ -14,6 +16,25 @@ class SentencePieceProcessor;
 }
 
 namespace frugal {
+
+struct TokenizerTrainOptions;
+
+// What train_tokenizer hands to SentencePiece: the documents cut into sentences of at most
+// max_sentence_bytes (at line ends where they can be), and when those hold more than
+// max_training_bytes, a sample of whole sentences in corpus order drawn by a shuffle seeded
+// with the options' seed. Throws Error for a max_sentence_bytes below 16 or a
+// max_training_bytes below it.
+struct TokenizerTrainingText {
+  std::vector<std::string> sentences;
+  int64_t bytes = 0;         // of the sentences
+  int64_t corpus_bytes = 0;  // of every sentence of the corpus
+  int64_t corpus_sentences = 0;
+};
+TokenizerTrainingText tokenizer_training_text(const std::vector<std::string>& documents,
+                                              const TokenizerTrainOptions& options);
+
+// Seconds between the lines that say SentencePiece's training is still at work.
+inline constexpr double kTrainingHeartbeatSeconds = 10;
 
 class SentencePieceModel : public TokenizerModel {
  public:

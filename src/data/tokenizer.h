@@ -98,6 +98,11 @@ struct TokenizerTrainOptions {
   // ends), drawn by SentencePiece's seeded reservoir sampling when there are more.
   int64_t input_sentence_size = 200000;
   int32_t max_sentence_bytes = 4096;
+  // At most this many bytes of sentences go to SentencePiece, whose time and memory grow with
+  // the text it gets (a sentence count alone does not bound them: 200000 sentences of 4096
+  // bytes are 800 MB). A larger corpus gives a sample of its sentences, drawn by a shuffle
+  // seeded with `seed`, in corpus order. 0: no bound.
+  int64_t max_training_bytes = int64_t(32) << 20;
   uint32_t seed = 1234;
 };
 

@@ -5,12 +5,17 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/log.h"
 #include "core/random.h"
 
 namespace frugal {
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,
                      uint64_t& rng_state) {
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isfinite(logits[i]))
+      fail("the model's logits for the next token hold ", logits[i], " (token id ", i,
+           "): its weights overflow the forward pass, or are not finite");
   if (options.temperature <= 0)
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   const double max_logit = *std::max_element(logits, logits + vocab);
@@ -49,6 +54,22 @@ std::vector<int32_t> generate(LlamaModel& model, ParameterProvider& params,
     if (options.stops_at(next)) break;
   }
   return tokens;
+}
+
+int64_t new_tokens_within_context(const LlamaConfig& config, int64_t prompt_tokens, int64_t asked,
+                                  const std::string& what) {
+  const int64_t context = config.context_length();
+  const std::string limit =
+      "the model's context of " + std::to_string(context) +
+      " tokens (max_position_embeddings = " + std::to_string(config.max_position_embeddings) +
+      (config.rope_scaling.type == RopeScalingType::dynamic ? ", dynamic rope scaling" : "") + ")";
+  if (prompt_tokens > context)
+    fail(what, ": the prompt has ", prompt_tokens, " tokens, more than ", limit, "; shorten it");
+  const int64_t room = context - prompt_tokens;
+  if (asked <= room) return asked;
+  log_warn(what, " ", asked, " with a prompt of ", prompt_tokens, " tokens passes ", limit,
+           ": at most ", room, " new tokens");
+  return room;
 }
 
 }  // namespace frugal

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "model/llama_model.h"
@@ -30,9 +31,20 @@ struct SamplingOptions {
   std::function<void(int32_t)> on_token;
 };
 
-// Picks the next token from one row of logits.
+// Picks the next token from one row of logits. Throws Error when a logit is not finite (as
+// eval refuses a model whose loss is not): the weights overflow the forward pass or are not
+// finite, and any token drawn from such a row would be noise.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options,
                      uint64_t& rng_state);
+
+// The new tokens a generation may add to a prompt of `prompt_tokens` tokens: `asked`, or as
+// many as fill the model's context (config.context_length(): max_position_embeddings, times
+// the factor of dynamic rope scaling), where prompt and continuation stop, with a warning
+// that names `what` (e.g. "generate: --max-new-tokens") and the number asked. Positions past
+// the context were never trained, and a window slid along would drop the prompt unsaid.
+// Throws Error starting with `what` when the prompt alone is longer than the context.
+int64_t new_tokens_within_context(const LlamaConfig& config, int64_t prompt_tokens, int64_t asked,
+                                  const std::string& what);
 
 // The prompt followed by the generated tokens.
 std::vector<int32_t> generate(LlamaModel& model, ParameterProvider& params,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <sstream>
 
 #include "core/log.h"
@@ -253,6 +254,11 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "(activation checkpointing; 0: never)"},
       {"monitor.check_replicas_every", &c.monitor.check_replicas_every, at_least(0),
        "compare the checksums of replicated state tensors across ranks every N steps (0: never)"},
+      {"monitor.tensorboard", &c.monitor.tensorboard, kPath,
+       "also write every number of metrics.jsonl as TensorBoard scalars (tag: the member's path "
+       "joined by '/') into event files in this directory, for `tensorboard --logdir` (rank 0; "
+       "a resumed run starts a new file that replaces the steps after its checkpoint; empty: "
+       "none)"},
   };
 }
 
@@ -393,6 +399,11 @@ void ConfigKey::check() const {
       [&](auto* field) {
         using T = std::remove_pointer_t<decltype(field)>;
         if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          // from_chars takes "inf" and "nan", which no setting means (and NaN passes no
+          // comparison a bound could make: "nan must be > 0" would be the wrong complaint).
+          if constexpr (std::is_floating_point_v<T>)
+            if (!std::isfinite(*field))
+              fail("config key '", name, "': value ", text(), " is not a finite number");
           if (within(rule, static_cast<double>(*field))) return;
           const bool range =
               rule.kind == KeyRule::Kind::closed_open || rule.kind == KeyRule::Kind::closed;

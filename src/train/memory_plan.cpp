@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "core/checked.h"
+#include "model/fp8_scaling.h"
+#include "model/llama_mlp.h"
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
 #include "optim/galore_memory.h"
@@ -140,6 +143,206 @@ size_t offloaded_input_bytes(const TrainConfig& c, int64_t cp, bool gpu) {
   const size_t row = checked_mul(size_t(c.model.hidden_size), size_t(gpu ? 2 : 4), "a row's bytes");
   return checked_mul(checked_mul(blocks, size_t(local_tokens(c, cp)), "offloaded rows"), row,
                      "the offloaded activations' bytes");
+}
+
+namespace {
+
+constexpr size_t kSaturated = std::numeric_limits<size_t>::max();
+
+// The product of counts, or kSaturated when it does not fit (0 when a factor is 0).
+size_t saturating_product(std::initializer_list<size_t> factors) {
+  for (size_t f : factors)
+    if (f == 0) return 0;
+  size_t out = 1;
+  for (size_t f : factors)
+    if (!mul_fits(out, f, &out)) return kSaturated;
+  return out;
+}
+size_t saturating_sum(std::initializer_list<size_t> terms) {
+  size_t out = 0;
+  for (size_t t : terms)
+    if (!add_fits(out, t, &out)) return kSaturated;
+  return out;
+}
+size_t count(int64_t v) { return size_t(std::max<int64_t>(0, v)); }
+// `elements` of `half_bytes` / 2 bytes each (4-bit codes are half a byte), on one of `ranks`.
+size_t rank_bytes(size_t elements, size_t half_bytes, size_t ranks) {
+  const size_t doubled = saturating_product({elements, half_bytes});
+  return doubled == kSaturated ? kSaturated : doubled / 2 / std::max<size_t>(1, ranks);
+}
+std::string count_text(size_t n) {
+  return n == kSaturated ? "more than " + std::to_string(kSaturated) : std::to_string(n);
+}
+// gib()'s text, in TiB, PiB or EiB where those read better.
+std::string floor_bytes_text(size_t bytes) {
+  if (bytes == kSaturated) return "more than 16 EiB";
+  if (bytes < (size_t(1) << 40)) return gib(bytes);
+  const char* units[] = {"TiB", "PiB", "EiB"};
+  double value = double(bytes) / double(size_t(1) << 40);
+  int unit = 0;
+  for (; unit < 2 && value >= 1024; ++unit) value /= 1024;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", value, units[unit]);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ranks, int64_t cp,
+                                          bool gpu) {
+  const LlamaConfig& m = c.model;
+  const size_t layers = count(m.num_hidden_layers), h = count(m.hidden_size),
+               f = count(m.intermediate_size), heads = count(m.num_attention_heads),
+               kv_heads = count(m.num_key_value_heads), d = count(m.attention_head_dim()),
+               vocab = count(m.vocab_size), ranks = count(std::max<int64_t>(1, shard_ranks));
+  const bool full = c.train.type == TrainType::full;
+  const bool four_bit = c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora;
+  const bool galore = full && c.optim.type == OptimizerType::galore_adamw;
+  const size_t master = c.optim.state_dtype == StateDType::bf16 ? 2 : 4;
+  // Where the state lives: a GPU's memory unless offloaded; frozen weights' copies stay on the
+  // GPU unless the parameters are offloaded too.
+  const bool state_on_device = gpu && c.parallel.offload == Offload::none;
+  const bool frozen_on_device = gpu && c.parallel.offload != Offload::params;
+  const size_t frozen_half_bytes = gpu ? 4 : 8;  // a bf16 copy on a GPU, the fp32 master else
+  const std::string over_ranks = " over " + std::to_string(ranks) + " shard rank(s)";
+  std::vector<MemoryFloorPart> parts;
+
+  // --- the weights -----------------------------------------------------------------------------
+  const size_t block_params = saturating_sum({saturating_product({h, heads, d}),  // q, o
+                                              saturating_product({h, heads, d}),
+                                              saturating_product({2, h, kv_heads, d}),  // k, v
+                                              saturating_product({3, h, f}),  // gate, up, down
+                                              saturating_product({2, h})});   // the norms
+  const size_t blocks_params = saturating_product({layers, block_params});
+  const std::string block_keys =
+      "model.num_hidden_layers = " + std::to_string(layers) + " blocks x " +
+      count_text(block_params) + " parameters (model.hidden_size = " + std::to_string(h) +
+      ", model.intermediate_size = " + std::to_string(f) +
+      ", model.num_attention_heads = " + std::to_string(heads) +
+      ", model.num_key_value_heads = " + std::to_string(kv_heads) +
+      (m.head_dim > 0 ? ", model.head_dim = " : ", head dimension ") + std::to_string(d) + ")";
+  if (full) {
+    // Master and gradient, and AdamW's two moments (GaLore's projected ones are smaller).
+    const size_t per = galore ? 2 * master : 4 * master;
+    parts.push_back({"the blocks' weights and their training state: " + block_keys + " x " +
+                         std::to_string(per) +
+                         (galore ? " bytes (master and gradient)"
+                                 : " bytes (master, gradient, "
+                                   "two moments)") +
+                         over_ranks,
+                     rank_bytes(blocks_params, 2 * per, ranks), state_on_device});
+  } else {
+    parts.push_back({"the frozen blocks' weights: " + block_keys +
+                         (four_bit ? " x half a byte (4-bit codes)"
+                          : gpu    ? " x 2 bytes (bf16)"
+                                   : " x 4 bytes (fp32)") +
+                         over_ranks,
+                     rank_bytes(blocks_params, four_bit ? 1 : frozen_half_bytes, ranks),
+                     frozen_on_device});
+    // Every adapter touches the residual stream's width on one side: A [r, hidden] or
+    // B [hidden, r].
+    const size_t targets = lora_targets_from_names(c.lora.targets).size();
+    const size_t adapters = saturating_product({layers, targets, count(c.lora.rank), h});
+    parts.push_back(
+        {"LoRA's adapters and their training state: lora.rank = " + std::to_string(c.lora.rank) +
+             " x " + std::to_string(targets) +
+             " targets (lora.targets) x model.num_hidden_layers = " + std::to_string(layers) +
+             " x model.hidden_size = " + std::to_string(h) + " x " + std::to_string(4 * master) +
+             " bytes (master, gradient, two moments)" + over_ranks,
+         rank_bytes(adapters, 8 * master, ranks), state_on_device});
+  }
+  const size_t tables = m.tie_word_embeddings ? 1 : 2;
+  const size_t embedding = saturating_product({tables, vocab, h});
+  parts.push_back(
+      {std::string(m.tie_word_embeddings ? "the embedding" : "the embedding and the head") +
+           ": model.vocab_size = " + std::to_string(vocab) +
+           " x model.hidden_size = " + std::to_string(h) +
+           (full  ? " x " + std::to_string(4 * master) + " bytes"
+            : gpu ? " x 2 bytes"
+                  : " x 4 bytes") +
+           over_ranks,
+       rank_bytes(embedding, full ? 8 * master : frozen_half_bytes, ranks),
+       full ? state_on_device : frozen_on_device});
+
+  // --- a micro-batch's activations -------------------------------------------------------------
+  const size_t act = gpu ? 2 : 4;  // bf16 activations on a GPU, fp32 on the CPU
+  const size_t tokens = saturating_product(
+      {count(c.train.micro_batch_size),
+       std::max<size_t>(1, count(c.train.seq_len) / count(std::max<int64_t>(1, cp)))});
+  const std::string token_keys = count_text(tokens) + " tokens (train.micro_batch_size = " +
+                                 std::to_string(c.train.micro_batch_size) +
+                                 " x train.seq_len = " + std::to_string(c.train.seq_len) +
+                                 (cp > 1 ? " / parallel.cp = " + std::to_string(cp) : "") + ")";
+  parts.push_back({"the blocks' inputs kept for the backward: model.num_hidden_layers = " +
+                       std::to_string(layers) + " x " + token_keys + " x model.hidden_size = " +
+                       std::to_string(h) + " x " + std::to_string(act) + " bytes",
+                   saturating_product({layers, tokens, h, act}),
+                   gpu && c.train.activation_offload != ActivationOffload::inputs});
+  const size_t loss_rows = std::min(tokens, count(c.train.loss_chunk_tokens));
+  parts.push_back(
+      {"the loss's logits: " + std::to_string(loss_rows) +
+           " rows (train.loss_chunk_tokens = " + std::to_string(c.train.loss_chunk_tokens) +
+           ", at most the " + token_keys + ") x model.vocab_size = " + std::to_string(vocab) +
+           " x " + std::to_string(act) + " bytes",
+       saturating_product({loss_rows, vocab, act}), gpu});
+  // The MLP's rows at once (mlp_chunk_rows): the setting, else all up to kMlpWholeTokens and at
+  // least kMlpMinChunkTokens beyond.
+  const size_t mlp_rows = c.train.mlp_chunk_tokens > 0
+                              ? std::min(tokens, count(c.train.mlp_chunk_tokens))
+                          : tokens <= size_t(kMlpWholeTokens) ? tokens
+                                                              : size_t(kMlpMinChunkTokens);
+  parts.push_back(
+      {"the MLP's gate and up rows: " + std::to_string(mlp_rows) +
+           " rows (train.mlp_chunk_tokens = " + std::to_string(c.train.mlp_chunk_tokens) +
+           ", of the " + token_keys + ") x 2 x model.intermediate_size = " + std::to_string(f) +
+           " x " + std::to_string(act) + " bytes",
+       saturating_product({mlp_rows, 2, f, act}), gpu});
+  parts.push_back({"the attention's queries: " + token_keys +
+                       " x model.num_attention_heads = " + std::to_string(heads) +
+                       (m.head_dim > 0 ? " x model.head_dim = " : " x head dimension ") +
+                       std::to_string(d) + " x " + std::to_string(act) + " bytes",
+                   saturating_product({tokens, heads, d, act}), gpu});
+  if (c.fp8.enabled)
+    parts.push_back(
+        {"FP8's amax histories: fp8.amax_history_len = " + std::to_string(c.fp8.amax_history_len) +
+             " x model.num_hidden_layers = " + std::to_string(layers) + " x " +
+             std::to_string(kFp8SlotsPerBlock) + " tensors x 4 bytes",
+         saturating_product({count(c.fp8.amax_history_len), layers, size_t(kFp8SlotsPerBlock), 4}),
+         gpu});
+  // Every rank lists every parameter (name, shape) before it allocates its shard.
+  const size_t per_block =
+      size_t(kBlockParamCount) + (full ? 0 : 2 * lora_targets_from_names(c.lora.targets).size());
+  parts.push_back({"the parameter table: model.num_hidden_layers = " + std::to_string(layers) +
+                       " x " + std::to_string(per_block) + " tensors x " +
+                       std::to_string(sizeof(ParamSpec)) + " bytes",
+                   saturating_product({layers, per_block, sizeof(ParamSpec)}), false});
+  return parts;
+}
+
+void check_memory_floor(const std::vector<MemoryFloorPart>& parts, size_t node_ranks,
+                        size_t available_host, size_t device_bytes) {
+  size_t host = 0, device = 0;
+  const MemoryFloorPart *largest_host = nullptr, *largest_device = nullptr;
+  for (const MemoryFloorPart& p : parts) {
+    if (p.bytes == kSaturated)
+      fail(p.what, " come to more than 16 EiB per rank, more than any machine holds");
+    size_t& total = p.on_device ? device : host;
+    total = saturating_sum({total, p.bytes});
+    const MemoryFloorPart*& largest = p.on_device ? largest_device : largest_host;
+    if (!largest || p.bytes > largest->bytes) largest = &p;
+  }
+  const size_t node_host = saturating_product({host, std::max<size_t>(1, node_ranks)});
+  if (available_host > 0 && node_host > available_host)
+    fail(largest_host->what, " = ", floor_bytes_text(largest_host->bytes),
+         " per rank: with the rest, the run needs at least ", floor_bytes_text(host),
+         " of host memory per rank (", node_ranks,
+         " rank(s) on this node: ", floor_bytes_text(node_host),
+         ") before anything is allocated, and ", gib(available_host), " is available");
+  if (device_bytes > 0 && device > device_bytes)
+    fail(largest_device->what, " = ", floor_bytes_text(largest_device->bytes),
+         " per rank: with the rest, the run needs at least ", floor_bytes_text(device),
+         " of GPU memory per rank before anything is allocated, and the GPU has ",
+         gib(device_bytes), " (parallel.gpu_mem_limit)");
 }
 
 std::string gib(size_t bytes) {

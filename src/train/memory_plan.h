@@ -83,6 +83,31 @@ inline size_t checkpoint_staging_bytes(size_t shard, size_t optimizer_bytes, siz
   return shard * 4 + (galore ? optimizer_bytes : optimizer_bytes * 4 / master_bytes);
 }
 
+// A floor under a run's memory on one rank, from the configuration's size keys alone, worked
+// out before the parameter table exists (the table of a billion layers would fill the host by
+// itself) in arithmetic that saturates instead of wrapping: a part past 2^64 bytes is
+// SIZE_MAX. Each part names the keys it grows with and their values, so that a run no node
+// can hold is refused by the key that made it so (check_memory_floor).
+struct MemoryFloorPart {
+  std::string what;  // "the blocks' weights and their training state: model.num_hidden_layers
+                     // = 1000000000 blocks x 49408 parameters (model.hidden_size = 64, ...)"
+  size_t bytes = 0;
+  bool on_device = false;  // the GPU's memory on a GPU run; else host memory
+};
+// The parts for `config` on a rank of `shard_ranks` ZeRO-3 ranks and `cp` context-parallel
+// ranks, on GPUs or the CPU: the state of every weight (master, gradient and moments of the
+// trained ones, the frozen ones as stored), LoRA's adapters, the blocks' inputs kept for the
+// backward, the loss's chunk of logits, the MLP's and attention's widest tensors, FP8's amax
+// histories, and the parameter table itself.
+std::vector<MemoryFloorPart> memory_floor(const TrainConfig& config, int64_t shard_ranks,
+                                          int64_t cp, bool gpu);
+// Throws Error when the floor cannot fit: its host parts times the node's ranks beyond
+// `available_host` (0: unknown), its device parts beyond `device_bytes` (0: no GPU or
+// unknown), or any part past 2^64 bytes. The message leads with the largest part and its
+// keys.
+void check_memory_floor(const std::vector<MemoryFloorPart>& parts, size_t node_ranks,
+                        size_t available_host, size_t device_bytes);
+
 // "parameters 1.20 GiB, gradients ..., optimizer ..." of the non-zero kinds.
 std::string describe(const MemoryPlan& plan);
 std::string gib(size_t bytes);  // "1.20 GiB", or "3.00 MiB" below a GiB

@@ -32,11 +32,13 @@ std::string TrainConfig::unused_because(const std::string& name) const {
 }
 
 void TrainConfig::validate() const {
-  // With model.hf_path the shape comes from config.json: checked once it is read.
-  if (model_hf_path.empty()) validate_model_dependent();
+  // Each key's own rule first (a NaN is "not a finite number", not "must be > 0"), then the
+  // rules between keys.
   TrainConfig copy = *this;  // config_keys points into a config it may write; check() only reads
   for (const ConfigKey& key : config_keys(copy))
     if (unused_because(key.name).empty()) key.check();  // a key the run ignores may hold anything
+  // With model.hf_path the shape comes from config.json: checked once it is read.
+  if (model_hf_path.empty()) validate_model_dependent();
   if (optim.type == OptimizerType::galore_adamw && train.type != TrainType::full)
     fail(
         "config key 'optim.type': galore_adamw trains full weights (train.type = full), and "

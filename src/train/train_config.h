@@ -184,6 +184,7 @@ struct MonitorConfig {
   double slow_rank_factor = 1.5;
   int64_t check_recompute_every = 100;
   int64_t check_replicas_every = 100;
+  std::string tensorboard;  // TensorBoard event files go here (empty: none)
 };
 
 struct TrainConfig {

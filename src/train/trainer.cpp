@@ -13,6 +13,7 @@
 #include "model/sampling.h"
 #include "monitor/fp8_rates.h"
 #include "monitor/metrics.h"
+#include "monitor/tensorboard.h"
 #include "ops/ops.h"
 #include "parallel/ring_attention.h"
 #include "train/health_monitor.h"
@@ -146,10 +147,19 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     return summary;
   }
   std::optional<MetricsWriter> metrics;
+  std::optional<TensorBoardWriter> tensorboard;  // monitor.tensorboard
+  // A finished record of metrics.jsonl, and the same numbers as TensorBoard scalars.
+  const auto write_record = [&metrics, &tensorboard](const nlohmann::json& record) {
+    if (metrics) metrics->write(record);
+    if (tensorboard) tensorboard->write(record);
+  };
   if (rank == 0) {
     const fs::path metrics_path = fs::path(c.train.out_dir) / "metrics.jsonl";
     if (start_step > 0) truncate_metrics(metrics_path, start_step);
     metrics.emplace(metrics_path.string(), start_step > 0);
+    // A resumed run's event file replaces what an interrupted one wrote after the checkpoint.
+    if (!c.monitor.tensorboard.empty())
+      tensorboard.emplace(c.monitor.tensorboard, start_step > 0 ? start_step + 1 : 0);
     // The run directory is self-contained: eval, generate and export need only it.
     copy_tokenizer(run.tokenizer->path(), c.train.out_dir);
     std::ofstream config_out(fs::path(c.train.out_dir) / "train_config.json");
@@ -161,8 +171,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
 
   summary.first_val_loss = evaluate(model, params, val_tokens, run.targets.val, c, mesh);
   log_info("step ", start_step, " | val_loss ", fixed(summary.first_val_loss, 4));
-  if (metrics && start_step == 0)
-    metrics->write({{"step", 0}, {"val_loss", summary.first_val_loss}});
+  if (start_step == 0) write_record({{"step", 0}, {"val_loss", summary.first_val_loss}});
   summary.final_val_loss = summary.first_val_loss;
 
   // A signal during start-up (loading, resuming, the first evaluation) stops the run before
@@ -290,11 +299,12 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
           const fs::path metrics_path = fs::path(c.train.out_dir) / "metrics.jsonl";
           truncate_metrics(metrics_path, back_to);
           metrics.emplace(metrics_path.string(), true);
-          metrics->write({{"step", back_to},
-                          {"rollback",
-                           {{"from_step", step},
-                            {"reason", health.verdict_reason()},
-                            {"lr_factor", lr_factor}}}});
+          if (tensorboard) tensorboard->restart_at(back_to + 1);
+          write_record({{"step", back_to},
+                        {"rollback",
+                         {{"from_step", step},
+                          {"reason", health.verdict_reason()},
+                          {"lr_factor", lr_factor}}}});
         }
         step = back_to;
         window_start = now_seconds();
@@ -328,7 +338,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
                run.checkpoints->in_flight() ? " (being written; training goes on)" : "");
     }
     report_commit(*run.checkpoints, record);
-    if (metrics) metrics->write(record);
+    write_record(record);
 
     if (step % c.monitor.log_every == 0 || last || record.contains("val_loss")) {
       const double now = now_seconds();

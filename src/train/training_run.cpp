@@ -171,6 +171,14 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   // The GPU (one per rank, picked by the node-local rank) and its communicator: NCCL for the
   // weights and gradients, MPI underneath for host values.
   memory = std::make_unique<RunMemory>(c.parallel, use_gpu, host_mesh.local_rank);
+  // The size keys alone, before any table or tensor is made from them: the parameter list of
+  // model.num_hidden_layers = 10^9 would fill the host on its own.
+  size_t device_bytes = 0;
+#ifdef FRUGAL_HAVE_CUDA
+  if (memory->gpu) device_bytes = memory->gpu->device_memory().stats().limit_bytes;
+#endif
+  check_memory_floor(memory_floor(c, host_mesh.shard->size(), host_mesh.cp_size, use_gpu),
+                     size_t(mpi_node_size()), available_host_bytes(), device_bytes);
 #ifdef FRUGAL_HAVE_CUDA
   if (use_gpu) gpu_mesh = make_nccl_mesh(host_mesh, *memory->gpu, c.parallel.timeout_s);
 #endif

@@ -150,6 +150,11 @@ mkdir "$work/huge" && cp "$gqa/"* "$work/huge/" && chmod u+w "$work/huge/"*
 set_tensor "$work/huge/model.safetensors" model.norm.weight 3e38
 expect_error "eval: the loss of Hugging Face model '.*huge' on '.*' is -*nan" \
   eval --hf-model "$work/huge" --tokens "$toks"
+# generate refuses them too, rather than print ids drawn from NaN logits (and exit 0).
+for cache in "" --no-cache; do
+  expect_error "the model's logits for the next token hold -*\(nan\|inf\) (token id [0-9]*): its weights overflow" \
+    generate --hf-model "$work/huge" --prompt-ids "1 2" --ids $cache
+done
 
 printf '1 2 3\n4 500 6\n' > "$work/big.txt"
 expect_error "sequence 2: token id 500 is outside the model's vocabulary \[0, 112)" \
@@ -158,6 +163,19 @@ printf '1 2 x3\n' > "$work/word.txt"
 expect_error "line 1: 'x3' is not a token id" eval --hf-model "$gqa" --tokens "$work/word.txt"
 seq 1 70 | tr '\n' ' ' > "$work/long.txt"
 expect_error "more than the model's context" eval --hf-model "$gqa" --tokens "$work/long.txt"
+# generate within the context (64 tokens): a longer prompt is refused; a continuation stops
+# where the sequence fills it, saying so with the number asked (the largest int64 too).
+expect_error "generate: --max-new-tokens: the prompt has 70 tokens, more than the model's context of 64 tokens" \
+  generate --hf-model "$gqa" --prompt-ids "$(cat "$work/long.txt")" --ids
+for asked in 100 9223372036854775807; do
+  for cache in "" --no-cache; do
+    got=$("$frugal" generate --hf-model "$gqa" --prompt-ids "1 2 3" --ids --ignore-eos \
+            --max-new-tokens $asked $cache 2>"$work/warning.txt")
+    [ "$(wc -w <<<"$got")" -eq 64 ] || { echo "FAIL: generate $asked $cache printed $(wc -w <<<"$got") ids, not 64"; exit 1; }
+    grep -q "generate: --max-new-tokens $asked with a prompt of 3 tokens passes the model's context of 64 tokens (max_position_embeddings = 64): at most 61 new tokens" "$work/warning.txt" \
+      || { echo "FAIL: generate $asked $cache warned:"; cat "$work/warning.txt"; exit 1; }
+  done
+done
 expect_error "exactly one of --hf-model DIR or --ckpt DIR" eval --tokens "$toks"
 expect_error "exactly one of --hf-model DIR or --ckpt DIR" eval --hf-model "$gqa" --ckpt "$work/run" --tokens "$toks"
 expect_error "exactly one of --tokens FILE, --text FILE or --token-file FILE" eval --hf-model "$gqa"

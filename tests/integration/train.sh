@@ -171,8 +171,13 @@ mkdir -p "$work/mixed" && cp "$work/data/train.tok" "$work/data/tokenizer.model"
   && cp "$work/big/val.tok" "$work/mixed/"
 expect_error "token file '$work/mixed/val.tok' holds the id [0-9]* at token [0-9]*, outside the model's vocabulary \[0, 512)" \
   "${common[@]}" --data.dir="$work/mixed" --train.steps=2
-# A model too large for the machine is refused at once with its figures (it used to grow host
-# memory until the system killed something).
-expect_error "the run's state needs at least .* of host memory on this node" \
+# A model too large for the machine is refused at once with its figures and the key that makes
+# it so (it used to grow host memory until the system killed something).
+expect_error "model.hidden_size = 65532.* of host memory per rank" \
   "${common[@]}" --model.hidden_size=65532 --train.steps=1
+# A billion layers: refused before the parameter table is made (listing them grew host memory
+# without bound, 9 GiB a rank after 18 s). Capped at 8 GiB of address space here, so that a
+# regression fails instead of filling the machine.
+(ulimit -v $((8 << 20)); expect_error "model.num_hidden_layers = 1000000000 blocks" \
+  "${common[@]}" --model.num_hidden_layers=1000000000 --train.steps=1) || exit 1
 echo "integration train: ok"

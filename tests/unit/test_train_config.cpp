@@ -125,6 +125,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"monitor.slow_rank_factor", "1.5"},
     {"monitor.check_recompute_every", "100"},
     {"monitor.check_replicas_every", "100"},
+    {"monitor.tensorboard", ""},
 };
 
 template <class E>
@@ -460,4 +461,32 @@ TEST_CASE("a bad size names the key and the text", "[config]") {
     CHECK(test::contains(message, "parallel.gpu_mem_limit"));
     CHECK(test::contains(message, "is not a size"));
   }
+}
+
+TEST_CASE("a non-finite value of any floating-point key is refused naming the key", "[config]") {
+  // from_chars reads "inf", "-inf" and "nan": they passed every bound check (inf is > 0), and
+  // NaN failed a range's with the wrong complaint.
+  TrainConfig defaults;
+  size_t floating = 0;
+  for (const ConfigKey& key : config_keys(defaults)) {
+    if (!std::holds_alternative<double*>(key.field)) continue;
+    ++floating;
+    for (const char* text : {"inf", "-inf", "nan"}) {
+      TrainConfig c;  // with the key's section in use ([lora], [galore], [fp8] may be ignored)
+      if (key.section() == "lora") c.train.type = TrainType::lora;
+      if (key.section() == "galore") c.optim.type = OptimizerType::galore_adamw;
+      if (key.section() == "fp8") c.fp8.enabled = true;
+      for (const ConfigKey& k : config_keys(c))
+        if (k.name == key.name) k.set(text);
+      INFO(key.name << " = " << text);
+      const std::string message = test::error_of([&] { c.validate(); });
+      CHECK(test::contains(message, "config key '" + key.name + "': value "));
+      CHECK(test::contains(message, " is not a finite number"));
+    }
+  }
+  CHECK(floating >= 10);  // lr, betas, eps, rope factors, lora.alpha, ...
+  TrainConfig c;
+  key_of(c, "train.lr").set("inf");
+  CHECK(test::error_of([&] { c.validate(); }) ==
+        "config key 'train.lr': value inf is not a finite number");
 }
