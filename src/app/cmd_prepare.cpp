@@ -118,7 +118,8 @@ SplitReport write_split(const DocumentEncoder& encoder, const Tokenizer& tokeniz
   for (int64_t i = 0; i < static_cast<int64_t>(docs.size()); ++i) {
     const CorpusDocument& doc = docs[static_cast<size_t>(i)];
     try {
-      encoded[static_cast<size_t>(i)] = encoder.encode(doc);
+      encoded[static_cast<size_t>(i)] =
+          encoder.encode(doc, [&progress](int64_t bytes) { progress.advance(bytes); });
     } catch (const Error& e) {
       std::lock_guard<std::mutex> lock(bad_mutex);
       if (!opt.skip_bad_records) {
@@ -131,7 +132,6 @@ SplitReport write_split(const DocumentEncoder& encoder, const Tokenizer& tokeniz
       std::lock_guard<std::mutex> lock(bad_mutex);
       if (error.empty()) error = doc.where + ": " + e.what();
     }
-    progress.advance(int64_t(doc.plain_text().size()));
   }
   if (!error.empty()) throw Error(error);
   TokenFileWriter writer(path, static_cast<uint32_t>(tokenizer.vocab_size()), tokenizer.bos_id(),

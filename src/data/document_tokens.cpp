@@ -40,22 +40,20 @@ bool starts_with(const std::string& text, const std::string& prefix) {
 DocumentEncoder::DocumentEncoder(const Tokenizer& tokenizer, const ChatTemplate* chat_template)
     : tokenizer_(tokenizer), chat_template_(chat_template) {}
 
-TokenizedDocument DocumentEncoder::encode(const CorpusDocument& doc) const {
-  switch (doc.content) {
-    case DocumentContent::text:
-      return encode_text(doc);
-    case DocumentContent::instruction:
-      return encode_instruction(doc);
-    case DocumentContent::chat:
-      return encode_chat(doc);
-  }
-  return encode_text(doc);
+TokenizedDocument DocumentEncoder::encode(const CorpusDocument& doc,
+                                          const std::function<void(int64_t)>& progress) const {
+  if (doc.content == DocumentContent::text) return encode_text(doc, progress);
+  TokenizedDocument out =
+      doc.content == DocumentContent::instruction ? encode_instruction(doc) : encode_chat(doc);
+  if (progress) progress(int64_t(doc.plain_text().size()));
+  return out;
 }
 
-TokenizedDocument DocumentEncoder::encode_text(const CorpusDocument& doc) const {
+TokenizedDocument DocumentEncoder::encode_text(const CorpusDocument& doc,
+                                               const std::function<void(int64_t)>& progress) const {
   TokenizedDocument out;
   if (tokenizer_.bos_id() >= 0) out.ids.push_back(tokenizer_.bos_id());
-  const std::vector<int32_t> ids = tokenizer_.encode(doc.text);
+  const std::vector<int32_t> ids = tokenizer_.encode_long(doc.text, progress);
   out.ids.insert(out.ids.end(), ids.begin(), ids.end());
   out.ids.push_back(tokenizer_.eos_id());
   return out;

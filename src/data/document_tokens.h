@@ -11,6 +11,8 @@
 // decides (a token across the border counts as the reply's).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "data/chat_template.h"
@@ -28,10 +30,14 @@ class DocumentEncoder {
   // Throws Error naming doc.where: a conversation without a template, a template that raises
   // or that renders a conversation's first messages other than as the start of the whole (so
   // that its turns cannot be told apart), a document that encodes to no token. Thread-safe.
-  TokenizedDocument encode(const CorpusDocument& doc) const;
+  // `progress`, when given, hears of the bytes of text encoded (plain_text()'s), a long text's
+  // piece by piece (Tokenizer::encode_long).
+  TokenizedDocument encode(const CorpusDocument& doc,
+                           const std::function<void(int64_t)>& progress = nullptr) const;
 
  private:
-  TokenizedDocument encode_text(const CorpusDocument& doc) const;
+  TokenizedDocument encode_text(const CorpusDocument& doc,
+                                const std::function<void(int64_t)>& progress) const;
   TokenizedDocument encode_instruction(const CorpusDocument& doc) const;
   TokenizedDocument encode_chat(const CorpusDocument& doc) const;
 

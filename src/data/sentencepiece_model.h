@@ -43,6 +43,8 @@ class SentencePieceModel : public TokenizerModel {
   ~SentencePieceModel() override;
 
   std::vector<int32_t> encode(std::string_view text) const override;
+  // Without the prefix space (sentencepiece_special.cpp).
+  std::vector<int32_t> encode_continuing(std::string_view text) const override;
   // Control pieces (<s>, </s>, Mistral's [INST]) and <unk> are matched in the text; each
   // stretch between them gets the prefix space (SentencePiece's dummy prefix) as transformers'
   // LlamaTokenizer gives it: at the text's start only ("first", transformers' default), before

@@ -138,6 +138,13 @@ const sentencepiece::SentencePieceProcessor& SentencePieceModel::without_prefix_
   return *without_prefix_;
 }
 
+std::vector<int32_t> SentencePieceModel::encode_continuing(std::string_view text) const {
+  std::vector<int> ids;
+  const auto status = without_prefix_space().Encode(text, &ids);
+  if (!status.ok()) fail("tokenizer '", path_, "': encoding failed: ", status.ToString());
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
 void SentencePieceModel::encode_template_output(std::string_view text, TokenSpans& out) const {
   for (const auto& segment : special_tokens_.split(text)) {
     if (segment.id >= 0) {

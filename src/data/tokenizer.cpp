@@ -95,6 +95,38 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const { return model_->encode(text); }
 
+std::vector<int32_t> Tokenizer::encode_long(std::string_view text,
+                                            const std::function<void(int64_t)>& progress,
+                                            size_t piece_bytes) const {
+  auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  };
+  // Where a piece may end: after a line end that no whitespace follows, or before a lone space
+  // between two other characters (SentencePiece starts a piece there, and the byte-level
+  // pre-tokenizers' patterns a word, the space its first byte).
+  auto cut_at = [&](size_t at) {
+    return (text[at - 1] == '\n' && !is_space(text[at])) ||
+           (text[at] == ' ' && !is_space(text[at - 1]) && at + 1 < text.size() &&
+            !is_space(text[at + 1]));
+  };
+  std::vector<int32_t> ids;
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.size();
+    for (size_t at = begin + piece_bytes; at < text.size(); ++at)
+      if (cut_at(at)) {
+        end = at;
+        break;
+      }
+    const std::string_view piece = text.substr(begin, end - begin);
+    const std::vector<int32_t> piece_ids =
+        begin == 0 ? model_->encode(piece) : model_->encode_continuing(piece);
+    ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+    if (progress) progress(int64_t(piece.size()));
+    begin = end;
+  }
+  return ids;
+}
+
 TokenSpans Tokenizer::encode_template_output(std::string_view text) const {
   TokenSpans spans;
   model_->encode_template_output(text, spans);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -66,6 +67,16 @@ class Tokenizer {
   // [INST] ...) are those tokens, the text between them is encoded on its own, nothing is
   // added; each id with the bytes of `text` it stands for. Thread-safe.
   TokenSpans encode_template_output(std::string_view text) const;
+  // The ids encode(text) gives, computed piece by piece for a long text, so that memory follows
+  // a piece (SentencePiece takes about 200 bytes a byte of its input: 20 GB for one 100 MB
+  // document) and `progress` hears of each piece's bytes: pieces of about `piece_bytes`, cut
+  // after a line end that a character other than whitespace follows, or before a lone space
+  // between other characters (no token of a byte-level pre-tokenizer's words or of a
+  // SentencePiece model trained on lines spans such a cut), each after the first encoded as a
+  // continuation (no prefix space). A text without such a cut is one piece. Thread-safe.
+  std::vector<int32_t> encode_long(std::string_view text,
+                                   const std::function<void(int64_t)>& progress = nullptr,
+                                   size_t piece_bytes = size_t(1) << 20) const;
   // The text of `ids`; control and special ids (bos, eos, <|im_end|>, ...) are dropped.
   // Throws Error on an id outside [0, vocab_size()).
   std::string decode(const std::vector<int32_t>& ids) const;

@@ -26,6 +26,11 @@ class TokenizerModel {
   virtual ~TokenizerModel() = default;
   // The ids of `text`, nothing added. Thread-safe.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // The ids of `text` as the continuation of a text that ended just before it (SentencePiece:
+  // no prefix space). The default: encode.
+  virtual std::vector<int32_t> encode_continuing(std::string_view text) const {
+    return encode(text);
+  }
   // `text` (valid UTF-8) as transformers tokenizes the output of a chat template: the strings
   // of the special and added tokens are those tokens, and the text between them is encoded on
   // its own; appended to `out` with the bytes each token stands for. Thread-safe.

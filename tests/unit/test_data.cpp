@@ -2,6 +2,7 @@
 // resume, rank split) and tokenizer training (round trip, determinism).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -516,6 +517,20 @@ TEST_CASE("tokenizer: train, encode, decode, deterministic", "[data][tokenizer]"
   Tokenizer from_file(dir.file("file.model"));
   CHECK(from_file.vocab_size() == 400);
   CHECK(from_file.decode(from_file.encode(docs[0])) == docs[0]);
+  // A long text encoded piece by piece gives the ids of the whole, and tells each piece's bytes.
+  int64_t told = 0, pieces = 0;
+  const auto long_ids = from_file.encode_long(
+      joined, [&](int64_t bytes) { told += bytes, ++pieces; }, 1000);
+  CHECK(long_ids == from_file.encode(joined));
+  CHECK(told == int64_t(joined.size()));
+  CHECK(pieces > 20);
+  // One line: the pieces are cut before spaces.
+  std::string one_line = joined;
+  std::replace(one_line.begin(), one_line.end(), '\n', ' ');
+  pieces = 0;
+  CHECK(from_file.encode_long(
+            one_line, [&](int64_t) { ++pieces; }, 1000) == from_file.encode(one_line));
+  CHECK(pieces > 20);
 
   // Errors: missing or invalid model, too small a vocab.
   CHECK(contains(error_of([&] { Tokenizer t(dir.file("nope.model")); }), "nope.model"));

@@ -2,6 +2,7 @@
 // tools/make_bpe_fixtures.py (a Llama-3-style and a Qwen2-style tokenizer trained small with
 // the real pre-tokenizers and special tokens; 10,240 lines of mixed text with HF's ids and
 // decodes; edge cases), the choice of tokenizer kind, and the refusals.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -161,6 +162,29 @@ TEST_CASE("tokenizer.json: edge cases equal HF (empty, only specials, long runs,
           "[data][tokenizer][bpe]") {
   check_edges("llama3");
   check_edges("qwen2");
+}
+
+TEST_CASE("tokenizer.json: a long text encoded piece by piece gives the ids of the whole",
+          "[data][tokenizer]") {
+  // The mixed lines as one text (every kind of whitespace run, CJK, emoji, specials, invalid
+  // UTF-8 repaired per line so the pieces' cuts stay inside valid text).
+  std::string text;
+  for (const std::string& line : read_lines(kFixtures / "mixed.txt"))
+    text += replace_invalid_utf8(line) + "\n";
+  for (const std::string name : {"llama3", "qwen2"}) {
+    const Tokenizer tok((kFixtures / name / "tokenizer.json").string());
+    int64_t pieces = 0;
+    CHECK(tok.encode_long(
+              text, [&](int64_t) { ++pieces; }, 4096) == tok.encode(text));
+    CHECK(pieces > 100);
+    // One line: cut before lone spaces.
+    std::string one_line = text;
+    std::replace(one_line.begin(), one_line.end(), '\n', ' ');
+    pieces = 0;
+    CHECK(tok.encode_long(
+              one_line, [&](int64_t) { ++pieces; }, 4096) == tok.encode(one_line));
+    CHECK(pieces > 100);
+  }
 }
 
 TEST_CASE("tokenizer.json: invalid UTF-8 repaired as Python's errors='replace'",
