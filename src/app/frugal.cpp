@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <iostream>
 #include <map>
 
 #include "app/commands.h"
@@ -51,7 +52,12 @@ void print_usage() {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
   MPI_Finalize();
-  std::exit(code);
+  // Without the libraries' exit handlers, as MPI_Abort ends the ranks of a larger run: after a
+  // write that failed (a full disk), HDF5's would close the file its failed H5Fclose left half
+  // closed, and crash (signal 11 after the message).
+  std::fflush(nullptr);
+  std::cout.flush();
+  std::_Exit(code);
 }
 
 }  // namespace
