@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/ops.h"
+#include "train/stop_signals.h"
 
 namespace frugal {
 
@@ -63,6 +64,10 @@ void print_usage() {
 }  // namespace
 
 int run_frugal(int argc, char** argv) {
+  // `frugal train`'s stop signals are caught from its first instruction, before MPI starts (a
+  // second or more under mpirun or srun), so a SIGUSR1 or SIGTERM during start-up stops the run
+  // before its first step instead of killing the rank; cmd_train reads the flag.
+  if (argc >= 2 && !std::strcmp(argv[1], "train")) install_stop_signal_handlers();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;
