@@ -133,6 +133,13 @@ for ((point = 1; point <= 20; point++)); do
   whole_json_lines "$fs/run/metrics.jsonl" || { tail -3 "$fs/run/metrics.jsonl"; fail "point $point ($room): metrics.jsonl has a line that is not a whole record ($what)"; }
   complete_to "$fs/run" "$committed" || { cut -c1-40 "$fs/run/metrics.jsonl"; fail "point $point ($room): metrics.jsonl lacks records up to step $committed ($what)"; }
   "$frugal" ckpt verify "$fs/run" > "$work/verify.log" 2>&1 || { cat "$work/verify.log"; fail "point $point ($room): a committed step does not verify ($what)"; }
+  # What eval, generate and export read from the run directory is whole: the tokenizer, and the
+  # configuration (the template's, or the resumed run's, line for line).
+  cmp -s "$fs/run/tokenizer.model" "$work/data/tokenizer.model" \
+    || fail "point $point ($room): the run directory's tokenizer.model is damaged ($what)"
+  [ "$(tail -n 1 "$fs/run/train_config.json")" = "}" ] \
+    && [ "$(wc -l < "$fs/run/train_config.json")" -eq "$(wc -l < "$work/template/train_config.json")" ] \
+    || fail "point $point ($room): train_config.json is cut ($what)"
   # With the room back, the run goes on to the end as if nothing had happened.
   "${train[@]}" --train.resume=true --train.out_dir="$fs/run" > "$work/again.log" 2>&1 \
     || { cat "$work/again.log"; fail "point $point: the resume with room failed"; }

@@ -16,7 +16,7 @@ common=(--data.dir="$work/data" --model.hidden_size=40 --model.intermediate_size
         --model.num_hidden_layers=2 --model.num_attention_heads=5 --model.num_key_value_heads=1
         --model.vocab_size=403 --model.max_position_embeddings=64 --train.seq_len=24
         --train.lr=5e-3 --train.warmup_steps=2 --train.eval_batches=2 --train.sample_tokens=0
-        --train.micro_batch_size=2 --train.eval_every=20 --ckpt.every=20 --train.steps=120)
+        --train.micro_batch_size=2 --train.eval_every=20 --ckpt.every=20 --train.steps=400)
 fail() { echo "FAIL: $*"; exit 1; }
 train=("${mpi[@]}" -np 2 "$frugal" train "${common[@]}")  # $! of `"${train[@]}" &` is mpirun's pid
 # The ranks mpirun $1 started (its children, in pid order), once both are there.
@@ -39,6 +39,8 @@ refused_by() {  # LOG DIR: the refusal's message, naming DIR and a holder on thi
 
 # 1. Two runs on one out_dir, started 0.3 s apart: whichever takes the lock first trains; the
 # other is refused by name, naming the winner's rank 0, and the winner is a lone run bit for bit.
+# (400 steps, a few seconds: the winner is still training when the other takes its turn at the
+# lock, a second or so after its start, even on a loaded machine.)
 "${train[@]}" --train.out_dir="$work/both" > "$work/a.log" 2>&1 &
 a=$!
 sleep 0.3
@@ -74,13 +76,22 @@ for ((i = 0; i < 600; i++)); do
 done
 [ -f "$work/frozen/ckpt/LATEST" ] || fail "the first run committed no checkpoint"
 kill -STOP "${first_ranks[@]}"
+# The stop lands when each thread leaves the kernel (a writer thread may be inside a write):
+# wait until every thread of both ranks is stopped.
+for ((i = 0; i < 500; i++)); do
+  running=$(for r in "${first_ranks[@]}"; do cat /proc/"$r"/task/*/stat; done 2>/dev/null \
+    | awk '{ sub(/.*\) /, ""); if ($1 != "T" && $1 != "t") n++ } END { print n + 0 }')
+  [ "$running" -eq 0 ] && break
+  sleep 0.01
+done
+[ "$running" -eq 0 ] || fail "the first run's ranks did not stop"
 before=$(snapshot "$work/frozen")
 for resume in true false; do
   rc=0
   "${train[@]}" --train.out_dir="$work/frozen" --train.resume=$resume > "$work/second.log" 2>&1 || rc=$?
   [ "$rc" -ne 0 ] || { kill -CONT "${first_ranks[@]}"; fail "a second run (resume=$resume) beside a live one exited 0"; }
   refused_by "$work/second.log" "$work/frozen" || { kill -CONT "${first_ranks[@]}"; cat "$work/second.log"; fail "resume=$resume: no refusal by name"; }
-  [ "$(snapshot "$work/frozen")" = "$before" ] || { kill -CONT "${first_ranks[@]}"; fail "a refused run (resume=$resume) changed the directory"; }
+  [ "$(snapshot "$work/frozen")" = "$before" ] || { diff <(echo "$before") <(snapshot "$work/frozen"); kill -CONT "${first_ranks[@]}"; fail "a refused run (resume=$resume) changed the directory"; }
 done
 kill -CONT "${first_ranks[@]}"
 wait "$first" || { cat "$work/frozen.log"; fail "the frozen run failed once let go"; }
