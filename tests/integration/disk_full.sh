@@ -22,6 +22,10 @@ if [ -z "${FRUGAL_DISK_FULL_MODE:-}" ]; then
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
+# Open MPI's session files of our own: in a user namespace this process is "root", and another
+# process's /tmp/ompi.HOST.0 is not ours to write.
+mkdir -p "$work/tmp"
+export TMPDIR=$work/tmp
 seed=${FRUGAL_DISK_FULL_SEED:-51}
 RANDOM=$seed
 fail() { echo "FAIL: $*"; exit 1; }
