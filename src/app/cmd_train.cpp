@@ -20,8 +20,9 @@ int cmd_train(const std::vector<std::string>& args) {
     std::cout << config_keys_markdown();
     return 0;
   }
-  // From here on SIGUSR1, SIGTERM and a first SIGINT stop the run after a step, with a
-  // checkpoint.
+  // SIGUSR1, SIGTERM and a first SIGINT stop the run after a step, with a checkpoint. The
+  // handlers were installed before MPI started (run_frugal), and the flag holds any signal
+  // since; installed again here in case MPI's start-up set handlers of its own.
   const std::atomic<int>& stop_signal = install_stop_signal_handlers();
   // Environment switches are read here, once, into the run's options.
   const TrainSummary summary = run_training(

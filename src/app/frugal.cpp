@@ -6,12 +6,14 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <iostream>
 #include <map>
 
 #include "app/commands.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/ops.h"
+#include "train/stop_signals.h"
 
 namespace frugal {
 
@@ -51,12 +53,21 @@ void print_usage() {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
   MPI_Finalize();
-  std::exit(code);
+  // Without the libraries' exit handlers, as MPI_Abort ends the ranks of a larger run: after a
+  // write that failed (a full disk), HDF5's would close the file its failed H5Fclose left half
+  // closed, and crash (signal 11 after the message).
+  std::fflush(nullptr);
+  std::cout.flush();
+  std::_Exit(code);
 }
 
 }  // namespace
 
 int run_frugal(int argc, char** argv) {
+  // `frugal train`'s stop signals are caught from its first instruction, before MPI starts (a
+  // second or more under mpirun or srun), so a SIGUSR1 or SIGTERM during start-up stops the run
+  // before its first step instead of killing the rank; cmd_train reads the flag.
+  if (argc >= 2 && !std::strcmp(argv[1], "train")) install_stop_signal_handlers();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;

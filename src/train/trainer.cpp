@@ -2,12 +2,15 @@
 // degenerate case of the same code); each rank reads its own rows of every global batch.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "model/sampling.h"
@@ -97,6 +100,28 @@ void stop_after_signal(TrainingRun& run, int signal, int64_t step, int64_t saved
            run.checkpoints->dir().step_dir(step), ", resume with train.resume=true");
 }
 
+// Whether `dir` holds, byte for byte, what copy_tokenizer(path, dir) would put there (a resumed
+// run's directory does): then nothing is copied, since a copy truncates its target first and a
+// full disk would leave the run directory a cut tokenizer.
+bool holds_tokenizer(const std::string& path, const std::string& dir) {
+  const auto same_bytes = [](const fs::path& a, const fs::path& b) {
+    std::error_code ec;
+    if (!fs::is_regular_file(a, ec) || !fs::is_regular_file(b, ec) ||
+        fs::file_size(a, ec) != fs::file_size(b, ec) || ec)
+      return false;
+    std::ifstream in_a(a, std::ios::binary), in_b(b, std::ios::binary);
+    return std::equal(std::istreambuf_iterator<char>(in_a), std::istreambuf_iterator<char>(),
+                      std::istreambuf_iterator<char>(in_b), std::istreambuf_iterator<char>());
+  };
+  const TokenizerKind kind = tokenizer_kind_of(path);
+  if (!same_bytes(path, fs::path(dir) / tokenizer_file_name(kind))) return false;
+  if (kind == TokenizerKind::sentencepiece) return true;
+  std::error_code ec;
+  const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
+  return !fs::exists(fs::path(dir) / tokenizer_file_name(TokenizerKind::sentencepiece), ec) &&
+         (!fs::exists(config, ec) || same_bytes(config, fs::path(dir) / "tokenizer_config.json"));
+}
+
 std::string fixed(double v, int digits) {
   if (std::isnan(v)) return "nan";  // printf says "-nan" for some NaNs: the sign means nothing
   char buf[32];
@@ -161,9 +186,11 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     if (!c.monitor.tensorboard.empty())
       tensorboard.emplace(c.monitor.tensorboard, start_step > 0 ? start_step + 1 : 0);
     // The run directory is self-contained: eval, generate and export need only it.
-    copy_tokenizer(run.tokenizer->path(), c.train.out_dir);
-    std::ofstream config_out(fs::path(c.train.out_dir) / "train_config.json");
-    config_out << nlohmann::json(c.resolved).dump(2) << "\n";
+    if (!holds_tokenizer(run.tokenizer->path(), c.train.out_dir))
+      copy_tokenizer(run.tokenizer->path(), c.train.out_dir);
+    // Replaced whole: a full disk must not leave a resumed run's directory without it.
+    replace_file((fs::path(c.train.out_dir) / "train_config.json").string(),
+                 nlohmann::json(c.resolved).dump(2) + "\n");
   }
 
   const int64_t tokens_per_step = run.tokens_per_step();
@@ -327,18 +354,26 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       record["val_loss"] = summary.final_val_loss;
     }
     // Checkpoints: a background save every rank has written is committed; a due one starts
-    // (and training waits only for the copies when saves are asynchronous).
+    // (and training waits only for the copies when saves are asynchronous). A step is never
+    // committed before its record is on disk in metrics.jsonl, so a resume always finds the
+    // records up to the step it resumes from: an asynchronous save commits at a later poll,
+    // after the record of its step; a synchronous one commits inside save(), so it starts once
+    // the record is written, and its commit shows in the next step's record.
     run.checkpoints->poll();
-    if ((last && c.ckpt.final) || (c.ckpt.every > 0 && step % c.ckpt.every == 0)) {
+    report_commit(*run.checkpoints, record);
+    const bool save_due = (last && c.ckpt.final) || (c.ckpt.every > 0 && step % c.ckpt.every == 0);
+    const auto save = [&] {
       const double save_start = now_seconds();
       run.checkpoints->save(step);
       saved_step = step;
-      record["seconds"]["checkpoint"] = now_seconds() - save_start;
       log_info("checkpoint: ", run.checkpoints->dir().step_dir(step),
                run.checkpoints->in_flight() ? " (being written; training goes on)" : "");
-    }
-    report_commit(*run.checkpoints, record);
+      return now_seconds() - save_start;
+    };
+    if (save_due && run.checkpoints->asynchronous()) record["seconds"]["checkpoint"] = save();
     write_record(record);
+    if (metrics && save_due) metrics->sync();
+    if (save_due && !run.checkpoints->asynchronous()) save();
 
     if (step % c.monitor.log_every == 0 || last || record.contains("val_loss")) {
       const double now = now_seconds();
@@ -358,6 +393,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     // A signal during the last step lets the run finish as usual.
     const int signal = last ? 0 : stop_signal_on_any_rank(stop_signal, world);
     if (signal) {
+      if (metrics) metrics->sync();  // before the stop's save can commit this step
       stop_after_signal(run, signal, step, saved_step);
       summary.steps_done = step - start_step;
       summary.stopped_by_signal = signal;

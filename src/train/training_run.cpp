@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "core/checked.h"
 #include "core/log.h"
@@ -90,6 +92,31 @@ void check_fp8_device(const TrainConfig& c, const DeviceContext& gpu) {
 }
 #endif
 
+// One run at a time in out_dir: rank 0 locks it, and every rank learns the outcome before any
+// of them writes there. A refusal is rank 0's error, which names the holder.
+std::unique_ptr<RunDirLock> lock_out_dir(const std::string& out_dir, Comm& world) {
+  std::unique_ptr<RunDirLock> lock;
+  std::string refused;
+  if (world.rank() == 0) {
+    try {
+      lock = std::make_unique<RunDirLock>(out_dir);
+    } catch (const Error& e) {
+      refused = e.what();
+      if (refused.empty()) refused = "cannot lock train.out_dir '" + out_dir + "'";
+    }
+  }
+  const bool any = world.all_reduce_max(refused.empty() ? 0 : 1) > 0;
+  if (!refused.empty()) throw Error(refused);
+  if (any) {
+    // Rank 0's message is the one that says why, and its abort ends this rank: give it that
+    // moment rather than racing it to the terminal.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    fail("rank ", world.rank(), ": rank 0 could not lock train.out_dir '", out_dir,
+         "' (its message says why)");
+  }
+  return lock;
+}
+
 void check_writable_checkpoints(const fs::path& ckpt_dir, int rank) {
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -131,6 +158,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   shape.node_ranks = c.parallel.node_ranks;
   host_mesh = make_mesh(shape, c.parallel.timeout_s);
   check_same_config(*host_mesh.world, c.resolved);
+  out_dir_lock = lock_out_dir(c.train.out_dir, *host_mesh.world);
   use_gpu = decide_gpu(c.parallel.device, *host_mesh.world, "config key 'parallel.device'");
   if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
     fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU");

@@ -22,6 +22,7 @@
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
 #include "parallel/zero3_parameters.h"
+#include "train/run_dir_lock.h"
 #include "train/run_memory.h"
 #include "train/train_config.h"
 #include "train/training_data.h"
@@ -51,6 +52,9 @@ struct TrainingRun {
   Arena* checkpoint_staging(size_t state_bytes);
 
   TrainConfig config;  // with a Hugging Face model's shape in [model]
+  // Rank 0's lock on train.out_dir (null on the other ranks), taken before any rank writes
+  // there; declared before every part that writes, so it is released after the last of them.
+  std::unique_ptr<RunDirLock> out_dir_lock;
   std::optional<HfModelDir> hf;
   Mesh host_mesh;  // MPI over every rank, for host values
   bool use_gpu = false;

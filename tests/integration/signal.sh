@@ -2,7 +2,9 @@
 # SIGUSR1 and SIGTERM (and Ctrl-C's SIGINT) stop `frugal train` cleanly, without Slurm: a signal that reaches one rank
 # of `mpirun -np 2` stops both after the same step with a committed checkpoint and exit status
 # 75, even with more signals arriving while it saves; the resumed run's losses are those of an
-# uninterrupted run bit for bit; a finished run resumed says so and exits 0.
+# uninterrupted run bit for bit; a signal while the ranks are still in MPI_Init stops the run
+# before its first step (exit 75); signals sent to mpirun itself give a committed checkpoint
+# and mpirun's documented exit status; a finished run resumed says so and exits 0.
 # usage: signal.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
@@ -49,6 +51,65 @@ if grep -q "stopped by SIGINT at step" "$work/int.log"; then
   "$frugal" ckpt verify "$work/int" > /dev/null || { echo "FAIL: the checkpoint of Ctrl-C does not verify"; exit 1; }
 fi
 echo "Ctrl-C: $(grep -o 'stopped by SIGINT[^:]*' "$work/int.log"), exit 75"
+
+# A signal while the ranks start (issue 51: SIGUSR1 0.2 s after the launch killed a rank, exit
+# 138): the handler is installed before MPI starts, so the run stops before its first step with
+# exit 75. Made certain: rank 1 is frozen (SIGSTOP) as it starts, so rank 0 waits inside
+# MPI_Init for it, and gets SIGUSR1 there once its handler shows in /proc (or after 3 s: a
+# build that installs it later is killed by the signal, and the test fails).
+"${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.steps=30 --train.out_dir="$work/startup" \
+  > "$work/startup.log" 2>&1 &
+launcher=$!
+ranks=()
+for ((i = 0; i < 2000; i++)); do
+  mapfile -t ranks < <(pgrep -P "$launcher" || true)
+  [ "${#ranks[@]}" -eq 2 ] && break
+  sleep 0.005
+done
+[ "${#ranks[@]}" -eq 2 ] || { echo "FAIL: did not find the 2 ranks under mpirun"; exit 1; }
+kill -STOP "${ranks[1]}"
+for ((i = 0; i < 300; i++)); do  # SigCgt: the signals with a handler; SIGUSR1 is bit 9
+  caught=$(awk '/^SigCgt:/ { print $2 }' "/proc/${ranks[0]}/status" 2>/dev/null || echo 0)
+  [ $((0x$caught & 0x200)) -ne 0 ] && break
+  sleep 0.01
+done
+kill -USR1 "${ranks[0]}"
+sleep 0.2
+kill -CONT "${ranks[1]}"
+rc=0
+wait "$launcher" || rc=$?
+[ "$rc" -eq 75 ] && grep -q "stopped by SIGUSR1 before the first step: nothing to save" "$work/startup.log" \
+  || { echo "FAIL: SIGUSR1 during MPI_Init gave exit $rc"; cat "$work/startup.log"; exit 1; }
+[ "$(steps "$work/startup/metrics.jsonl")" -eq 0 ] && [ ! -e "$work/startup/ckpt/LATEST" ] \
+  || { echo "FAIL: the run stopped at start-up trained or saved"; exit 1; }
+echo "SIGUSR1 during MPI_Init: stopped before the first step, exit 75"
+
+# Signals to mpirun itself: it passes SIGUSR1 on, and answers SIGTERM and SIGINT by sending
+# the ranks SIGTERM (and SIGKILL a second later). Either way the ranks agree on a step, commit
+# its checkpoint and exit 75; mpirun then exits 75 after SIGUSR1, but 1 after SIGTERM or SIGINT
+# (it reports a job it was told to end, whatever the ranks returned), as doc/usage.md says.
+for sig in USR1 TERM INT; do
+  "${mpi[@]}" -np 2 "$frugal" train "${common[@]}" --train.steps=100000 \
+    --train.out_dir="$work/mpirun-$sig" > "$work/mpirun-$sig.log" 2>&1 &
+  launcher=$!
+  for ((i = 0; i < 600; i++)); do
+    [ "$(steps "$work/mpirun-$sig/metrics.jsonl")" -ge 5 ] && break
+    sleep 0.1
+  done
+  kill -"$sig" "$launcher"
+  rc=0
+  wait "$launcher" || rc=$?
+  expected=1
+  [ "$sig" != USR1 ] || expected=75
+  [ "$rc" -eq "$expected" ] || { echo "FAIL: mpirun exited $rc after SIG$sig, not $expected"; cat "$work/mpirun-$sig.log"; exit 1; }
+  stop=$(sed -n 's/^stopped by SIG[A-Z0-9]* at step \([0-9]*\): checkpoint .*/\1/p' "$work/mpirun-$sig.log")
+  [ -n "$stop" ] || { echo "FAIL: SIG$sig to mpirun: no stop with a checkpoint"; cat "$work/mpirun-$sig.log"; exit 1; }
+  [ "$(cat "$work/mpirun-$sig/ckpt/LATEST")" = "$(printf 'step_%08d' "$stop")" ] \
+    && [ "$(steps "$work/mpirun-$sig/metrics.jsonl")" -eq "$stop" ] \
+    && "$frugal" ckpt verify "$work/mpirun-$sig" > /dev/null \
+    || { echo "FAIL: SIG$sig to mpirun: step $stop is not the committed, verified end of the run"; exit 1; }
+  echo "SIG$sig to mpirun: the ranks stopped at step $stop with a checkpoint; mpirun exit $rc"
+done
 
 # Resumed once more, the finished run has nothing to train: it says so, changes nothing, exits 0.
 cp "$work/usr1/metrics.jsonl" "$work/finished.jsonl"

@@ -6,7 +6,8 @@
 # --batch, what --signal=B:USR1@N sends); the ranks checkpoint, the job requeues itself
 # (Restarts=1, the log appended), the second attempt resumes, and the losses equal an
 # uninterrupted `mpirun -np 2` run's, bit for bit. The finished job submitted again says it has
-# nothing to train. Skipped, saying why, where the daemons cannot run (not root, packages
+# nothing to train. Signals sent to srun itself: SIGUSR1 stops the ranks with a checkpoint
+# (exit 75), one SIGINT only prints the tasks' state, SIGTERM kills the step at once. Skipped, saying why, where the daemons cannot run (not root, packages
 # missing, a daemon that does not start). Every wait is bounded.
 # usage: slurm.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
@@ -231,6 +232,43 @@ signalled_job() {
 }
 signalled_job srun "$work/job"
 signalled_job mpirun "$work/job-mpirun"  # mpirun inside the allocation works as well
+
+# Signals to srun itself (a job step run by hand, as doc/usage.md's "Stopping" says): srun
+# passes SIGUSR1 on to the ranks, which stop with a checkpoint and exit 75, and so does srun;
+# one SIGINT (a Ctrl-C) only makes srun print its tasks' state; SIGTERM (or a second Ctrl-C
+# within a second) makes srun end the step at once ("forcing job termination": SIGKILL), with
+# no checkpoint of its own, the committed ones intact.
+srun_step() {  # OUT: a job step of 2 ranks in the background (launcher), once it has 5 steps
+  srun --mpi=pmix -n 2 "$frugal" train "${args[@]}" --train.steps=100000 --ckpt.every=5 \
+    --train.out_dir="$1" > "$1.log" 2>&1 &
+  launcher=$!
+  local deadline=$((SECONDS + 60))
+  while [ "$SECONDS" -lt "$deadline" ] && [ "$(steps "$1/metrics.jsonl")" -lt 7 ]; do sleep 0.1; done
+  [ "$(steps "$1/metrics.jsonl")" -ge 7 ] || { echo "FAIL: srun trained no 7 steps"; cat "$1.log"; exit 1; }
+}
+out=$work/srun-usr1
+srun_step "$out"
+kill -INT "$launcher"
+sleep 1.5  # past srun's one second, so the next signal is not a second Ctrl-C
+kill -0 "$launcher" 2>/dev/null && ! grep -q "stopping after this step" "$out.log" \
+  || { echo "FAIL: one SIGINT to srun reached the ranks or ended srun"; cat "$out.log"; exit 1; }
+kill -USR1 "$launcher"
+rc=0
+wait "$launcher" || rc=$?
+stop=$(sed -n 's/^stopped by SIGUSR1 at step \([0-9]*\): checkpoint .*/\1/p' "$out.log")
+[ "$rc" -eq 75 ] && [ -n "$stop" ] && [ "$(cat "$out/ckpt/LATEST")" = "$(printf 'step_%08d' "$stop")" ] \
+  && "$frugal" ckpt verify "$out" > /dev/null \
+  || { echo "FAIL: SIGUSR1 to srun: exit $rc, stop step '$stop'"; cat "$out.log"; exit 1; }
+echo "slurm: one SIGINT to srun: its tasks' state; SIGUSR1 to srun: stopped at step $stop with a checkpoint; srun exit 75"
+out=$work/srun-term
+srun_step "$out"
+kill -TERM "$launcher"
+rc=0
+wait "$launcher" || rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 75 ] && ! grep -q "^stopped by" "$out.log" && grep -q "forcing job termination" "$out.log" \
+  || { echo "FAIL: SIGTERM to srun: exit $rc"; cat "$out.log"; exit 1; }
+"$frugal" ckpt verify "$out" > /dev/null || { echo "FAIL: SIGTERM to srun: a committed step does not verify"; exit 1; }
+echo "slurm: SIGTERM to srun: the step killed at once (srun exit $rc), the committed checkpoints intact"
 
 # The finished job submitted again: nothing to train, said so, exit 0. Left to itself, the
 # script picks srun with Slurm's pmix plugin, which this cluster has but does not default to.
