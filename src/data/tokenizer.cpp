@@ -4,7 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/hf_tokenizer.h"
@@ -40,6 +42,19 @@ std::string find_tokenizer(const std::string& dir) {
   return "";
 }
 
+namespace {
+
+std::string read_whole_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read '", path.string(), "'");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) fail("reading '", path.string(), "' failed");
+  return bytes.str();
+}
+
+}  // namespace
+
 const std::vector<std::string>& tokenizer_companion_files() {
   static const std::vector<std::string> names = {"tokenizer_config.json", "chat_template.jinja",
                                                  "generation_config.json"};
@@ -65,10 +80,13 @@ std::string copy_tokenizer(const std::string& path, const std::string& dir) {
       if (ec) fail("cannot remove '", to.string(), "': ", ec.message());
     }
   }
+  // Each file replaced whole (a full disk leaves the old one, never a cut one); one that is
+  // already there byte for byte (a resumed run's directory) is left alone.
   for (const auto& [from, to] : copies) {
     if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) continue;
-    fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
-    if (ec) fail("cannot copy '", from.string(), "' to '", to.string(), "': ", ec.message());
+    const std::string bytes = read_whole_file(from);
+    if (fs::is_regular_file(to, ec) && read_whole_file(to) == bytes) continue;
+    replace_file(to.string(), bytes);
   }
   // A tokenizer.model left from before would win over the new tokenizer.json in find_tokenizer.
   const fs::path stale = fs::path(dir) / tokenizer_file_name(TokenizerKind::sentencepiece);

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <set>
 
@@ -100,28 +98,6 @@ void stop_after_signal(TrainingRun& run, int signal, int64_t step, int64_t saved
            run.checkpoints->dir().step_dir(step), ", resume with train.resume=true");
 }
 
-// Whether `dir` holds, byte for byte, what copy_tokenizer(path, dir) would put there (a resumed
-// run's directory does): then nothing is copied, since a copy truncates its target first and a
-// full disk would leave the run directory a cut tokenizer.
-bool holds_tokenizer(const std::string& path, const std::string& dir) {
-  const auto same_bytes = [](const fs::path& a, const fs::path& b) {
-    std::error_code ec;
-    if (!fs::is_regular_file(a, ec) || !fs::is_regular_file(b, ec) ||
-        fs::file_size(a, ec) != fs::file_size(b, ec) || ec)
-      return false;
-    std::ifstream in_a(a, std::ios::binary), in_b(b, std::ios::binary);
-    return std::equal(std::istreambuf_iterator<char>(in_a), std::istreambuf_iterator<char>(),
-                      std::istreambuf_iterator<char>(in_b), std::istreambuf_iterator<char>());
-  };
-  const TokenizerKind kind = tokenizer_kind_of(path);
-  if (!same_bytes(path, fs::path(dir) / tokenizer_file_name(kind))) return false;
-  if (kind == TokenizerKind::sentencepiece) return true;
-  std::error_code ec;
-  const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
-  return !fs::exists(fs::path(dir) / tokenizer_file_name(TokenizerKind::sentencepiece), ec) &&
-         (!fs::exists(config, ec) || same_bytes(config, fs::path(dir) / "tokenizer_config.json"));
-}
-
 std::string fixed(double v, int digits) {
   if (std::isnan(v)) return "nan";  // printf says "-nan" for some NaNs: the sign means nothing
   char buf[32];
@@ -186,8 +162,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     if (!c.monitor.tensorboard.empty())
       tensorboard.emplace(c.monitor.tensorboard, start_step > 0 ? start_step + 1 : 0);
     // The run directory is self-contained: eval, generate and export need only it.
-    if (!holds_tokenizer(run.tokenizer->path(), c.train.out_dir))
-      copy_tokenizer(run.tokenizer->path(), c.train.out_dir);
+    copy_tokenizer(run.tokenizer->path(), c.train.out_dir);  // whole files, or none changed
     // Replaced whole: a full disk must not leave a resumed run's directory without it.
     replace_file((fs::path(c.train.out_dir) / "train_config.json").string(),
                  nlohmann::json(c.resolved).dump(2) + "\n");

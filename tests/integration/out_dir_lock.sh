@@ -43,23 +43,24 @@ refused_by() {  # LOG DIR: the refusal's message, naming DIR and a holder on thi
 # lock, a second or so after its start, even on a loaded machine.)
 "${train[@]}" --train.out_dir="$work/both" > "$work/a.log" 2>&1 &
 a=$!
+read -r -a a_ranks <<< "$(ranks_of "$a")"
 sleep 0.3
 "${train[@]}" --train.out_dir="$work/both" > "$work/b.log" 2>&1 &
 b=$!
-for ((i = 0; i < 600; i++)); do  # the refused one ends first
-  kill -0 "$a" 2>/dev/null && kill -0 "$b" 2>/dev/null || break
-  sleep 0.05
-done
-if ! kill -0 "$a" 2>/dev/null; then loser=$a winner=$b loser_log=$work/a.log winner_log=$work/b.log
-else loser=$b winner=$a loser_log=$work/b.log winner_log=$work/a.log; fi
-read -r -a winner_ranks <<< "$(ranks_of "$winner")"
-rc=0; wait "$loser" || rc=$?
+read -r -a b_ranks <<< "$(ranks_of "$b")"
+# Which one was refused is in its log (on an idle machine the winner may end first).
+rc_a=0; wait "$a" || rc_a=$?
+rc_b=0; wait "$b" || rc_b=$?
+if grep -q "is in use by another run" "$work/a.log"; then
+  loser_log=$work/a.log winner_log=$work/b.log rc=$rc_a winner_rc=$rc_b winner_ranks=("${b_ranks[@]}")
+else
+  loser_log=$work/b.log winner_log=$work/a.log rc=$rc_b winner_rc=$rc_a winner_ranks=("${a_ranks[@]}")
+fi
 [ "$rc" -ne 0 ] || { cat "$loser_log"; fail "the second run on one out_dir exited 0"; }
 refused_by "$loser_log" "$work/both" || { cat "$loser_log"; fail "no refusal naming the directory and the holder"; }
 holder=$(sed -n "s/^frugal: config key .* is in use by another run (pid \([0-9]*\) on host .*/\1/p" "$loser_log")
 [ "$holder" = "${winner_ranks[0]}" ] || fail "the refusal names pid $holder, not the other run's rank 0 (${winner_ranks[*]})"
-rc=0; wait "$winner" || rc=$?
-[ "$rc" -eq 0 ] || { cat "$winner_log"; fail "the run that holds the lock failed ($rc)"; }
+[ "$winner_rc" -eq 0 ] || { cat "$winner_log"; fail "the run that holds the lock failed ($winner_rc)"; }
 cmp <(losses "$work/lone/metrics.jsonl") <(losses "$work/both/metrics.jsonl") \
   || fail "the run beside a refused one differs from a lone run"
 [ ! -s "$work/both/train.lock" ] || fail "a run that ended cleanly left its details in train.lock"
