@@ -178,7 +178,7 @@ for asked in 100 9223372036854775807; do
 done
 expect_error "exactly one of --hf-model DIR or --ckpt DIR" eval --tokens "$toks"
 expect_error "exactly one of --hf-model DIR or --ckpt DIR" eval --hf-model "$gqa" --ckpt "$work/run" --tokens "$toks"
-expect_error "exactly one of --tokens FILE, --text FILE or --token-file FILE" eval --hf-model "$gqa"
+expect_error "exactly one of --tokens FILE, --text FILE, --token-file FILE or --data FILE" eval --hf-model "$gqa"
 expect_error "has no tokenizer.model" eval --hf-model "$gqa" --text "$work/text.txt"
 expect_error "no config.json" eval --hf-model "$work/data" --tokens "$toks"
 expect_error "does not exist" eval --hf-model "$work/nowhere" --tokens "$toks"

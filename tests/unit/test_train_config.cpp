@@ -53,6 +53,7 @@ const std::map<std::string, std::string> kDefaults = {
     {"model.sliding_window", "0"},
     {"model.hf_path", ""},
     {"data.dir", "data/fortunes"},
+    {"data.train_on", "auto"},
     {"train.steps", "300"},
     {"train.seed", "1234"},
     {"train.out_dir", "out/tiny"},
