@@ -437,7 +437,7 @@ int cmd_prepare(const std::vector<std::string>& args) {
   const std::string val_path = (fs::path(opt.out_dir) / "val.tok").string();
   int64_t text_bytes = 0;
   for (const auto* docs : {&train_docs, &val_docs})
-    for (const CorpusDocument& doc : *docs) text_bytes += int64_t(doc.plain_text().size());
+    for (const CorpusDocument& doc : *docs) text_bytes += int64_t(doc.plain_bytes());
   Progress progress("prepare: encoded", text_bytes,
                     [](int64_t bytes) { return fixed(double(bytes) / 1e6, 2) + " MB"; });
   const DocumentEncoder encoder(tokenizer, chat_template ? &*chat_template : nullptr);

@@ -120,7 +120,7 @@ void add_document(CorpusDocument doc, Corpus& corpus) {
     ++corpus.stats.skipped_invalid_utf8;
     return;
   }
-  corpus.stats.bytes += static_cast<int64_t>(doc.plain_text().size());
+  corpus.stats.bytes += static_cast<int64_t>(doc.plain_bytes());
   ++corpus.stats.documents;
   corpus.documents.push_back(std::move(doc));
 }

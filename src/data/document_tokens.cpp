@@ -45,7 +45,7 @@ TokenizedDocument DocumentEncoder::encode(const CorpusDocument& doc,
   if (doc.content == DocumentContent::text) return encode_text(doc, progress);
   TokenizedDocument out =
       doc.content == DocumentContent::instruction ? encode_instruction(doc) : encode_chat(doc);
-  if (progress) progress(int64_t(doc.plain_text().size()));
+  if (progress) progress(int64_t(doc.plain_bytes()));
   return out;
 }
 

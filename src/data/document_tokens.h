@@ -30,7 +30,7 @@ class DocumentEncoder {
   // Throws Error naming doc.where: a conversation without a template, a template that raises
   // or that renders a conversation's first messages other than as the start of the whole (so
   // that its turns cannot be told apart), a document that encodes to no token. Thread-safe.
-  // `progress`, when given, hears of the bytes of text encoded (plain_text()'s), a long text's
+  // `progress`, when given, hears of the bytes of text encoded (plain_bytes()), a long text's
   // piece by piece (Tokenizer::encode_long).
   TokenizedDocument encode(const CorpusDocument& doc,
                            const std::function<void(int64_t)>& progress = nullptr) const;

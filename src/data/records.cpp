@@ -85,6 +85,21 @@ std::string CorpusDocument::plain_text() const {
   return text;
 }
 
+size_t CorpusDocument::plain_bytes() const {
+  switch (content) {
+    case DocumentContent::text:
+      return text.size();
+    case DocumentContent::instruction:
+      return text.size() + completion.size();
+    case DocumentContent::chat: {
+      size_t bytes = conversation.empty() ? 0 : conversation.size() - 1;  // the line ends
+      for (const ChatMessage& m : conversation) bytes += m.content.size();
+      return bytes;
+    }
+  }
+  return text.size();
+}
+
 std::optional<RecordFormat> detect_record_format(const json& record) {
   if (!record.is_object()) return std::nullopt;
   if (record.contains("messages")) return RecordFormat::messages;

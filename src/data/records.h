@@ -41,6 +41,8 @@ struct CorpusDocument {
   // The text a tokenizer is trained on: the document, the prompt and its completion, or every
   // message's content.
   std::string plain_text() const;
+  // plain_text().size(), without the copy.
+  size_t plain_bytes() const;
 };
 
 // The format of a record, from its keys, in this order: "messages", "conversations",
