@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "model/hf_model.h"
@@ -101,6 +102,7 @@ std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64
 
 // Whitespace-separated ids, one sequence per line; blank lines are skipped.
 std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
+  require_regular_file(path, "eval: token file");
   std::ifstream in(path);
   if (!in) fail("eval: cannot read token file '", path, "'");
   std::vector<std::vector<int32_t>> lines;
@@ -119,6 +121,7 @@ std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
 // One document per non-empty line: bos (when `bos` >= 0), then the line's ids (no eos).
 std::vector<std::vector<int32_t>> read_text_lines(const std::string& path,
                                                   const Tokenizer& tokenizer, int32_t bos) {
+  require_regular_file(path, "eval: text file");
   std::ifstream in(path);
   if (!in) fail("eval: cannot read text file '", path, "'");
   std::vector<std::vector<int32_t>> lines;

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace fs = std::filesystem;
 
@@ -94,6 +95,8 @@ void write_checkpoint_index(const std::string& step_dir, int world_size,
 
 std::vector<std::string> checkpoint_index_sources(const std::string& index_path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  // HDF5 opens the file itself, with a plain open(), which a FIFO would block forever.
+  require_regular_file(index_path, "checkpoint index");
   Id file{H5Fopen(index_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
   if (file < 0) fail("cannot open checkpoint index '", index_path, "'");
   std::vector<std::string> sources;

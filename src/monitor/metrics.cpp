@@ -9,10 +9,12 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace frugal {
 
 void truncate_metrics(const std::string& path, int64_t step) {
+  if (non_regular_kind(path) != "missing") require_regular_file(path, "metrics file");
   std::ifstream in(path);
   if (!in) return;
   std::string kept, line;
