@@ -483,8 +483,9 @@ std::vector<std::string> CheckpointDir::temporary_files() const {
   if (!fs::is_directory(root_, ec)) return found;
   // With error codes throughout: an entry that cannot be looked at (a symlink loop) is skipped,
   // not a reason to stop a resume or a listing.
+  std::error_code entry_ec;  // of one entry: the walk goes on
   for (fs::recursive_directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec))
-    if (it->is_regular_file(ec) && it->path().extension() == ".tmp")
+    if (it->is_regular_file(entry_ec) && it->path().extension() == ".tmp")
       found.push_back(it->path().string());
   std::sort(found.begin(), found.end());
   return found;

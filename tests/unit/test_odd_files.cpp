@@ -339,3 +339,19 @@ TEST_CASE("index.h5: its CRC32C in COMMITTED; a damaged one makes its step unusa
     CHECK(resume_in_child(root) == "resumed 2");
   }
 }
+
+TEST_CASE("odd files in a checkpoint: a save's temporary files are found past symlink loops",
+          "[odd_files]") {
+  TempDir tmp;
+  const std::string root = tmp.file("ckpt");
+  save_two_steps(root);
+  const CheckpointDir dir(root);
+  // Twenty loops at each level: whatever order the walk takes, some come before the .tmp file.
+  for (int i = 0; i < 20; ++i) {
+    make_odd_file(root + "/loop" + std::to_string(i), OddFile::symlink_loop);
+    make_odd_file(dir.step_dir(3) + "/loop" + std::to_string(i), OddFile::symlink_loop);
+  }
+  const std::string abandoned = dir.step_dir(3) + "/rank_00001.h5.tmp";
+  std::ofstream(abandoned) << "half a file";
+  CHECK(dir.temporary_files() == std::vector<std::string>{abandoned});
+}
