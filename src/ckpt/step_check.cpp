@@ -24,6 +24,8 @@ std::string describe_failure(const std::string& path, const IsolatedOutcome& out
   if (outcome.crashed)
     return what + " '" + path + "': damaged: HDF5 " + outcome.text + " reading it";
   if (outcome.timed_out) return what + " '" + path + "': damaged: reading it " + outcome.text;
+  if (outcome.ended)
+    return what + " '" + path + "': damaged: the process reading it " + outcome.text;
   return outcome.text;
 }
 
