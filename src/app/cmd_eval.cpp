@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/chat_template.h"
 #include "data/corpus.h"
 #include "data/document_tokens.h"
@@ -170,6 +171,7 @@ EvalLines read_data_file(const std::string& path, CorpusFormat format, TrainOn m
 
 // Whitespace-separated ids, one sequence per line; blank lines are skipped.
 std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
+  require_regular_file(path, "eval: token file");
   std::ifstream in(path);
   if (!in) fail("eval: cannot read token file '", path, "'");
   std::vector<std::vector<int32_t>> lines;
@@ -188,6 +190,7 @@ std::vector<std::vector<int32_t>> read_token_lines(const std::string& path) {
 // One document per non-empty line: bos (when `bos` >= 0), then the line's ids (no eos).
 std::vector<std::vector<int32_t>> read_text_lines(const std::string& path,
                                                   const Tokenizer& tokenizer, int32_t bos) {
+  require_regular_file(path, "eval: text file");
   std::ifstream in(path);
   if (!in) fail("eval: cannot read text file '", path, "'");
   std::vector<std::vector<int32_t>> lines;

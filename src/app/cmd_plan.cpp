@@ -10,6 +10,7 @@
 #include "app/options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "model/hf_model.h"
 #include "train/plan_search.h"
 
@@ -175,10 +176,9 @@ TrainConfig plan_config(const PlanArgs& p) {
   TrainConfig c = parse_train_options(args).config;
   if (!hf_json.empty()) {
     nlohmann::json j;
-    std::ifstream in(hf_json);
-    if (!in) fail("cannot read '", hf_json, "'");
+    const std::string text = read_regular_file(hf_json, "Hugging Face config");
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       fail(hf_json, ": not valid JSON: ", e.what());
     }

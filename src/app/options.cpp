@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "train/config_keys.h"
 
 namespace po = boost::program_options;
@@ -167,6 +168,7 @@ TrainOptions parse_train_options(const std::vector<std::string>& raw_args) {
         std::error_code ec;
         if (std::filesystem::is_directory(*it, ec))
           fail("config file '", *it, "' is a directory, not a .cfg file");
+        require_regular_file(*it, "config file");  // a FIFO would block the open
         std::ifstream in(*it);
         if (!in) fail("cannot read config file '", *it, "'");
         try {

@@ -15,6 +15,8 @@
 #include "ckpt/h5_file.h"
 #include "core/error.h"
 #include "core/json_integer.h"
+#include "core/log.h"
+#include "core/regular_file.h"
 
 namespace fs = std::filesystem;
 
@@ -30,11 +32,14 @@ constexpr const char* kLatest = "LATEST";
 // What a prune renames a step directory to before deleting it (".pruned.step_00000100").
 constexpr const char* kPrunedPrefix = ".pruned.";
 
-std::string crc_text(const std::string& text) {
+// A CRC32C as the eight hex digits frugal stores.
+std::string hex_crc(uint32_t crc) {
   char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", crc32c(text.data(), text.size()));
+  std::snprintf(buf, sizeof buf, "%08x", crc);
   return buf;
 }
+
+std::string crc_text(const std::string& text) { return hex_crc(crc32c(text.data(), text.size())); }
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -53,12 +58,25 @@ std::optional<int64_t> step_of_name(const std::string& name) {
   return step;
 }
 
+// Whether anything is at `path`, a symlink loop or a dangling symlink included.
+bool something_at(const fs::path& path) {
+  std::error_code ec;
+  return fs::symlink_status(path, ec).type() != fs::file_type::not_found && !ec;
+}
+
 void fsync_path(const fs::path& path, bool directory) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
   if (fd >= 0) {
     ::fsync(fd);
     ::close(fd);
   }
+}
+
+// "<path>.unusable", or with ".2", ".3", ... the first name that is free.
+std::string free_unusable_name(const std::string& path) {
+  std::string name = path + ".unusable";
+  for (int n = 2; something_at(name); ++n) name = path + ".unusable." + std::to_string(n);
+  return name;
 }
 
 // Writes `text` to path atomically: a temporary file, fsync, rename, fsync of the directory.
@@ -71,20 +89,18 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
     if (!out) fail("cannot write '", tmp.string(), "'");
   }
   fsync_path(tmp, false);
+  move_directory_aside(path.string());
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) fail("cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
   fsync_path(path.parent_path(), true);
 }
 
-std::string read_small_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text;
-  char buf[256];
-  // A pointer file is a line; a huge one is damage, not something to read whole.
-  in.read(buf, sizeof buf);
-  text.assign(buf, size_t(in.gcount()));
-  return text;
+// The start of a marker file (LATEST, COMMITTED): a line, so a huge one is damage, not
+// something to read whole. An Error naming it when it is not a regular file (a FIFO there
+// would block a plain open forever).
+std::string read_small_file(const fs::path& path, const std::string& what) {
+  return RegularFile(path.string(), what).read_prefix(256);
 }
 
 // What LATEST holds: the step it names, or why it names none (problem; "" when absent).
@@ -97,10 +113,15 @@ struct Pointer {
 Pointer read_pointer(const fs::path& root) {
   Pointer p;
   const fs::path path = root / kLatest;
-  std::error_code ec;
-  p.exists = fs::exists(path, ec);
+  p.exists = something_at(path);
   if (!p.exists) return p;
-  std::string text = read_small_file(path);
+  std::string text;
+  try {
+    text = read_small_file(path, "checkpoint pointer");
+  } catch (const Error& e) {
+    p.problem = e.what();
+    return p;
+  }
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
     text.pop_back();
   p.step = step_of_name(text);
@@ -126,6 +147,19 @@ nlohmann::json read_manifest(const H5Reader& reader) {
 }
 
 }  // namespace
+
+std::string move_directory_aside(const std::string& path) {
+  std::error_code ec;
+  if (fs::symlink_status(path, ec).type() != fs::file_type::directory) return "";
+  const std::string aside = free_unusable_name(path);
+  fs::rename(path, aside, ec);
+  if (ec)
+    fail("'", path, "' is a directory where a checkpoint file belongs, and cannot be moved aside: ",
+         ec.message());
+  log_warn("checkpoint: '", path, "' was a directory where a checkpoint file belongs: moved to '",
+           aside, "'");
+  return aside;
+}
 
 nlohmann::json parse_manifest(const std::string& path, const std::string& text) {
   nlohmann::json manifest;
@@ -203,20 +237,28 @@ void CheckpointDir::save_rank(int64_t step, int rank, const std::vector<NamedTen
   const std::string text = manifest.dump();
   writer.write_attribute(kManifest, text);
   writer.write_attribute(kManifestCrc, crc_text(text));
+  move_directory_aside(rank_file(step, rank));  // only this rank writes this name
   writer.close();
 }
 
 void CheckpointDir::commit(int64_t step, int world_size, int64_t keep) const {
-  write_file_atomically(fs::path(step_dir(step)) / kCommitted,
-                        nlohmann::json{{"step", step}, {"world_size", world_size}}.dump() + "\n");
+  nlohmann::json mark{{"step", step}, {"world_size", world_size}};
+  // index.h5 is read by h5py and h5dump, not by frugal's loads: its checksum is what lets
+  // `ckpt verify` and resume tell a damaged one (a mapping moved by a flipped bit reads other
+  // rows, silently) from a sound one.
+  if (something_at(index_file(step)))
+    mark["index_crc32c"] = hex_crc(file_crc32c(index_file(step), "checkpoint index"));
+  write_file_atomically(fs::path(step_dir(step)) / kCommitted, mark.dump() + "\n");
   write_file_atomically(fs::path(root_) / kLatest, step_name(step) + "\n");
   remove_pruned_leftovers();
   // Prune the step directories older than this one beyond the newest `keep` (committed or
   // not); never the one just committed.
   std::vector<int64_t> older;
-  for (const auto& entry : fs::directory_iterator(root_)) {
+  std::error_code ec;
+  // With error codes: an entry that cannot be looked at (a symlink loop) is not a step to prune.
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
     const std::optional<int64_t> s = step_of_name(entry.path().filename().string());
-    if (s && *s < step && entry.is_directory()) older.push_back(*s);
+    if (s && *s < step && entry.is_directory(ec)) older.push_back(*s);
   }
   std::sort(older.begin(), older.end());
   const int64_t to_remove = int64_t(older.size()) - (keep - 1);
@@ -229,6 +271,21 @@ void CheckpointDir::commit(int64_t step, int world_size, int64_t keep) const {
   }
 }
 
+std::vector<std::string> CheckpointDir::move_non_directories_aside() const {
+  std::vector<std::string> moved;
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const auto& entry : fs::directory_iterator(root_, ec))
+    if (step_of_name(entry.path().filename().string()) && !entry.is_directory(ec))
+      doomed.push_back(entry.path());
+  for (const fs::path& path : doomed) {
+    const std::string aside = free_unusable_name(path.string());
+    fs::rename(path, aside, ec);
+    if (!ec) moved.push_back("'" + path.string() + "' -> '" + aside + "'");
+  }
+  return moved;
+}
+
 void CheckpointDir::remove_pruned_leftovers() const {
   std::error_code ec;
   std::vector<fs::path> leftovers;
@@ -238,20 +295,42 @@ void CheckpointDir::remove_pruned_leftovers() const {
   for (const fs::path& p : leftovers) fs::remove_all(p, ec);
 }
 
-std::optional<int> CheckpointDir::committed_world_size(int64_t step) const {
+std::optional<CheckpointDir::CommitMark> CheckpointDir::commit_mark(int64_t step) const {
   const fs::path path = fs::path(step_dir(step)) / kCommitted;
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  if (!something_at(path)) return std::nullopt;
   try {
-    const nlohmann::json j = nlohmann::json::parse(read_small_file(path));
-    const int64_t world = json_integer(j.at("world_size"), "world_size", 1, 1 << 24);
+    const nlohmann::json j = nlohmann::json::parse(read_small_file(path, "commit marker"));
+    CommitMark mark;
+    mark.world_size = int(json_integer(j.at("world_size"), "world_size", 1, 1 << 24));
     if (json_integer(j.at("step"), "step") != step) return std::nullopt;
-    return int(world);
+    if (j.contains("index_crc32c")) {
+      // Eight lower-case hex digits, as commit() writes them; anything else is a damaged mark.
+      const std::string text = j.at("index_crc32c").get<std::string>();
+      if (text.size() != 8) return std::nullopt;
+      uint32_t crc = 0;
+      for (char c : text) {
+        const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (digit < 0) return std::nullopt;
+        crc = crc << 4 | uint32_t(digit);
+      }
+      mark.index_crc32c = crc;
+    }
+    return mark;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   } catch (const Error&) {
     return std::nullopt;
   }
+}
+
+std::optional<int> CheckpointDir::committed_world_size(int64_t step) const {
+  const std::optional<CommitMark> mark = commit_mark(step);
+  if (!mark) return std::nullopt;
+  return mark->world_size;
+}
+
+std::string CheckpointDir::index_file(int64_t step) const {
+  return (fs::path(step_dir(step)) / "index.h5").string();
 }
 
 std::vector<int64_t> CheckpointDir::committed_steps() const {
@@ -283,15 +362,26 @@ std::vector<std::pair<int64_t, std::string>> CheckpointDir::incomplete_steps() c
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
     const std::optional<int64_t> step = step_of_name(entry.path().filename().string());
-    if (!step || !entry.is_directory(ec)) continue;
+    if (!step) continue;
+    if (!entry.is_directory(ec)) {
+      // A step's name on something that is no directory (a symlink loop, a FIFO): whatever the
+      // step was, it is unusable now.
+      const std::string kind = non_regular_kind(entry.path().string());
+      steps.emplace_back(*step, "step directory '" + entry.path().string() + "' is " +
+                                    (kind.empty() ? std::string("a regular file") : kind) +
+                                    ", not a directory");
+      continue;
+    }
     const std::optional<int> world = committed_world_size(*step);
-    for (int rank = 0; world && rank < *world; ++rank)
-      if (!fs::is_regular_file(rank_file(*step, rank), ec)) {
-        steps.emplace_back(*step, "checkpoint file '" + rank_file(*step, rank) +
-                                      "' is missing (its step was committed with " +
+    for (int rank = 0; world && rank < *world; ++rank) {
+      const std::string kind = non_regular_kind(rank_file(*step, rank));
+      if (!kind.empty()) {
+        steps.emplace_back(*step, "checkpoint file '" + rank_file(*step, rank) + "' is " + kind +
+                                      ", not a regular file (its step was committed with " +
                                       std::to_string(*world) + " rank files)");
         break;
       }
+    }
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
@@ -324,7 +414,7 @@ std::string CheckpointDir::set_aside() const {
   std::vector<fs::path> moving;
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name == kLatest || (step_of_name(name) && entry.is_directory(ec)))
+    if (name == kLatest || step_of_name(name))  // a step's name on a non-directory too
       moving.push_back(entry.path());
   }
   remove_pruned_leftovers();
@@ -391,9 +481,12 @@ std::vector<std::string> CheckpointDir::temporary_files() const {
   std::vector<std::string> found;
   std::error_code ec;
   if (!fs::is_directory(root_, ec)) return found;
-  for (const auto& entry : fs::recursive_directory_iterator(root_, ec))
-    if (entry.is_regular_file() && entry.path().extension() == ".tmp")
-      found.push_back(entry.path().string());
+  // With error codes throughout: an entry that cannot be looked at (a symlink loop) is skipped,
+  // not a reason to stop a resume or a listing.
+  std::error_code entry_ec;  // of one entry: the walk goes on
+  for (fs::recursive_directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(entry_ec) && it->path().extension() == ".tmp")
+      found.push_back(it->path().string());
   std::sort(found.begin(), found.end());
   return found;
 }

@@ -1,7 +1,9 @@
 // The checkpoint directory of a run:
 //   <root>/step_00001200/rank_00000.h5 ...   each rank's tensors and a JSON manifest
+//   <root>/step_00001200/index.h5            virtual datasets over the rank files (h5py)
 //   <root>/step_00001200/COMMITTED           written by rank 0 once every rank's file is on
-//                                            disk: the step and the number of rank files
+//                                            disk: the step, the number of rank files and
+//                                            index.h5's CRC32C
 //   <root>/LATEST                            the newest committed step, written last
 // A step directory is committed when it holds COMMITTED and every rank file that names;
 // anything else (a step whose save was interrupted) is ignored. LATEST is a pointer for
@@ -38,6 +40,12 @@ int manifest_world_size(const std::string& path, const nlohmann::json& manifest)
 void check_manifest_agrees(const std::string& path, const nlohmann::json& manifest,
                            const nlohmann::json& rank0, int64_t step, int rank);
 
+// A directory where a checkpoint file is about to be renamed into place (damage: a rename cannot
+// replace a directory, as it replaces a FIFO or a symlink) is renamed to "<path>.unusable" (or
+// "<path>.unusable.2", ...) with a warning, so that the save goes on and nothing of it is
+// deleted. Returns that name, or "" when no directory is there.
+std::string move_directory_aside(const std::string& path);
+
 class CheckpointDir {
  public:
   explicit CheckpointDir(std::string root) : root_(std::move(root)) {}
@@ -57,7 +65,8 @@ class CheckpointDir {
   // Writes this rank's file of `step` (atomically: a temporary name, fsync, rename).
   void save_rank(int64_t step, int rank, const std::vector<NamedTensor>& tensors,
                  const nlohmann::json& manifest) const;
-  // Marks `step`, saved by `world_size` ranks, committed (its COMMITTED file, then LATEST),
+  // Marks `step`, saved by `world_size` ranks, committed (its COMMITTED file, with the CRC32C
+  // of its index.h5 when it has one, then LATEST),
   // and prunes the committed steps older than the `keep` newest. A pruned step is first
   // renamed to a hidden name (".pruned.step_...") and then deleted, so that a kill during the
   // deletion leaves no half step that looks like one. Called by rank 0 once every rank has
@@ -65,8 +74,10 @@ class CheckpointDir {
   void commit(int64_t step, int world_size, int64_t keep) const;
   // Every committed step on disk, newest first.
   std::vector<int64_t> committed_steps() const;
-  // Step directories marked COMMITTED but missing a rank file it names, newest first, each
-  // with what is missing: committed once, since damaged (`ckpt verify` reports them).
+  // Step directories marked COMMITTED but missing a rank file it names (or holding something
+  // other than a regular file there), and step names on things that are not directories (a
+  // symlink loop), newest first, each with what is wrong: committed once, since damaged
+  // (`ckpt verify` reports them, resume names them).
   std::vector<std::pair<int64_t, std::string>> incomplete_steps() const;
   // The newest committed step, if any.
   std::optional<int64_t> latest() const;
@@ -76,6 +87,11 @@ class CheckpointDir {
   std::string latest_problem() const;
   // Deletes what interrupted prunes left (the hidden ".pruned.*" directories).
   void remove_pruned_leftovers() const;
+  // Renames every entry with a step's name that is not a directory (a symlink loop, a FIFO, a
+  // file) to "<name>.unusable" (".unusable.2", ...), which no reader takes for a step, so that a
+  // save of that step can make its directory; returns "<old> -> <new>" for each, for a warning.
+  // For rank 0 of a resume, after the damaged steps were named.
+  std::vector<std::string> move_non_directories_aside() const;
   // Moves every step directory and LATEST into a new <root>/earlier_run_<n>/ and returns its
   // path ("" when there was nothing to move): a run that starts afresh in a directory holding
   // an earlier run's checkpoints keeps them, and does not mix its steps with theirs.
@@ -99,9 +115,16 @@ class CheckpointDir {
   // itself as verify_rank checks it), then every tensor.
   RankSummary verify_rank0(int64_t step, nlohmann::json& manifest) const;
 
-  // The number of rank files of `step` from its COMMITTED file; nullopt for a step written
-  // before COMMITTED existed (or without a readable one).
+  // What `step`'s COMMITTED file says; nullopt for a step written before COMMITTED existed (or
+  // without a readable one).
+  struct CommitMark {
+    int world_size = 0;                    // the number of rank files
+    std::optional<uint32_t> index_crc32c;  // of index.h5; none in steps committed before 2026-12-04
+  };
+  std::optional<CommitMark> commit_mark(int64_t step) const;
+  // commit_mark's number of rank files.
   std::optional<int> committed_world_size(int64_t step) const;
+  std::string index_file(int64_t step) const;  // <step dir>/index.h5
 
   // The temporary files (*.tmp) of saves that never finished, e.g. of a writer killed mid-file:
   // the paths of those under the root and its step directories.

@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "ckpt/checkpoint_dir.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace fs = std::filesystem;
 
@@ -87,6 +89,7 @@ void write_checkpoint_index(const std::string& step_dir, int world_size,
     if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) fail("cannot write checkpoint index '", tmp, "'");
   }
   fsync_file(tmp);
+  move_directory_aside(path);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) fail("cannot rename '", tmp, "' to '", path, "': ", ec.message());
@@ -94,8 +97,10 @@ void write_checkpoint_index(const std::string& step_dir, int world_size,
 
 std::vector<std::string> checkpoint_index_sources(const std::string& index_path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  // HDF5 opens the file itself, with a plain open(), which a FIFO would block forever.
+  require_regular_file(index_path, "checkpoint index");
   Id file{H5Fopen(index_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
-  if (file < 0) fail("cannot open checkpoint index '", index_path, "'");
+  if (file < 0) fail("checkpoint index '", index_path, "': damaged: HDF5 cannot open it");
   std::vector<std::string> sources;
   struct Visit {
     std::vector<std::string>* sources;
@@ -114,7 +119,10 @@ std::vector<std::string> checkpoint_index_sources(const std::string& index_path)
     }
     for (size_t i = 0; i < count; ++i) {
       const ssize_t length = H5Pget_virtual_filename(dcpl, i, nullptr, 0);
-      if (length < 0) continue;
+      if (length < 0) {
+        v.failed = true;  // a mapping whose file cannot be told: damaged
+        return -1;
+      }
       std::string file(size_t(length) + 1, '\0');
       H5Pget_virtual_filename(dcpl, i, file.data(), file.size());
       file.resize(size_t(length));
@@ -124,7 +132,7 @@ std::vector<std::string> checkpoint_index_sources(const std::string& index_path)
     return 0;
   };
   if (H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, on_object, &visit) < 0 || visit.failed)
-    fail("checkpoint index '", index_path, "': cannot list its virtual datasets");
+    fail("checkpoint index '", index_path, "': damaged: HDF5 cannot list its virtual datasets");
   std::sort(sources.begin(), sources.end());
   return sources;
 }

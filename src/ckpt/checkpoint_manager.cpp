@@ -10,7 +10,10 @@
 #include "ckpt/sharded_reader.h"
 #include "ckpt/step_check.h"
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "ops/ops.h"
+
+namespace fs = std::filesystem;
 
 namespace frugal {
 
@@ -236,10 +239,28 @@ void CheckpointManager::load(int64_t step, const nlohmann::json& manifest) {
 }
 
 int64_t CheckpointManager::resume(int64_t before_step, RankFileChecker* checker) {
+  // A checkpoint directory that is there but cannot be listed (a symlink loop, a file) is not
+  // one without checkpoints: starting from scratch would train over what it may hold.
+  std::error_code ec;
+  const fs::file_status root = fs::symlink_status(dir_.root(), ec);
+  if (root.type() != fs::file_type::not_found && !fs::is_directory(dir_.root(), ec)) {
+    const std::string kind = non_regular_kind(dir_.root());
+    fail("train.resume: the checkpoint directory '", dir_.root(), "' is ",
+         kind.empty() ? "a regular file" : kind, ", not a directory");
+  }
   if (leader_) dir_.remove_pruned_leftovers();
   std::vector<int64_t> steps;
   for (int64_t step : dir_.committed_steps())
     if (step < before_step) steps.push_back(step);
+  // Steps committed once and damaged since (a rank file deleted, or replaced by a FIFO or a
+  // symlink loop) are not among them: each is named, as a step refused below is.
+  if (leader_) {
+    for (const auto& [step, problem] : dir_.incomplete_steps())
+      if (step < before_step) log_warn("checkpoint step ", step, " is unusable: ", problem);
+    // A step's name on something that is no directory would stop the save of that step.
+    for (const std::string& moved : dir_.move_non_directories_aside())
+      log_warn("checkpoint: moved aside an entry with a step's name that is no directory: ", moved);
+  }
   if (steps.empty()) {
     log_info("train.resume: no committed checkpoint under ", dir_.root(),
              ", starting from scratch");

@@ -2,10 +2,17 @@
 // SSE4.2, the crc32 instruction (~8 GB/s), chosen once at run time.
 #include "ckpt/crc32c.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/regular_file.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -92,6 +99,20 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
   if (cpu_has_sse42()) return crc32c_sse42(data, bytes, crc);
 #endif
   return crc32c_software(data, bytes, crc);
+}
+
+uint32_t file_crc32c(const std::string& path, const std::string& what) {
+  const RegularFile file(path, what);
+  std::vector<char> buffer(size_t(1) << 20);
+  uint32_t crc = 0;
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(file.fd(), buffer.data(), buffer.size(), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(what, " '", path, "' cannot be read: ", std::strerror(errno));
+    if (n == 0) return crc;
+    crc = crc32c(buffer.data(), size_t(n), crc);
+    at += n;
+  }
 }
 
 }  // namespace frugal

@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 
 #include "ckpt/crc32c.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace frugal {
 
@@ -491,9 +491,8 @@ int64_t hdf5_open_objects() {
 
 H5Reader::H5Reader(const std::string& path) : path_(path) {
   silence_hdf5();
-  struct stat info;
-  if (::stat(path_.c_str(), &info) != 0) fail_file(path_, std::strerror(errno));
-  if (!S_ISREG(info.st_mode)) fail_file(path_, "not a regular file");
+  // HDF5 opens the file itself, with a plain open(), which a FIFO would block forever.
+  require_regular_file(path_, "checkpoint file");
   const htri_t is_hdf5 = H5Fis_hdf5(path_.c_str());
   if (is_hdf5 == 0) fail_file(path_, "not an HDF5 file");
   Handle fapl = file_access_properties();

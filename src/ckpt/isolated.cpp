@@ -192,6 +192,7 @@ IsolatedOutcome IsolatedWorker::exchange(const std::string& request, double time
     outcome.text = "crashed (signal " + std::to_string(WTERMSIG(status)) + ", " +
                    ::strsignal(WTERMSIG(status)) + ")";
   } else {
+    outcome.ended = true;
     outcome.text = "ended without an answer (exit status " +
                    std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")";
   }

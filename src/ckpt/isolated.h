@@ -14,10 +14,14 @@ namespace frugal {
 struct IsolatedOutcome {
   bool ok = false;
   // ok: what the work returned. Otherwise why it failed: its Error's message, or "crashed
-  // (signal 11, Segmentation fault)", or "did not finish within 60 s".
+  // (signal 11, Segmentation fault)", "did not finish within 60 s", or "ended without an answer
+  // (exit status 1)".
   std::string text;
   bool crashed = false;  // ended by a signal
   bool timed_out = false;
+  // Ended by an exit status without answering (a library that calls exit(), or a sanitizer's
+  // report, which exits with a status of its own).
+  bool ended = false;
 };
 
 // A child process, forked on the first request, that answers requests one after another with

@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,10 +11,10 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/checked.h"
+#include "core/regular_file.h"
 
 namespace fs = std::filesystem;
 
@@ -110,21 +109,16 @@ DType safetensors_float_dtype(const std::string& name) {
 // --- SafetensorsFile ------------------------------------------------------------------------
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("safetensors file '", path, "': cannot open: ", errno_text());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    fail("safetensors file '", path, "': cannot stat: ", errno_text());
+  void* map = nullptr;
+  size_t file_bytes = 0;
+  {
+    const RegularFile file(path, "safetensors file");  // closed at once: the mapping keeps it
+    file_bytes = static_cast<size_t>(file.size_bytes());
+    if (file_bytes < 8)
+      fail("safetensors file '", path, "' is truncated: ", file_bytes,
+           " bytes, too short for the 8-byte header length");
+    map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   }
-  const auto file_bytes = static_cast<size_t>(st.st_size);
-  if (file_bytes < 8) {
-    ::close(fd);
-    fail("safetensors file '", path, "' is truncated: ", file_bytes,
-         " bytes, too short for the 8-byte header length");
-  }
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);  // the mapping keeps the file
   if (map == MAP_FAILED) fail("safetensors file '", path, "': mmap failed: ", errno_text());
   map_ = map;
   map_bytes_ = file_bytes;
@@ -287,13 +281,15 @@ Tensor SafetensorsFile::read(const std::string& name, Arena& arena) const {
 
 namespace {
 
-// Whether `path` exists; an Error naming it (as `what`) when that cannot be told, e.g. for a
-// name too long or a directory without permission, where std::filesystem would throw its own.
+// Whether anything is at `path` (a symlink loop or a dangling symlink too: opening it then says
+// what it is); an Error naming it (as `what`) when that cannot be told, e.g. for a name too
+// long or a directory without permission, where std::filesystem would throw its own.
 bool path_exists(const fs::path& path, const std::string& what) {
   std::error_code ec;
-  const bool exists = fs::exists(path, ec);
-  if (ec) fail(what, " '", path.string(), "' cannot be accessed: ", ec.message());
-  return exists;
+  const fs::file_status status = fs::symlink_status(path, ec);
+  if (ec && status.type() != fs::file_type::not_found)
+    fail(what, " '", path.string(), "' cannot be accessed: ", ec.message());
+  return status.type() != fs::file_type::not_found;
 }
 
 }  // namespace
@@ -305,8 +301,7 @@ SafetensorsSet::SafetensorsSet(const std::string& dir) : dir_(dir) {
     description_ = index_path.string();
     nlohmann::json index;
     try {
-      std::ifstream in(index_path);
-      index = nlohmann::json::parse(in);
+      index = nlohmann::json::parse(read_regular_file(index_path.string(), "safetensors index"));
     } catch (const nlohmann::json::exception& e) {
       fail("safetensors index '", description_, "' is not valid JSON: ", e.what());
     }

@@ -1,8 +1,8 @@
 // Checking a committed step's files before anything trusts them: each rank file is read through
-// (its manifest against rank 0's, every tensor's checksums) in a child process, so that a
-// damaged file that makes HDF5 crash or hang is reported by name ("damaged: HDF5 crashed
-// reading it") instead of taking the reader down. `frugal ckpt verify` and resume both use it,
-// so they accept and refuse the same steps. One child reads file after file (RankFileChecker, a
+// (its manifest against rank 0's, every tensor's checksums) in a child process, and index.h5
+// too, so that a damaged file that makes HDF5 crash or hang is reported by name ("damaged: HDF5
+// crashed reading it") instead of taking the reader down. `frugal ckpt verify` and resume both use
+// it, so they accept and refuse the same steps. One child reads file after file (RankFileChecker, a
 // fork server): a fork costs more than reading a small file.
 #pragma once
 
@@ -28,7 +28,12 @@ struct StepCheck {
   int world_size = 0;                // 0 when rank 0's manifest could not be read
   nlohmann::json manifest;           // rank 0's
   std::vector<RankFileCheck> files;  // the files checked, in rank order
-  std::string error;                 // the first problem, naming its file; empty when sound
+  // index.h5, checked with rank 0's share when every rank file of the share is sound: whether
+  // it was (false also for a step saved before index.h5 existed), and what is wrong with it
+  // (empty when sound).
+  bool index_checked = false;
+  std::string index_error;
+  std::string error;  // the first problem, naming its file; empty when sound
   bool ok() const { return error.empty(); }
 };
 
@@ -49,6 +54,10 @@ class RankFileChecker {
   // "<tensors> <bytes>".
   IsolatedOutcome read_rank(const CheckpointDir& dir, int64_t step, int rank,
                             const nlohmann::json& rank0_manifest);
+  // `step`'s index.h5: its CRC32C, and the source files its virtual datasets read, listed by
+  // HDF5 (which crashes or hangs on some damaged ones, as on rank files); when ok, the text is
+  // the JSON {"crc32c", "sources"}.
+  IsolatedOutcome read_index(const CheckpointDir& dir, int64_t step);
 
   // Child processes forked so far.
   int forks() const { return worker_.forks(); }
@@ -61,8 +70,11 @@ class RankFileChecker {
 
 // Checks rank 0's manifest, then the rank files of `step` whose rank r has r % stride == first
 // (every file with the defaults; the ranks of a resume each take a share, so that every file
-// is read once). Each file is read by `checker`'s child process, given dir.check_time_limit()
-// before it counts as hung.
+// is read once), and with rank 0's share the step's index.h5: its CRC32C against COMMITTED's,
+// and every source file it reads a rank file of the step that exists. Each file is read by
+// `checker`'s child process, given dir.check_time_limit() before it counts as hung. A damaged
+// index.h5 makes the step unusable for resume as for `ckpt verify`: the two apply one rule,
+// and a step whose files were damaged after their commit is not one to trust.
 StepCheck check_step(RankFileChecker& checker, const CheckpointDir& dir, int64_t step,
                      int first = 0, int stride = 1);
 // The same with a checker of its own (one child for the step's files).

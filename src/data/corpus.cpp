@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace frugal {
 
@@ -91,6 +92,7 @@ std::string trim_entry(std::string_view entry) {
 }
 
 std::string read_file_bytes(const std::string& path) {
+  require_regular_file(path, "corpus file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open corpus file '", path, "'");
   std::ostringstream text;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/corpus.h"
 #include "data/unicode_text.h"
 
@@ -47,6 +48,7 @@ struct Reader {
 };
 
 json read_json(const std::string& path) {
+  require_regular_file(path, "tokenizer");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("tokenizer '", path, "' does not exist or cannot be read");
   std::ostringstream text;
@@ -273,7 +275,8 @@ HfTokenizer::HfTokenizer(const std::string& path) try : path_(path) {
 
   // tokenizer_config.json next to the file names bos, eos and pad as transformers reads them.
   const fs::path config_path = fs::path(path).parent_path() / "tokenizer_config.json";
-  if (fs::is_regular_file(config_path)) {
+  std::error_code ec;  // anything there is read (and refused by name when it is no file)
+  if (fs::symlink_status(config_path, ec).type() != fs::file_type::not_found) {
     const json config = read_json(config_path.string());
     auto token_key = [&](const char* key, int32_t& id) {
       if (!config.contains(key) || config[key].is_null()) return;

@@ -19,6 +19,7 @@
 #include "core/duration.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "data/shuffle.h"
 #include "data/tokenizer.h"
 
@@ -28,9 +29,7 @@ namespace fs = std::filesystem;
 
 SentencePieceModel::SentencePieceModel(const std::string& model_path)
     : path_(model_path), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  std::error_code ec;
-  if (!fs::is_regular_file(model_path, ec))
-    fail("tokenizer model '", model_path, "' does not exist or is not a file");
+  require_regular_file(model_path, "tokenizer model");  // SentencePiece opens it itself
   auto status = processor_->Load(model_path);
   if (!status.ok())
     fail("tokenizer model '", model_path, "' is not a valid SentencePiece model (",
@@ -256,6 +255,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
 
 void train_tokenizer_from_file(const std::string& text_path, const std::string& model_path,
                                const TokenizerTrainOptions& options) {
+  require_regular_file(text_path, "tokenizer training text");
   std::ifstream in(text_path, std::ios::binary);
   if (!in) fail("cannot open tokenizer training text '", text_path, "'");
   std::ostringstream text;

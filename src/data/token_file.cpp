@@ -14,6 +14,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace frugal {
 
@@ -307,6 +308,7 @@ TokenFileHeader write_token_file(const std::string& path,
 // --- reader ---------------------------------------------------------------------------
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
+  require_regular_file(path, "token file");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open token file '", path, "': ", std::strerror(errno));
   struct stat st {};
@@ -415,6 +417,7 @@ std::vector<int32_t> TokenFile::read_all() const {
 }
 
 TokenFileHeader read_token_file_header(const std::string& path) {
+  require_regular_file(path, "token file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail("cannot open token file '", path, "'");
   const auto file_bytes = static_cast<uint64_t>(in.tellg());

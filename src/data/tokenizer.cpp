@@ -9,6 +9,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "data/hf_tokenizer.h"
 #include "data/sentencepiece_model.h"
 
@@ -17,9 +18,7 @@ namespace frugal {
 namespace fs = std::filesystem;
 
 TokenizerKind tokenizer_kind_of(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    fail("tokenizer '", path, "' does not exist or is not a file");
+  require_regular_file(path, "tokenizer");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("tokenizer '", path, "' cannot be read");
   // A SentencePiece model is a protobuf: it starts with a field tag, never with '{'.

@@ -11,6 +11,7 @@
 #include "ckpt/safetensors.h"
 #include "core/json_integer.h"
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "data/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -192,12 +193,12 @@ HfModelDir::HfModelDir(const std::string& dir) : dir_(dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("Hugging Face model directory '", dir, "' does not exist");
   const std::string config_path = (fs::path(dir) / "config.json").string();
-  if (!fs::exists(config_path))
+  if (non_regular_kind(config_path) == "missing")
     fail("'", dir, "' is not a Hugging Face model directory: it has no config.json");
+  const std::string text = read_regular_file(config_path, "Hugging Face config");
   nlohmann::json j;
   try {
-    std::ifstream in(config_path);
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(config_path, ": not valid JSON: ", e.what());
   }

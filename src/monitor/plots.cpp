@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace fs = std::filesystem;
 
@@ -25,6 +26,7 @@ void add(Series& s, const std::string& name, int64_t step, const nlohmann::json&
 }
 
 Series read_series(const std::string& path) {
+  require_regular_file(path, "plot: metrics file");
   std::ifstream in(path);
   if (!in) fail("plot: cannot read '", path, "'");
   Series s;

@@ -1,6 +1,6 @@
 // Fuzz target: the text files and the manifest of a checkpoint, with valid checksums: what a
 // buggy or foreign writer could leave. The first byte picks the file:
-//   0: step 4's COMMITTED (the step and its number of rank files),
+//   0: step 4's COMMITTED (the step, its number of rank files and index.h5's CRC32C),
 //   1: LATEST (the newest step's name),
 //   else: the manifest of a rank file (JSON), checked as check_step and load do it: parsed,
 //   its world size, its agreement with itself as rank 0's and with a real rank 0's manifest as
@@ -84,6 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::vector<int64_t> steps = dir.committed_steps();
       dir.latest_problem();
       dir.committed_world_size(4);
+      dir.commit_mark(4);
       dir.incomplete_steps();
       // Step 2 is intact whatever the file says.
       if (std::find(steps.begin(), steps.end(), 2) == steps.end()) abort();

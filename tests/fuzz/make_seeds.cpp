@@ -1,6 +1,7 @@
 // Writes the seed inputs that come out of frugal's own writers (safetensors, token files,
 // checkpoints) into tests/fuzz/corpus/<target>/: `fuzz_make_seeds CORPUS_DIR`. The text seeds
 // (index, config.json, .cfg, corpora) are written by hand; `tools/fuzz --seeds` reruns this.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "data/token_file.h"
 #include "fuzz_support.h"
 #include "model/llama_config.h"
+#include "tests/non_regular_files.h"
 #include "tiny_checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -64,6 +66,15 @@ int main(int argc, char** argv) {
   fuzz::save_tiny_checkpoints(root);
   const CheckpointDir dir(root);
   put(corpus / "ckpt_rank_file" / "step_4", slurp(dir.rank_file(4, 0)));
+  put(corpus / "ckpt_index" / "step_4", slurp(dir.index_file(4)));
+  // Every input odd_files has: each of its 12 paths (kPaths in odd_files.cpp) with each kind.
+  for (int path = 0; path < 12; ++path)
+    for (size_t kind = 0; kind < test::odd_files().size(); ++kind) {
+      std::string name = std::string("path") + char('a' + path) + "_" +
+                         test::odd_file_name(test::odd_files()[kind]);
+      std::replace(name.begin(), name.end(), ' ', '_');
+      put(corpus / "odd_files" / name, std::string{char(path), char(kind)});
+    }
   put(corpus / "ckpt_manifest" / "committed",
       '\0' + slurp(fs::path(dir.step_dir(4)) / "COMMITTED"));
   put(corpus / "ckpt_manifest" / "latest", '\1' + slurp(fs::path(root) / "LATEST"));

@@ -14,6 +14,15 @@
 # flips, about 4 hours on two cores, 9 minutes on 16; doc/testing.md has its run):
 #   CKPT_SWEEP_FULL=1 nice -n 10 bash tests/integration/ckpt_sweep.sh build/frugal .
 # CKPT_SWEEP_PART=K/N sweeps the K-th of N interleaved parts of the full sweep (ckpt_sweep --part).
+# Then the step's index.h5 (which HDF5 reads in the checking child, as rank files; COMMITTED
+# holds its CRC32C): one bit in 701 of it through verify, a resume after one in 4, and the CLI on
+# a flip of each outcome (before the child read index.h5, a flip that crashes HDF5 there aborted
+# `frugal ckpt verify`). The full sweep of every bit of it:
+#   CKPT_SWEEP_INDEX_FULL=1 nice -n 10 bash tests/integration/ckpt_sweep.sh build/frugal .
+# Then something other than a regular file (a FIFO, a directory, a symlink loop, /dev/zero
+# through a symlink, a dangling symlink) at every path of the checkpoint frugal reads
+# (`ckpt_sweep --odd-files`), and the CLI on some of them (`ckpt ls`, `ckpt verify`, a resume),
+# and at the files of a Hugging Face directory (eval, generate, train): named, nothing blocks.
 # usage: ckpt_sweep.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 export OMP_NUM_THREADS=1
@@ -42,7 +51,14 @@ FRUGAL_INJECT_FAULT=exit:0:5 "$frugal" train "${common[@]}" --ckpt.async=false -
 
 start=$SECONDS
 file=$work/run/ckpt/step_00000004/rank_00000.h5
-if [ "${CKPT_SWEEP_FULL:-0}" = 1 ]; then
+if [ "${CKPT_SWEEP_INDEX_FULL:-0}" = 1 ]; then
+  # Every bit of index.h5 through verify, a resume after one in 8.
+  "$sweep" "$work/run/ckpt" --index --metadata-every 1 --resume-every 8 --time-limit 2 \
+    --part "${CKPT_SWEEP_PART:-1/1}" --jobs "$(getconf _NPROCESSORS_ONLN)" | tee "$work/sweep-index.log"
+  grep -q "every flip handled" "$work/sweep-index.log" || { echo "FAIL: the index sweep"; exit 1; }
+  echo "integration ckpt_sweep (index.h5, full): ok"
+  exit 0
+elif [ "${CKPT_SWEEP_FULL:-0}" = 1 ]; then
   # The full sweep: every metadata bit and one data bit in 63 through verify (the data are
   # behind Fletcher32 and CRC32C: any flip there is refused), one flip in 8 also resumed; 2 s
   # before a check counts as hung, as for the heap headers below.
@@ -76,13 +92,22 @@ else
   "$sweep" "$work/old/ckpt" $((old_manifest - 16)):$old_manifest \
     $old_manifest_end:$((old_manifest_end + 32)) --every 5 --jobs 2 --time-limit 2 \
     | tee "$work/sweep-old.log"
+  # index.h5: one bit in 701 (every bit position of a byte), spread over the whole file.
+  "$sweep" "$work/run/ckpt" --index 0:0 --every 701 --resume-every 4 --jobs 2 --time-limit 2 \
+    | tee "$work/sweep-index.log"
   # The first example of each outcome, for the CLI below.
   examples() {  # SOURCE LOG
     sed -n "s/^ *[0-9]*  \(.*[^ ]\)   e\.g\. \([0-9]*\):\([0-9]\).*/$1 \2 \3 \1/p" "$2"
   }
-  { examples run "$work/sweep.log"; examples old "$work/sweep-old.log"; } > "$work/examples.txt"
+  { examples run "$work/sweep.log"; examples old "$work/sweep-old.log"
+    examples index "$work/sweep-index.log"; } > "$work/examples.txt"
   grep -q "refused(HDF5 crashed)" "$work/sweep-old.log" \
     || { echo "FAIL: the old file's sweep met no flip that crashes HDF5 (is the manifest where it was?)"; exit 1; }
+  # Flips of index.h5 that crash HDF5 exist (one in 20 of those tried on 2026-12-04): the CLI
+  # below must meet one, which aborted `frugal ckpt verify` before the child read the index.
+  grep -q "refused(HDF5 crashed)" "$work/sweep-index.log" \
+    || { echo "FAIL: the index sweep met no flip that crashes HDF5"; exit 1; }
+  grep -q "every flip handled" "$work/sweep-index.log" || { echo "FAIL: the index sweep"; exit 1; }
 fi
 echo "sweep: $((SECONDS - start)) s"
 
@@ -99,24 +124,92 @@ while read -r source offset bit outcome; do
   tried[$outcome]=$(( ${tried[$outcome]:-0} + 1 ))
   copy=$work/flip-$n
   n=$((n + 1))
+  file=rank_00000.h5
+  if [ "$source" = index ]; then source=run file=index.h5; fi
   cp -r "$work/$source" "$copy"
-  flip "$copy/ckpt/step_00000004/rank_00000.h5" "$offset" "$bit"
+  flip "$copy/ckpt/step_00000004/$file" "$offset" "$bit"
   rc=0
-  timeout 60 "$frugal" ckpt verify --time-limit 5 "$copy" > "$copy.verify" 2>&1 || rc=$?
-  if [ "$rc" -gt 1 ]; then echo "FAIL: verify of flip $offset:$bit ($outcome) exited $rc"; cat "$copy.verify"; exit 1; fi
+  timeout -k 10 60 "$frugal" ckpt verify --time-limit 5 "$copy" > "$copy.verify" 2>&1 || rc=$?
+  if [ "$rc" -gt 1 ]; then echo "FAIL: verify of flip $file $offset:$bit ($outcome) exited $rc"; cat "$copy.verify"; exit 1; fi
   if [[ $outcome == verify:ok* ]]; then want=0 from=4; else want=1 from=2; fi
   [ "$rc" -eq "$want" ] || { echo "FAIL: verify of flip $offset:$bit ($outcome) exited $rc"; cat "$copy.verify"; exit 1; }
   # A resume gives a file a minute before it counts as hung: too long for this test, and the
   # sweep resumed after these flips already.
   if [[ $outcome == *hung* ]]; then echo "CLI, flip $offset:$bit ($outcome): verify exit $want"; continue; fi
   rc=0
-  timeout 120 "$frugal" train "${common[@]}" --train.resume=true --train.out_dir="$copy" \
+  timeout -k 10 120 "$frugal" train "${common[@]}" --train.resume=true --train.out_dir="$copy" \
     > "$copy.resume" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] && grep -q "resumed from step $from" "$copy.resume" \
     || { echo "FAIL: resume of flip $offset:$bit ($outcome) exited $rc"; cat "$copy.resume"; exit 1; }
   cmp -s <(losses "$copy/metrics.jsonl") <(losses "$work/straight/metrics.jsonl") \
     || { echo "FAIL: after flip $offset:$bit ($outcome) the losses differ from a straight run"; exit 1; }
-  echo "CLI, flip $offset:$bit ($outcome): verify exit $want, resumed from step $from, same losses"
+  echo "CLI, flip $file $offset:$bit ($outcome): verify exit $want, resumed from step $from, same losses"
 done < "$work/examples.txt"
 [ "$n" -ge 2 ] || { echo "FAIL: the sweep gave no examples"; exit 1; }
+
+# Something other than a regular file at every path of the checkpoint frugal reads.
+"$sweep" "$work/run/ckpt" --odd-files --time-limit 2 | tee "$work/sweep-odd.log"
+grep -q "every one handled" "$work/sweep-odd.log" || { echo "FAIL: the odd-file sweep"; exit 1; }
+# The CLI on some: `ckpt ls` and `ckpt verify` end (exit 0 or 1) naming the path, and a resume
+# continues from the step the docs promise with the losses of a straight run. Before
+# 2026-12-04 a FIFO as LATEST blocked all three, a FIFO as index.h5 blocked verify, and a symlink
+# loop anywhere in ckpt/ stopped them with a filesystem error.
+odd() {  # NAME PATH KIND LS_EXIT VERIFY_EXIT RESUMED_FROM SAID
+  local copy=$work/odd-$1 rc
+  rm -rf "$copy" && cp -r "$work/run" "$copy"
+  rm -rf "$copy/ckpt/$2"
+  case $3 in
+    fifo) mkfifo "$copy/ckpt/$2" ;;
+    loop) ln -s "$(basename "$2")" "$copy/ckpt/$2" ;;
+    device) ln -s /dev/zero "$copy/ckpt/$2" ;;
+  esac
+  for action in ls verify; do
+    rc=0
+    timeout -k 10 60 "$frugal" ckpt $action --time-limit 5 "$copy" > "$copy.$action" 2>&1 || rc=$?
+    local want=$4; [ $action = verify ] && want=$5
+    [ "$rc" -eq "$want" ] || { echo "FAIL: ckpt $action with $2 as a $3 exited $rc, not $want"; cat "$copy.$action"; exit 1; }
+  done
+  grep -q "$7" "$copy.verify" || { echo "FAIL: ckpt verify with $2 as a $3 did not say '$7'"; cat "$copy.verify"; exit 1; }
+  rc=0
+  timeout -k 10 120 "$frugal" train "${common[@]}" --train.resume=true --train.out_dir="$copy" \
+    > "$copy.resume" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] && grep -q "resumed from step $6" "$copy.resume" \
+    || { echo "FAIL: resume with $2 as a $3 exited $rc"; cat "$copy.resume"; exit 1; }
+  cmp -s <(losses "$copy/metrics.jsonl") <(losses "$work/straight/metrics.jsonl") \
+    || { echo "FAIL: with $2 as a $3 the losses differ from a straight run"; exit 1; }
+  echo "CLI, $2 as a $3: ls exit $4, verify exit $5, resumed from step $6, same losses"
+}
+odd latest-fifo LATEST fifo 0 0 4 "ckpt/LATEST' is a FIFO (named pipe), not a regular file"
+odd index-fifo step_00000004/index.h5 fifo 0 1 2 "index.h5' is a FIFO (named pipe), not a regular file"
+odd index-device step_00000004/index.h5 device 0 1 2 "index.h5' is a character device, not a regular file"
+odd rank-loop step_00000004/rank_00000.h5 loop 0 1 2 "rank_00000.h5' is a symlink loop, not a regular file"
+odd step-loop step_00000004 loop 0 1 2 "step_00000004' is a symlink loop, not a directory"
+odd stray-loop stray loop 0 0 4 '"step":4,"ok":true'
+
+# A Hugging Face directory (the straight run exported) with config.json or model.safetensors
+# replaced: eval, generate and train refuse it naming the file. Before 2026-12-04 a FIFO there
+# blocked all three, and config.json as a directory was "unexpected error:
+# basic_filebuf::underflow" without the path.
+"$frugal" export --ckpt "$work/straight" --out "$work/hf" >/dev/null
+for case in config.json:fifo config.json:directory model.safetensors:fifo model.safetensors:device; do
+  file=${case%%:*} kind=${case##*:}
+  copy=$work/hf-$file-$kind
+  rm -rf "$copy" && cp -r "$work/hf" "$copy" && rm "$copy/$file"
+  case $kind in
+    fifo) mkfifo "$copy/$file"; said="is a FIFO (named pipe), not a regular file" ;;
+    directory) mkdir "$copy/$file"; said="is a directory, not a regular file" ;;
+    device) ln -s /dev/zero "$copy/$file"; said="is a character device, not a regular file" ;;
+  esac
+  for command in "eval --hf-model $copy --text $work/corpus.txt" \
+                 "generate --hf-model $copy --prompt the --max-new-tokens 2" \
+                 "train ${common[*]} --model.hf_path=$copy --train.out_dir=$work/hf-run-$file-$kind"; do
+    rc=0
+    # shellcheck disable=SC2086
+    out=$(timeout -k 10 60 "$frugal" $command 2>&1) || rc=$?
+    if [ "$rc" -ne 1 ] || ! grep -qF "'$copy/$file' $said" <<< "$out"; then
+      echo "FAIL: ${command%% *} with $file as a $kind exited $rc:"; echo "$out" | tail -5; exit 1
+    fi
+  done
+  echo "CLI, a Hugging Face directory's $file as a $kind: eval, generate and train exit 1 naming it"
+done
 echo "integration ckpt_sweep: ok"

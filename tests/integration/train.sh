@@ -152,7 +152,7 @@ expect_error "has no train.tok" "${common[@]}" --data.dir="$work/nowhere"
 expect_error "train.lr" "${common[@]}" --train.lr=abc
 printf '[train]\nsteps = 3\nbogus = 1\n' > "$work/bad.cfg"
 expect_error "unknown config key 'train.bogus'" "$work/bad.cfg" "${common[@]}"
-expect_error "cannot read config file" "$work/missing.cfg"
+expect_error "config file '$work/missing.cfg' does not exist" "$work/missing.cfg"
 expect_error "smaller than the vocabulary" "${common[@]}" --model.vocab_size=100
 expect_error "'optim.state_dtype': bf16 needs" "${common[@]}" --optim.state_dtype=bf16
 expect_error "'optim.state_dtype': value 'fp8'" "${common[@]}" --optim.state_dtype=fp8

@@ -8,9 +8,20 @@
 //
 // usage: ckpt_sweep CKPT_DIR [RANGE...] [--every K] [--metadata-every K] [--data-every K]
 //                   [--signatures N] [--jobs N] [--resume-every K] [--time-limit S]
-//                   [--examples FILE] [--part K/N] [--variable-length-strings]
+//                   [--examples FILE] [--part K/N] [--variable-length-strings] [--index]
+//                   [--odd-files]
 //   CKPT_DIR  a run's ckpt/ directory, saved by one rank, with two committed steps or more;
 //             the newest step's rank_00000.h5 is swept (and restored after each flip)
+//   --index   sweep the newest step's index.h5 instead (all of it is metadata: a virtual
+//             dataset stores no data of its own). verify's outcome then tells which check
+//             refused a flip: HDF5 crashing, hanging or erring in the checking child, or HDF5
+//             reading it fine and only the CRC32C in COMMITTED catching it ("checksum")
+//   --odd-files  also (or only, without a range or region) puts something other than a regular
+//             file at every path of the checkpoint frugal reads (LATEST; each committed step's
+//             directory and every file in it), one at a time and each of: a FIFO, a
+//             directory, a symlink loop, /dev/zero through a symlink, a dangling symlink; and
+//             checks verify's check (in a child given the time limit: a hang is a failure) and
+//             a resume as for flips, and that a refusal names the path
 //   RANGE     START:END byte offsets of that file (negative: from its end; END 0: its end)
 //   --every K one bit in K of the ranges (default 1: every bit)
 //   --metadata-every K  also one bit in K of the file's metadata region: every byte outside
@@ -63,13 +74,14 @@
 #include "ckpt/step_check.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "tests/non_regular_files.h"
 
 namespace fs = std::filesystem;
 using namespace frugal;
 
 namespace {
 
-bool contains_text(const std::string& text, const char* part) {
+bool contains_text(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
@@ -204,6 +216,7 @@ std::string try_flip(RankFileChecker& checker, const CheckpointDir& dir, const s
   if (!check.ok()) {
     verify = contains_text(check.error, "crashed")          ? "refused(HDF5 crashed)"
              : contains_text(check.error, "did not finish") ? "refused(HDF5 hung)"
+             : contains_text(check.error, "its CRC32C is")  ? "refused(checksum)"
                                                             : "refused(error)";
   }
   if (!resume_this) {
@@ -233,6 +246,119 @@ std::string try_flip(RankFileChecker& checker, const CheckpointDir& dir, const s
   return std::string(good ? "" : "BAD ") + "verify:" + verify + " resume:" + resume;
 }
 
+// The paths of `dir` that frugal reads, for --odd-files: LATEST, and each committed step's
+// directory and every entry in it, relative to the root.
+std::vector<std::string> read_paths(const CheckpointDir& dir, const std::vector<int64_t>& steps) {
+  std::vector<std::string> paths = {"LATEST"};
+  for (int64_t step : steps) {
+    const std::string step_dir = fs::path(dir.step_dir(step)).filename().string();
+    paths.push_back(step_dir);
+    std::vector<std::string> inside;
+    for (const auto& entry : fs::directory_iterator(dir.step_dir(step)))
+      inside.push_back(step_dir + "/" + entry.path().filename().string());
+    std::sort(inside.begin(), inside.end());
+    paths.insert(paths.end(), inside.begin(), inside.end());
+  }
+  return paths;
+}
+
+// Something other than a regular file at each path frugal reads, one at a time: what verify's
+// check and a resume make of it, one line each; false when any is bad. Verify's check runs in
+// a child given `time_limit_s` per file and the whole check 10 times that, so a reader that
+// blocks is a failure, not a hung sweep.
+bool sweep_odd_files(const std::string& ckpt, const std::map<int64_t, CleanStep>& clean,
+                     double time_limit_s) {
+  const CheckpointDir pristine(ckpt);
+  std::vector<int64_t> steps;
+  for (const auto& [step, unused] : clean) steps.insert(steps.begin(), step);  // newest first
+  const int64_t newest = steps.front();
+  const std::vector<std::string> paths = read_paths(pristine, steps);
+  const fs::path copy =
+      fs::temp_directory_path() / ("ckpt_sweep_odd_" + std::to_string(::getpid()));
+  fs::remove_all(copy);
+  fs::copy(ckpt, copy, fs::copy_options::recursive);
+  CheckpointDir dir(copy.string());
+  dir.set_check_time_limit(time_limit_s);
+  std::printf("ckpt_sweep: odd files at %zu paths of %s, %zu kinds each\n", paths.size(),
+              ckpt.c_str(), test::odd_files().size());
+  int bad = 0, cases = 0;
+  for (const std::string& relative : paths)
+    for (test::OddFile kind : test::odd_files()) {
+      const fs::path path = copy / relative;
+      test::make_odd_file(path.string(), kind);
+      // verify's view of each step: accepted (""), or refused with a message.
+      const IsolatedOutcome verified = run_isolated(
+          [&] {
+            const std::vector<int64_t> committed = dir.committed_steps();
+            nlohmann::json refused = nlohmann::json::object();
+            for (int64_t step : steps) {
+              std::string why;
+              for (const auto& [s, problem] : dir.incomplete_steps())
+                if (s == step) why = problem;
+              if (why.empty() &&
+                  std::find(committed.begin(), committed.end(), step) == committed.end())
+                why = "'" + dir.step_dir(step) + "' is not a committed step";
+              if (why.empty()) why = check_step(dir, step).error;
+              refused[std::to_string(step)] = why;
+            }
+            return nlohmann::json{{"refused", refused}, {"latest", dir.latest_problem()}}.dump();
+          },
+          time_limit_s * 10);
+      const IsolatedOutcome resumed = run_isolated(
+          [&] {
+            const int null = ::open("/dev/null", O_WRONLY);
+            ::dup2(null, 1);
+            ::dup2(null, 2);
+            return std::to_string(resume_and_compare(dir, clean));
+          },
+          time_limit_s * 10);
+      // Put the original back.
+      fs::remove_all(path);
+      fs::copy(fs::path(ckpt) / relative, path, fs::copy_options::recursive);
+      std::string verify, resume, why;
+      bool good = verified.ok;
+      if (!verified.ok) {
+        verify = verified.timed_out ? "HUNG" : verified.crashed ? "CRASHED" : "ERROR";
+        why = verified.text;
+      } else {
+        const nlohmann::json answer = nlohmann::json::parse(verified.text);
+        const nlohmann::json& refused = answer.at("refused");
+        verify = refused.at(std::to_string(newest)).get<std::string>().empty() ? "ok" : "refused";
+        // The step the path belongs to: a refusal of it names the path; so does LATEST's
+        // warning. The other step must be accepted.
+        for (int64_t step : steps) {
+          const std::string text = refused.at(std::to_string(step)).get<std::string>();
+          const std::string step_dir = fs::path(dir.step_dir(step)).filename().string();
+          const bool ours = relative.rfind(step_dir, 0) == 0;
+          if (ours) why = text;
+          if (ours ? !text.empty() && !contains_text(text, path.string()) : !text.empty())
+            good = false;
+          if (!ours && !text.empty()) why = "the other step refused: " + text;
+        }
+        if (relative == "LATEST") why = answer.at("latest").get<std::string>();
+        if (relative == "LATEST" && !contains_text(why, path.string())) good = false;
+      }
+      if (!resumed.ok)
+        resume = resumed.crashed     ? "CRASHED"
+                 : resumed.timed_out ? "HUNG"
+                                     : "ERROR: " + resumed.text;
+      else
+        resume = std::stoll(resumed.text) == newest ? "newest" : "older";
+      good = good && (resume == "newest" || resume == "older") &&
+             (verify == "ok") == (resume == "newest");
+      bad += !good;
+      ++cases;
+      std::printf("  %s%-36s %-16s verify:%s resume:%s%s%s\n", good ? "" : "BAD ", relative.c_str(),
+                  test::odd_file_name(kind), verify.c_str(), resume.c_str(),
+                  why.empty() ? "" : "  -- ", printable(why, 160).c_str());
+      std::fflush(stdout);
+    }
+  fs::remove_all(copy);
+  std::printf("ckpt_sweep: %d odd-file cases, %s\n", cases,
+              bad ? "FAILED (see the BAD lines)" : "every one handled");
+  return bad == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -246,6 +372,7 @@ int main(int argc, char** argv) {
   int jobs = 1;
   int64_t part = 1, parts = 1;
   bool variable_length_strings = false;
+  bool sweep_index = false, odd_files = false;
   try {
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i] == "--every" && i + 1 < args.size()) {
@@ -273,6 +400,10 @@ int main(int argc, char** argv) {
         if (parts < 1 || part < 1 || part > parts) fail("--part '", text, "' needs 1 <= K <= N");
       } else if (args[i] == "--variable-length-strings") {
         variable_length_strings = true;
+      } else if (args[i] == "--index") {
+        sweep_index = true;
+      } else if (args[i] == "--odd-files") {
+        odd_files = true;
       } else if (args[i] == "--examples" && i + 1 < args.size()) {
         examples_path = args[++i];
       } else if (ckpt.empty()) {
@@ -290,11 +421,12 @@ int main(int argc, char** argv) {
   }
   const bool nothing_to_sweep =
       ranges.empty() && signature_bytes <= 0 && metadata_every == 0 && data_every == 0;
-  if (ckpt.empty() || (nothing_to_sweep && !variable_length_strings) || every < 1 || jobs < 1 ||
-      resume_every < 1 || !(time_limit_s > 0)) {
+  if (ckpt.empty() || (nothing_to_sweep && !variable_length_strings && !odd_files) || every < 1 ||
+      jobs < 1 || resume_every < 1 || !(time_limit_s > 0)) {
     std::cerr << "usage: ckpt_sweep CKPT_DIR [START:END...] [--every K] [--metadata-every K] "
                  "[--data-every K] [--signatures N] [--jobs N] [--resume-every K] "
-                 "[--time-limit S] [--examples FILE] [--part K/N] [--variable-length-strings]\n";
+                 "[--time-limit S] [--examples FILE] [--part K/N] [--variable-length-strings] "
+                 "[--index] [--odd-files]\n";
     return 2;
   }
   try {
@@ -304,13 +436,19 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> steps = dir.committed_steps();
     if (variable_length_strings)
       for (int64_t step : steps) make_strings_variable_length(dir.rank_file(step, 0));
-    if (nothing_to_sweep) return 0;
+    if (nothing_to_sweep && !odd_files) return 0;
     if (steps.size() < 2) fail("'", ckpt, "' needs two committed steps or more");
     std::map<int64_t, CleanStep> clean;
     for (int64_t step : steps) clean.emplace(step, read_clean(dir, step));
     if (clean.rbegin()->second.manifest.value("world_size", 0) != 1)
       fail("the newest step of '", ckpt, "' was not saved by one rank");
-    const std::string path = dir.rank_file(steps.front(), 0);
+    // A clean resume loads the newest step, or the sweep would mean nothing.
+    if (resume_and_compare(dir, clean) != steps.front())
+      fail("a clean resume of '", ckpt, "' does not load its newest step");
+    const bool odd_files_ok = !odd_files || sweep_odd_files(ckpt, clean, time_limit_s);
+    if (nothing_to_sweep) return odd_files_ok ? 0 : 1;
+    const std::string path =
+        sweep_index ? dir.index_file(steps.front()) : dir.rank_file(steps.front(), 0);
     const auto size = int64_t(fs::file_size(path));
     if (signature_bytes > 0) {
       std::ifstream in(path, std::ios::binary);
@@ -325,7 +463,9 @@ int main(int argc, char** argv) {
     // The two regions: the bytes HDF5 says hold datasets' chunks (data), the rest (metadata).
     std::vector<bool> is_data(size_t(size), false);
     int64_t chunks = 0;
-    for (const H5Reader::ByteRange& r : H5Reader(path).dataset_storage()) {
+    const std::vector<H5Reader::ByteRange> storage =
+        sweep_index ? std::vector<H5Reader::ByteRange>() : H5Reader(path).dataset_storage();
+    for (const H5Reader::ByteRange& r : storage) {
       if (r.offset < 0 || r.offset + r.bytes > size)
         fail("HDF5 places a chunk at ", r.offset, "+", r.bytes, ", outside ", path);
       std::fill(is_data.begin() + r.offset, is_data.begin() + r.offset + r.bytes, true);
@@ -388,9 +528,6 @@ int main(int argc, char** argv) {
         static_cast<long long>(data_flips),
         resume_every == 1 ? "each" : one_in(int64_t(resume_every)).c_str());
     std::fflush(stdout);
-    // A clean resume loads the newest step, or the sweep would mean nothing.
-    if (resume_and_compare(dir, clean) != steps.front())
-      fail("a clean resume of '", ckpt, "' does not load its newest step");
 
     const auto start_time = std::chrono::steady_clock::now();
     // Workers: each takes flips j, j + jobs, ... on its own copy of the directory and answers
@@ -414,7 +551,8 @@ int main(int argc, char** argv) {
               [&] {
                 CheckpointDir copy_dir(copies[size_t(j)].string());
                 copy_dir.set_check_time_limit(time_limit_s);
-                const std::string copy_path = copy_dir.rank_file(steps.front(), 0);
+                const std::string copy_path = sweep_index ? copy_dir.index_file(steps.front())
+                                                          : copy_dir.rank_file(steps.front(), 0);
                 RankFileChecker checker;
                 std::string lines;
                 for (size_t i = size_t(j); i < flips.size(); i += size_t(jobs)) {
@@ -484,7 +622,7 @@ int main(int argc, char** argv) {
           out << flips[i].offset << " " << flips[i].bit << " " << outcome << "\n";
     }
     std::printf("ckpt_sweep: %s\n", bad ? "FAILED (see the BAD lines)" : "every flip handled");
-    return bad ? 1 : 0;
+    return bad || !odd_files_ok ? 1 : 0;
   } catch (const std::exception& e) {
     std::cerr << "ckpt_sweep: " << e.what() << "\n";
     return 1;
