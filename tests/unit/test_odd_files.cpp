@@ -88,7 +88,7 @@ TEST_CASE("odd files: every reader of a user's file refuses each by name, withou
       {"a corpus file", "corpus.txt", [](const std::string&) {},
        [](const std::string& dir) {
          Corpus corpus;
-         read_corpus_file(dir + "/corpus.txt", CorpusFormat::text, corpus);
+         read_corpus_file(dir + "/corpus.txt", {.format = CorpusFormat::text}, corpus);
        }},
       {"a tokenizer.json", "tokenizer.json", [](const std::string&) {},
        [](const std::string& dir) { Tokenizer t(dir + "/tokenizer.json"); }},
