@@ -183,6 +183,16 @@ TEST_CASE("JSONL: text and alpaca records, errors name the line", "[data][corpus
   CHECK(array.documents[0].where == dir.file("a.json") + ": record 0");
 }
 
+TEST_CASE("JSONL: a line that is not UTF-8 is skipped and counted, the rest read", "[data][corpus]") {
+  // Issue 51: nlohmann refuses invalid UTF-8 in a string, and the whole file was refused.
+  TempDir dir;
+  write_text(dir.file("mixed.jsonl"),
+             "{\"text\": \"first\"}\n{\"text\": \"caf\xe9\"}\n{\"text\": \"third\"}\n");
+  const Corpus corpus = read_corpus({dir.file("mixed.jsonl")});
+  CHECK(texts(corpus.documents) == std::vector<std::string>{"first", "third"});
+  CHECK(corpus.stats.skipped_invalid_utf8 == 1);
+}
+
 TEST_CASE("UTF-8 validation", "[data][corpus]") {
   CHECK(is_valid_utf8("plain ascii\n"));
   CHECK(is_valid_utf8("\xc3\xa9t\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80"));
