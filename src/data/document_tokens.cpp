@@ -2,8 +2,6 @@
 // tokens that touch them.
 #include "data/document_tokens.h"
 
-#include <algorithm>
-
 #include "core/error.h"
 
 namespace frugal {
