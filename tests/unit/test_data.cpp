@@ -663,6 +663,13 @@ TEST_CASE("token files of version 1 still read: text, without starts", "[data][t
   CHECK(file.read_all() == std::vector<int32_t>{1, 5, 6, 2, 1, 7, 2});
   CHECK(file.roles() == nullptr);
   CHECK(file.document_starts().empty());
+  // Header ids outside the vocabulary are refused in version 1 files too (issue 51: 2046338
+  // accepted an eos past the vocabulary and a bos below -1).
+  const std::string bad = dir.file("bad_v1.tok");
+  write_text(bad, version1_file({1, 5, 2}, 512, 1, 600, 1));
+  CHECK(contains(error_of([&] { TokenFile t(bad); }), "has eos id 600, outside the vocabulary"));
+  write_text(bad, version1_file({1, 5, 2}, 512, -3, 2, 1));
+  CHECK(contains(error_of([&] { read_token_file_header(bad); }), "has bos id -3"));
   // A sampler over it trains on every target, as before.
   BatchSampler sampler(file.view(), {.seq_len = 3, .micro_batch_size = 2, .seed = 1});
   CHECK(sampler.next().target_tokens == 6);
