@@ -3,14 +3,13 @@
 // (weights sharded over them as in training; every rank runs the same sequence).
 #include <boost/program_options.hpp>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "app/commands.h"
 #include "app/options.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/chat_template.h"
 #include "data/records.h"
 #include "data/text_stream.h"
@@ -49,13 +48,10 @@ struct GenerateOptions {
 Conversation chat_messages(const GenerateOptions& opt) {
   Conversation messages;
   if (!opt.messages_path.empty()) {
-    std::ifstream in(opt.messages_path, std::ios::binary);
-    if (!in) fail("generate: cannot read --messages '", opt.messages_path, "'");
-    std::ostringstream text;
-    text << in.rdbuf();
+    const std::string text = read_regular_file(opt.messages_path, "generate: --messages file");
     nlohmann::json record;
     try {
-      record = nlohmann::json::parse(text.str());
+      record = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       fail("generate: --messages '", opt.messages_path, "' is not valid JSON: ", e.what());
     }

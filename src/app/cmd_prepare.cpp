@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "core/regular_file.h"
 #include "data/chat_template.h"
 #include "data/corpus.h"
 #include "data/document_tokens.h"
@@ -304,6 +305,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
            "' is a directory without tokenizer.model or tokenizer.json");
     opt.tokenizer_path = found;
   }
+  if (!opt.chat_template_path.empty())
+    require_regular_file(opt.chat_template_path, "prepare: --chat-template");
   const auto start = std::chrono::steady_clock::now();
 
   // 1. The corpus.

@@ -5,12 +5,11 @@
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <minja/minja.hpp>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace frugal {
 
@@ -33,13 +32,7 @@ constexpr minja::Options kTransformersOptions{/*trim_blocks=*/true, /*lstrip_blo
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 std::string read_text(const fs::path& path, const char* what) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) fail(what, " '", path.string(), "' is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) fail("reading ", what, " '", path.string(), "' failed");
-  return text.str();
+  return read_regular_file(path.string(), what);
 }
 
 }  // namespace

@@ -3,11 +3,10 @@
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/sentencepiece_model.h"
 
 namespace frugal {
@@ -97,14 +96,11 @@ void SentencePieceModel::read_special_tokens() {
   // transformers 5's LlamaTokenizer: Metaspace(prepend_scheme = "first" unless legacy, or
   // "never" without add_prefix_space), whatever a tokenizer.json beside the model says.
   const fs::path config_path = fs::path(path_).parent_path() / "tokenizer_config.json";
-  std::error_code ec;
-  if (!fs::is_regular_file(config_path, ec)) return;
-  std::ifstream in(config_path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
+  if (non_regular_kind(config_path.string()) == "missing") return;
+  const std::string text = read_regular_file(config_path.string(), "tokenizer config");
   nlohmann::json config;
   try {
-    config = nlohmann::json::parse(text.str());
+    config = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("'", config_path.string(), "' is not valid JSON: ", e.what());
   }

@@ -4,7 +4,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -41,19 +40,6 @@ std::string find_tokenizer(const std::string& dir) {
   return "";
 }
 
-namespace {
-
-std::string read_whole_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read '", path.string(), "'");
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (in.bad()) fail("reading '", path.string(), "' failed");
-  return bytes.str();
-}
-
-}  // namespace
-
 const std::vector<std::string>& tokenizer_companion_files() {
   static const std::vector<std::string> names = {"tokenizer_config.json", "chat_template.jinja",
                                                  "generation_config.json"};
@@ -83,8 +69,10 @@ std::string copy_tokenizer(const std::string& path, const std::string& dir) {
   // already there byte for byte (a resumed run's directory) is left alone.
   for (const auto& [from, to] : copies) {
     if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) continue;
-    const std::string bytes = read_whole_file(from);
-    if (fs::is_regular_file(to, ec) && read_whole_file(to) == bytes) continue;
+    const std::string bytes = read_regular_file(from.string(), "tokenizer file");
+    if (non_regular_kind(to.string()).empty() &&
+        read_regular_file(to.string(), "tokenizer file") == bytes)
+      continue;
     replace_file(to.string(), bytes);
   }
   // A tokenizer.model left from before would win over the new tokenizer.json in find_tokenizer.

@@ -104,6 +104,10 @@ expect_error "twice.jsonl:1: chat template .* raised an exception: After the opt
 printf '{%% macro f(n) %%}{{ f(n) }}{%% endmacro %%}{{ f(1) }}' > recursive.jinja
 expect_error "chat template .*recursive.jinja.* crashed \(signal 11" \
   "$frugal" prepare chats.jsonl --tokenizer "$qwen" --chat-template recursive.jinja --out bad
+# What is no regular file where a template or a conversation is read is named, never waited on.
+mkfifo pipe
+expect_error "--chat-template 'pipe' is a FIFO" timeout 20 "$frugal" prepare chats.jsonl --tokenizer "$qwen" --chat-template pipe --out bad
+expect_error "--messages file 'pipe' is a FIFO" timeout 20 "$frugal" generate --ckpt run --chat --messages pipe
 printf '{{ 1 / 0 }}' > divide.jinja
 expect_error "chat template .* crashed \(signal 8" \
   "$frugal" generate --ckpt run --chat --prompt hi --chat-template divide.jinja

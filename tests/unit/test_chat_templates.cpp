@@ -16,10 +16,12 @@
 #include "data/document_tokens.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace frugal;
 using json = nlohmann::json;
+using frugal::test::error_of;
 
 namespace {
 
@@ -62,15 +64,6 @@ Model load_model(const std::string& name) {
                          tokenizer.piece(tokenizer.eos_id()));
   REQUIRE(chat.has_value());
   return {name, std::move(tokenizer), std::move(*chat)};
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const char* const kModels[] = {"llama3_1", "qwen2", "mistral", "llama2"};
