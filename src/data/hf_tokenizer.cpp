@@ -373,7 +373,11 @@ void HfTokenizer::encode_text(std::string_view text, std::vector<int32_t>& ids,
 }
 
 void HfTokenizer::encode_template_output(std::string_view text, TokenSpans& out) const {
-  FRUGAL_CHECK(is_valid_utf8(text), "tokenizer '", path_, "': template output is not UTF-8");
+  // Records are valid JSON, hence UTF-8; a template that cuts a message by bytes (minja slices
+  // bytes, Jinja2 characters) can break a character.
+  if (!is_valid_utf8(text))
+    fail("tokenizer '", path_, "': the chat template's output is not valid UTF-8 (a template that ",
+         "cuts text through a character)");
   for (const auto& segment : raw_tokens_.split(text)) {
     if (segment.id >= 0) {
       out.push(segment.id, segment.begin, segment.end);

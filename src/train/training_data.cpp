@@ -35,25 +35,29 @@ TrainingTargets select_training_targets(const TrainConfig& c, const TokenFile& t
   targets.val = {val.roles(), trained};
   if (!train.roles()) return targets;  // text: every target trains
 
-  // Targets are tokens 1..n-1 of the stream (token 0 is no window's target).
+  // The sampler's windows: window w's targets are tokens w seq + 1 .. (w + 1) seq of the
+  // stream. One pass counts what they train and the windows that train nothing.
   const uint64_t n = train.size();
   const TokenRole* roles = train.roles();
-  const uint64_t counted = n > 0 ? count_trained(roles + 1, n - 1, trained) : 0;
+  const auto seq = static_cast<uint64_t>(c.train.seq_len);
+  uint64_t windows = 0, empty_windows = 0, counted = 0;
+  for (uint64_t start = 0; start + seq < n; start += seq, ++windows) {
+    const uint64_t in_window = count_trained(roles + start + 1, seq, trained);
+    counted += in_window;
+    empty_windows += in_window == 0;
+  }
   std::string mode(enum_name(c.data.train_on));
   if (c.data.train_on == TrainOn::automatic)
     mode += " (" +
             std::string(enum_name(resolved_train_on(c.data.train_on, train.header().content))) +
             ")";
   if (counted == 0)
-    fail("data.train_on = ", mode, ": '", train_path, "' holds no token to train on (its ",
+    fail("data.train_on = ", mode, ": '", train_path, "' holds no token to train on in its ",
+         windows, " windows of train.seq_len = ", seq, " (its ",
          content_names(train.header().content), " documents have no ",
          trained == role_bit(TokenRole::last_reply) ? "last reply" : "reply",
-         "); every target would be masked");
-  // Windows of seq_len targets (those the sampler cuts) that hold none: they add no gradient.
-  const auto seq = static_cast<uint64_t>(c.train.seq_len);
-  uint64_t windows = 0, empty_windows = 0;
-  for (uint64_t start = 0; start + seq < n; start += seq, ++windows)
-    if (count_trained(roles + start + 1, seq, trained) == 0) ++empty_windows;
+         " there); every target would be masked");
+  if (log_rank != 0) return targets;
   uint64_t longer = 0, longest = 0;
   const std::span<const uint64_t> starts = train.document_starts();
   for (size_t d = 0; d + 1 < starts.size(); ++d) {
@@ -61,9 +65,9 @@ TrainingTargets select_training_targets(const TrainConfig& c, const TokenFile& t
     longest = std::max(longest, length);
     if (length > seq + 1) ++longer;
   }
-  if (log_rank != 0) return targets;
   log_info("data: ", content_names(train.header().content), " data, data.train_on = ", mode, ": ",
-           counted, " of ", n - 1, " targets trained (", percent(counted, n - 1), ")");
+           counted, " of the windows' ", windows * seq, " targets trained (",
+           percent(counted, windows * seq), ")");
   if (empty_windows > 0)
     log_warn("data: ", empty_windows, " of ", windows, " windows of train.seq_len = ", seq,
              " hold no trained target (", percent(empty_windows, windows),
