@@ -1,6 +1,7 @@
-// Causal (optionally sliding-window) scaled-dot-product attention with grouped-query heads on
-// the CPU: the forward returns the per-row log-sum-exp, the backward recomputes the
-// probabilities from it. Each row only touches the keys it sees, so a window W costs O(S * W).
+// Causal (optionally sliding-window, optionally document-masked) scaled-dot-product attention with
+// grouped-query heads on the CPU: the forward returns the per-row log-sum-exp, the backward
+// recomputes the probabilities from it. Each row only touches the keys it sees, so a window W
+// costs O(S * W), and packed documents of length L O(S * L).
 //
 // Layout choices, for cache and vectorisation without -ffast-math:
 //  - K (and in the backward V) are first transposed per (batch, kv head) into [head_dim, kv_len],
@@ -100,7 +101,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           const int64_t g = h / group;
           float* out_row = out + ((b * Tq + i) * H + h) * D;
           float* lse_row = lse + (b * H + h) * Tq + i;
-          const VisibleKeys keys = visible_keys(i, s);
+          const VisibleKeys keys = visible_keys(b, i, s);
           const int64_t n = keys.end - keys.first;
           if (n <= 0) {
             std::fill(out_row, out_row + D, 0.0f);
@@ -172,15 +173,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const float* vt_g = vt.data() + (b * G + g) * D * Tk;
           std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
           std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
-          // The rows that see a key of [j0, j1): from the first that sees j0 (j0 <= i +
-          // causal_offset) to the last that sees j1 - 1 (with a window, i + causal_offset -
-          // (j1 - 1) < window). Rows past the window are never visited: O(S * window) work.
-          const int64_t i_first = std::max<int64_t>(0, j0 - s.causal_offset);
-          const int64_t i_end =
-              s.window > 0 ? std::min<int64_t>(Tq, j1 - 1 - s.causal_offset + s.window) : Tq;
+          // The rows that see a key of [j0, j1): from the first that sees j0 to the last that
+          // sees one of them. Rows past the window or the keys' documents are never visited:
+          // O(S * window) work, O(S * document) with packed documents.
+          const int64_t i_first = visible_rows(b, j0, s).first;
+          int64_t i_end = 0;
+          for (int64_t j = j0; j < j1; ++j) i_end = std::max(i_end, visible_rows(b, j, s).end);
           for (int64_t h = g * group; h < (g + 1) * group; ++h) {
             for (int64_t i = i_first; i < i_end; ++i) {
-              const VisibleKeys keys = visible_keys(i, s);
+              const VisibleKeys keys = visible_keys(b, i, s);
               const int64_t j_begin = std::max(j0, keys.first);
               const int64_t j_end = std::min(j1, keys.end);
               if (j_end <= j_begin) continue;
@@ -223,7 +224,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t i = 0; i < Tq; ++i) {
-          const VisibleKeys keys = visible_keys(i, s);
+          const VisibleKeys keys = visible_keys(b, i, s);
           const int64_t n = keys.end - keys.first;
           if (n <= 0) continue;  // a row that sees nothing has no gradient
           const int64_t g = h / group;

@@ -1,10 +1,27 @@
-// Causal (optionally sliding-window) scaled-dot-product attention with grouped-query heads,
-// returning the per-row log-sum-exp so that partial results can be merged (ring attention) and
-// the backward can recompute the probabilities without storing them.
+// Causal (optionally sliding-window, optionally document-masked) scaled-dot-product attention
+// with grouped-query heads, returning the per-row log-sum-exp so that partial results can be
+// merged (ring attention) and the backward can recompute the probabilities without storing them.
 #pragma once
 #include <cstdint>
 
 namespace frugal::cpu {
+
+// Packed documents (data.packing = documents): a sequence holds several documents back to back
+// and a query sees only keys of its own document. Both arrays are in POSITIONS of the whole
+// sequence (0 = its first token), so that the blocks of a ring, which hold pieces of one sequence,
+// use the same numbers; the call's rows are placed in it by key_position0 (key row j is at
+// key_position0 + j, query row i at key_position0 + causal_offset + i). Documents are contiguous,
+// so both arrays are non-decreasing along each sequence's rows, and consistent with each other:
+// a query at position p sees a key at position k <= p iff query_doc_start[i] <= k, equivalently
+// p < key_doc_end[j]. Kernels use the first for rows and the second to find the rows of a block
+// of keys; a tile of which no element is visible is skipped, not masked. The arrays live where
+// the kernel runs (host for the CPU kernel, device for the CUDA ones). Null: one document.
+struct DocumentMask {
+  const int32_t* query_doc_start = nullptr;  // [batch, q_len]: where row i's document begins
+  const int32_t* key_doc_end = nullptr;      // [batch, kv_len]: one past where key j's ends
+  int64_t key_position0 = 0;
+  bool active() const { return query_doc_start != nullptr; }
+};
 
 struct AttentionShape {
   int64_t batch = 1;
@@ -23,16 +40,40 @@ struct AttentionShape {
   // (i + causal_offset) - j < window, i.e. a query sees itself and the window - 1 keys before
   // it, as transformers' sliding_window_overlay (kv_idx > q_idx - sliding_window). 0: none.
   int64_t window = 0;
+  // Packed documents; with none active every key before the query is in its document.
+  DocumentMask documents;
 };
 
-// The keys query row i sees: [first, end), empty when first >= end.
+// The keys row i of sequence b sees: [first, end), empty when first >= end.
 struct VisibleKeys {
   int64_t first = 0, end = 0;
 };
-inline VisibleKeys visible_keys(int64_t i, const AttentionShape& s) {
+inline VisibleKeys visible_keys(int64_t b, int64_t i, const AttentionShape& s) {
   const int64_t last = i + s.causal_offset;  // the query's position among the keys
   auto clamp = [&](int64_t x) { return x < 0 ? 0 : (x > s.kv_len ? s.kv_len : x); };
-  return {s.window > 0 ? clamp(last - s.window + 1) : 0, clamp(last + 1)};
+  int64_t first = s.window > 0 ? last - s.window + 1 : 0;
+  if (s.documents.active()) {
+    const int64_t doc_first =
+        s.documents.query_doc_start[b * s.q_len + i] - s.documents.key_position0;
+    first = first > doc_first ? first : doc_first;
+  }
+  return {clamp(first), clamp(last + 1)};
+}
+
+// The query rows of sequence b that see key j: [first, end), empty when first >= end (the
+// inverse of visible_keys: row i is in it iff j is in visible_keys(b, i, s)).
+struct VisibleRows {
+  int64_t first = 0, end = 0;
+};
+inline VisibleRows visible_rows(int64_t b, int64_t j, const AttentionShape& s) {
+  auto clamp = [&](int64_t x) { return x < 0 ? 0 : (x > s.q_len ? s.q_len : x); };
+  int64_t end = s.window > 0 ? j - s.causal_offset + s.window : s.q_len;
+  if (s.documents.active()) {
+    const int64_t doc_end =
+        s.documents.key_doc_end[b * s.kv_len + j] - s.documents.key_position0 - s.causal_offset;
+    end = end < doc_end ? end : doc_end;
+  }
+  return {clamp(j - s.causal_offset), clamp(end)};
 }
 
 // q: [batch, q_len, n_heads, head_dim]; k, v: [batch, kv_len, n_kv_heads, head_dim]

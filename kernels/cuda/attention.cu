@@ -341,6 +341,8 @@ void check_shape(const AttentionShape& s) {
   if (s.q_len > INT32_MAX / 2 || s.kv_len > INT32_MAX / 2 || s.n_heads > 65535 || s.batch > 65535)
     fail("cuda attention: shape too large: q_len ", s.q_len, " kv_len ", s.kv_len, " n_heads ",
          s.n_heads, " batch ", s.batch);
+  // TODO(issue 50): the CUDA kernels' document masks; until they land, refused, not ignored.
+  if (s.documents.active()) fail("cuda attention: packed documents are not supported yet");
 }
 
 template <int D>

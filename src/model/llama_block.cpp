@@ -111,8 +111,9 @@ void attention_forward(BlockActivations& a, const BlockWeights& w, const BlockCo
   a.q_rot = ops::rope(a.q, ctx.positions, rotary_of(ctx));
   a.k_rot = ops::rope(a.k, ctx.positions, rotary_of(ctx));
   const int64_t window = c.sliding_window;
-  a.attn = ctx.attention ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch, window)
-                         : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch, window);
+  a.attn = ctx.attention
+               ? ctx.attention->forward(a.q_rot, a.k_rot, a.v, ctx.batch, window, ctx.documents)
+               : ops::attention(a.q_rot, a.k_rot, a.v, ctx.batch, window, ctx.documents);
   a.h = project(merge_heads(a.attn.out), w, kOProj, ctx, a, casts, /*residual=*/a.x);
 }
 
@@ -202,10 +203,11 @@ Tensor block_backward(const Tensor& dy, BlockActivations& a, const BlockWeights&
   Tensor d_attn = project_backward(dh, merge_heads(a.attn.out), w, g, kOProj, ctx, a, casts);
   const Tensor d_out = d_attn.view(a.attn.out.shape());
   const int64_t window = ctx.config->sliding_window;
-  ops::AttentionGrads d_qkv =
-      ctx.attention
-          ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch, window)
-          : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn, ctx.batch, window);
+  ops::AttentionGrads d_qkv = ctx.attention
+                                  ? ctx.attention->backward(d_out, a.q_rot, a.k_rot, a.v, a.attn,
+                                                            ctx.batch, window, ctx.documents)
+                                  : ops::attention_backward(d_out, a.q_rot, a.k_rot, a.v, a.attn,
+                                                            ctx.batch, window, ctx.documents);
   Tensor dq = ops::rope_backward(d_qkv.dq, ctx.positions, rotary_of(ctx));
   Tensor dk = ops::rope_backward(d_qkv.dk, ctx.positions, rotary_of(ctx));
   Tensor d_n1 = project_backward(merge_heads(dq), a.n1, w, g, kQProj, ctx, a, casts);

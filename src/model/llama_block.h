@@ -56,11 +56,11 @@ struct BlockWeights {
 // what is behind it; the trainer sets it. `window` is the config's sliding_window (0: none).
 struct AttentionOperator {
   std::function<ops::Attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
-                               int64_t window)>
+                               int64_t window, const ops::DocumentBounds& documents)>
       forward;
   std::function<ops::AttentionGrads(const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const ops::Attention& fwd, int64_t batch,
-                                    int64_t window)>
+                                    int64_t window, const ops::DocumentBounds& documents)>
       backward;
 };
 
@@ -69,6 +69,8 @@ struct BlockContext {
   const LlamaConfig* config = nullptr;
   int64_t batch = 1;  // sequences in the micro-batch; tokens = batch * seq
   Tensor positions;   // [tokens] i32, the rotary position of each token
+  // Packed documents: attention stays inside each (undefined: one document per sequence).
+  ops::DocumentBounds documents;
   const ops::RotaryFrequencies* rotary = nullptr;  // the rotary table of this forward
   CheckpointPolicy policy = CheckpointPolicy::none;
   const AttentionOperator* attention = nullptr;  // null: ops::attention on the local rows

@@ -61,6 +61,7 @@ BlockContext block_context(const LlamaConfig& config, const Batch& batch, Checkp
   ctx.config = &config;
   ctx.batch = batch.batch;
   ctx.positions = batch.positions;
+  ctx.documents = batch.documents;
   ctx.policy = policy;
   return ctx;
 }
@@ -86,6 +87,10 @@ Tensor LlamaModel::embed(Batch& batch, ParameterProvider& params) {
   batch.tokens = ops::on_device_of(batch.tokens, unit[0]);
   batch.targets = ops::on_device_of(batch.targets, unit[0]);
   batch.positions = ops::on_device_of(batch.positions, unit[0]);
+  if (batch.documents.defined()) {
+    batch.documents.start = ops::on_device_of(batch.documents.start, unit[0]);
+    batch.documents.end = ops::on_device_of(batch.documents.end, unit[0]);
+  }
   Tensor x = ops::embedding(batch.tokens, unit[0]);
   params.release(embed_unit());
   return x;

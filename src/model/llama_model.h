@@ -24,7 +24,10 @@ class InputOffload;
 struct Batch {
   Tensor tokens;     // i32 inputs
   Tensor targets;    // i32 next tokens; < 0 is masked out of the loss
-  Tensor positions;  // i32 rotary positions (0..seq-1 in each sequence)
+  Tensor positions;  // i32 rotary positions (0..seq-1 in each sequence, or in each document)
+  // Packed documents (data.packing = documents): each token's document's [start, end) in its
+  // sequence; attention stays inside each. Undefined: every sequence is one document.
+  ops::DocumentBounds documents;
   int64_t batch = 0;
   int64_t seq = 0;
   // Tokens of each whole sequence when these rows are a part of it (context parallelism:

@@ -12,8 +12,26 @@
 
 namespace frugal::ops {
 
+cpu::DocumentMask block_document_mask(const BlockDocuments& documents, const Tensor& q,
+                                      const Tensor& k, const char* what) {
+  if (!documents.defined()) return {};
+  auto check = [&](const Tensor& bounds, const Tensor& rows, const char* which) {
+    FRUGAL_CHECK(bounds.defined() && bounds.dtype() == DType::i32 && bounds.ndim() == 1 &&
+                     bounds.size(0) == rows.size(0) && bounds.device() == rows.device(),
+                 what, ": the ", which, " document bounds must be i32 [", rows.size(0),
+                 "] on the device of the rows");
+  };
+  check(documents.query_doc_start, q, "query");
+  check(documents.key_doc_end, k, "key");
+  cpu::DocumentMask m;
+  m.query_doc_start = documents.query_doc_start.data<int32_t>();
+  m.key_doc_end = documents.key_doc_end.data<int32_t>();
+  m.key_position0 = documents.key_position0;
+  return m;
+}
+
 Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
-                          int64_t causal_offset, int64_t window) {
+                          int64_t causal_offset, int64_t window, const BlockDocuments& documents) {
   const Device device = q.defined() ? q.device() : Device::cpu;
   for (const Tensor* t : {&q, &k, &v}) {
     FRUGAL_CHECK(t->defined() && t->device() == device && t->dtype() == compute_dtype(device),
@@ -23,8 +41,8 @@ Attention attention_block(const Tensor& q, const Tensor& k, const Tensor& v, int
   }
   FRUGAL_CHECK(v.shape() == k.shape(), "attention_block value ", shape_string(v.shape()),
                " against key ", shape_string(k.shape()));
-  const cpu::AttentionShape s =
-      attention_shape(q, k, batch, causal_offset, window, "attention_block");
+  cpu::AttentionShape s = attention_shape(q, k, batch, causal_offset, window, "attention_block");
+  s.documents = block_document_mask(documents, q, k, "attention_block");
 #ifdef FRUGAL_HAVE_CUDA
   if (device == Device::cuda) return gpu::attention(q, k, v, s);
 #endif

@@ -13,7 +13,7 @@ namespace frugal::ops {
 void attention_block_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, int64_t batch, int64_t causal_offset,
-                              int64_t window) {
+                              int64_t window, const BlockDocuments& documents) {
   // On the CPU every tensor is f32; on a GPU the inputs are bf16 and dq, dk, dv, lse fp32.
   const Device device = q.defined() ? q.device() : Device::cpu;
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dq, &dk, &dv, &lse})
@@ -24,8 +24,9 @@ void attention_block_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
     FRUGAL_CHECK(t->defined() && t->device() == device && t->dtype() == compute_dtype(device),
                  "attention_block_backward inputs must be ", dtype_name(compute_dtype(device)),
                  " tensors of one device");
-  const cpu::AttentionShape s =
+  cpu::AttentionShape s =
       attention_shape(q, k, batch, causal_offset, window, "attention_block_backward");
+  s.documents = block_document_mask(documents, q, k, "attention_block_backward");
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dq, &dout, &out})
     FRUGAL_CHECK(t->shape() == q.shape(), "attention_block_backward: ", shape_string(t->shape()),
                  " against query ", shape_string(q.shape()));

@@ -352,19 +352,37 @@ cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t ba
   return s;
 }
 
+cpu::DocumentMask document_mask(const DocumentBounds& documents, const Tensor& like_rows,
+                                const char* what) {
+  if (!documents.defined()) return {};
+  for (const Tensor* t : {&documents.start, &documents.end})
+    FRUGAL_CHECK(t->defined() && t->dtype() == DType::i32 && t->ndim() == 1 &&
+                     t->size(0) == like_rows.size(0) && t->device() == like_rows.device(),
+                 what, ": document bounds must be i32 [", like_rows.size(0), "] on the device of ",
+                 "the rows, not ", t->defined() ? shape_string(t->shape()) : "undefined");
+  cpu::DocumentMask m;
+  m.query_doc_start = documents.start.data<int32_t>();
+  m.key_doc_end = documents.end.data<int32_t>();
+  return m;
+}
+
 namespace {
-// Ordinary causal attention: every sequence's queries against its own keys.
-cpu::AttentionShape causal_shape(const Tensor& q, const Tensor& k, int64_t batch, int64_t window) {
+// Ordinary causal attention: every sequence's queries against its own keys (and, with packed
+// documents, only those of its document).
+cpu::AttentionShape causal_shape(const Tensor& q, const Tensor& k, int64_t batch, int64_t window,
+                                 const DocumentBounds& documents) {
   FRUGAL_CHECK(q.ndim() == 3 && k.ndim() == 3 && q.size(0) == k.size(0), "attention q ",
                shape_string(q.shape()), " k ", shape_string(k.shape()));
-  return attention_shape(q, k, batch, 0, window, "attention");
+  cpu::AttentionShape s = attention_shape(q, k, batch, 0, window, "attention");
+  s.documents = document_mask(documents, q, "attention");
+  return s;
 }
 }  // namespace
 
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
-                    int64_t window) {
+                    int64_t window, const DocumentBounds& documents) {
   expect_shape(v, k.shape(), "attention value");
-  cpu::AttentionShape s = causal_shape(q, k, batch, window);
+  cpu::AttentionShape s = causal_shape(q, k, batch, window, documents);
   FRUGAL_ON_GPU(q, attention(q, k, v, s));
   expect_cpu_f32(q, "attention query");
   Attention a{empty_like(q),
@@ -376,9 +394,9 @@ Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b
 
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Attention& fwd, int64_t batch,
-                                  int64_t window) {
+                                  int64_t window, const DocumentBounds& documents) {
   expect_shape(dout, q.shape(), "attention output gradient");
-  cpu::AttentionShape s = causal_shape(q, k, batch, window);
+  cpu::AttentionShape s = causal_shape(q, k, batch, window, documents);
   FRUGAL_ON_GPU(q, attention_backward(dout, q, k, v, fwd, s));
   AttentionGrads g{Tensor::zeros(q.shape(), DType::f32, compute_arena(q)),
                    Tensor::zeros(k.shape(), DType::f32, compute_arena(k)),

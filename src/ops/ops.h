@@ -137,6 +137,19 @@ struct Attention {
   Tensor out;  // [B*S, n_heads, head_dim]
   Tensor lse;  // [B, n_heads, S]
 };
+// Packed documents (data.packing = documents), per token of a micro-batch: where its document
+// starts and ends, as positions in its sequence (the window). Attention stays inside each
+// document (cpu::DocumentMask). i32 [B*S] each, on the device of the activations; undefined:
+// one document per sequence.
+struct DocumentBounds {
+  Tensor start;  // position of the first token of the token's document
+  Tensor end;    // position one past its last token
+  bool defined() const { return start.defined(); }
+};
+// The kernels' mask of self-attention over rows laid out as `documents` (null pointers when it
+// is undefined). The tensors must outlive the use of the mask.
+cpu::DocumentMask document_mask(const DocumentBounds& documents, const Tensor& like_rows,
+                                const char* what);
 // The kernels' description of attention of q [B*Sq, n_heads, D] against k [B*Skv, n_kv_heads,
 // D] with a causal offset (query i sees key j iff j <= i + causal_offset) and a sliding window
 // (> 0: also i + causal_offset - j < window; 0: none), scale 1/sqrt(D); throws naming `what`
@@ -145,14 +158,15 @@ cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t ba
                                     int64_t causal_offset, int64_t window, const char* what);
 // q [B*S, n_heads, D], k, v [B*S, n_kv_heads, D]; causal within each of the B sequences, and
 // with window > 0 (Mistral's sliding window) query i sees only keys i - window < j <= i.
+// With `documents` defined, query i sees only keys of its own document.
 Attention attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
-                    int64_t window = 0);
+                    int64_t window = 0, const DocumentBounds& documents = {});
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Attention& fwd, int64_t batch,
-                                  int64_t window = 0);
+                                  int64_t window = 0, const DocumentBounds& documents = {});
 
 // Inverted dropout with probability p of dropping, its mask a pure function of (seed, element
 // index) (kernels/dropout_mask.h): the backward is dropout(dy, p, seed) with the same seed.

@@ -415,9 +415,15 @@ ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q,
 AttentionOperator ring_attention_operator(Comm& cp) {
   AttentionOperator op;
   op.forward = [&cp](const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch,
-                     int64_t window) { return ring_attention_forward(q, k, v, batch, cp, window); };
+                     int64_t window, const ops::DocumentBounds& documents) {
+    // TODO(issue 50): documents in the ring; refused until then, never ignored.
+    FRUGAL_CHECK(!documents.defined(), "ring attention does not take packed documents yet");
+    return ring_attention_forward(q, k, v, batch, cp, window);
+  };
   op.backward = [&cp](const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const ops::Attention& fwd, int64_t batch, int64_t window) {
+                      const ops::Attention& fwd, int64_t batch, int64_t window,
+                      const ops::DocumentBounds& documents) {
+    FRUGAL_CHECK(!documents.defined(), "ring attention does not take packed documents yet");
     return ring_attention_backward(dout, q, k, v, fwd, batch, cp, window);
   };
   return op;

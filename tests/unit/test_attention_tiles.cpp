@@ -33,7 +33,7 @@ void check_tiling(const BackwardTiling& t) {
   std::vector<std::vector<bool>> sees(static_cast<size_t>(n_blocks),
                                       std::vector<bool>(static_cast<size_t>(n_tiles)));
   for (int i = 0; i < t.q_len; ++i) {
-    const cpu::VisibleKeys keys = cpu::visible_keys(i, s);
+    const cpu::VisibleKeys keys = cpu::visible_keys(0, i, s);
     for (int64_t j = keys.first; j < keys.end; ++j)
       sees[size_t(j / t.block_n)][size_t(i / t.block_m)] = true;
   }
