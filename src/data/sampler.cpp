@@ -12,11 +12,55 @@ namespace frugal {
 
 namespace {
 
-TokenBatch allocate_batch(int64_t rows, int64_t seq_len) {
+TokenBatch allocate_batch(int64_t rows, int64_t seq_len, bool packed) {
   TokenBatch batch;
   batch.inputs = Tensor::empty({rows, seq_len}, DType::i32);
   batch.targets = Tensor::empty({rows, seq_len}, DType::i32);
+  if (packed) {
+    batch.document_start = Tensor::empty({rows, seq_len}, DType::i32);
+    batch.document_end = Tensor::empty({rows, seq_len}, DType::i32);
+  }
   return batch;
+}
+
+// Whether target token `index` of the stream is one the loss counts.
+bool trained(const TargetSelection& selection, uint64_t index) {
+  if (!selection.roles || selection.trained == kEveryRole) return true;
+  return (selection.trained >> uint8_t(selection.roles[index])) & 1u;
+}
+
+// Writes packed window `pieces` into one row of seq_len (packing.h): each piece's tokens, their
+// targets (the next token of the piece, none after its last unless it predicts), its bounds;
+// then padding rows (input 0, no target, each its own one-row document). Returns the counted
+// targets.
+int64_t fill_packed_row(const TokenView& tokens, const TargetSelection& selection,
+                        std::span<const PackedPiece> pieces, int64_t seq_len, int32_t* inputs,
+                        int32_t* targets, int32_t* start, int32_t* end) {
+  int64_t at = 0, counted = 0;
+  for (const PackedPiece& piece : pieces) {
+    const int64_t rows = piece.rows;
+    tokens.copy(piece.first, uint64_t(rows), inputs + at);
+    const int64_t predicting = piece.last_predicts ? rows : rows - 1;
+    for (int64_t t = 0; t < rows; ++t) {
+      start[at + t] = int32_t(at);
+      end[at + t] = int32_t(at + rows);
+      const uint64_t target = piece.first + uint64_t(t) + 1;
+      if (t < predicting && trained(selection, target)) {
+        targets[at + t] = tokens[target];
+        ++counted;
+      } else {
+        targets[at + t] = kIgnoreTarget;
+      }
+    }
+    at += rows;
+  }
+  for (int64_t t = at; t < seq_len; ++t) {
+    inputs[t] = 0;
+    targets[t] = kIgnoreTarget;
+    start[t] = int32_t(t);
+    end[t] = int32_t(t + 1);
+  }
+  return counted;
 }
 
 // Writes the window starting at token `start` into row `row`: inputs are tokens
@@ -61,8 +105,9 @@ void check_batch_size(const char* who, int64_t micro_batch_size, int64_t seq_len
 
 // --- BatchSampler -----------------------------------------------------------------------
 
-BatchSampler::BatchSampler(TokenView tokens, const SamplerConfig& config, TargetSelection targets)
-    : tokens_(tokens), config_(config), targets_(targets) {
+BatchSampler::BatchSampler(TokenView tokens, const SamplerConfig& config, TargetSelection targets,
+                           const PackedWindows* packed)
+    : tokens_(tokens), config_(config), targets_(targets), packed_(packed) {
   if (config.seq_len < 1) fail("sampler: seq_len ", config.seq_len, " must be at least 1");
   if (config.micro_batch_size < 1)
     fail("sampler: micro_batch_size ", config.micro_batch_size, " must be at least 1");
@@ -71,6 +116,13 @@ BatchSampler::BatchSampler(TokenView tokens, const SamplerConfig& config, Target
   check_batch_size("sampler", config.micro_batch_size, config.seq_len);
   checked_mul(int64_t{config.world}, config.micro_batch_size,
               "sampler: data-parallel ranks x micro_batch_size");
+  if (packed) {
+    FRUGAL_CHECK(packed->seq_len() == config.seq_len, "sampler: windows packed for seq_len ",
+                 packed->seq_len(), " sampled with seq_len ", config.seq_len);
+    num_windows_ = packed->size();
+    if (num_windows_ < 1) fail("the training data holds no document to pack into a window");
+    return;
+  }
   const auto n = static_cast<int64_t>(tokens.size);
   if (n <= config.seq_len)
     fail("the training data holds ", n, " tokens, fewer than one window of seq_len (",
@@ -96,7 +148,7 @@ TokenBatch BatchSampler::next() {
   const int64_t rows = config_.micro_batch_size;
   const int64_t seq_len = config_.seq_len;
   const auto windows = static_cast<uint64_t>(num_windows_);
-  TokenBatch batch = allocate_batch(rows, seq_len);
+  TokenBatch batch = allocate_batch(rows, seq_len, packed_ != nullptr);
   int32_t* inputs = batch.inputs.data<int32_t>();
   int32_t* targets = batch.targets.data<int32_t>();
   for (int64_t i = 0; i < rows; ++i) {
@@ -104,6 +156,15 @@ TokenBatch BatchSampler::next() {
     const uint64_t index = state_.position + static_cast<uint64_t>(config_.rank * rows + i);
     const uint64_t epoch = state_.epoch + index / windows;
     const int64_t window = order_of(epoch)[index % windows];
+    if (packed_) {
+      const std::span<const PackedPiece> pieces = packed_->window(window);
+      batch.target_tokens +=
+          fill_packed_row(tokens_, targets_, pieces, seq_len, inputs + i * seq_len,
+                          targets + i * seq_len, batch.document_start.data<int32_t>() + i * seq_len,
+                          batch.document_end.data<int32_t>() + i * seq_len);
+      batch.documents += int64_t(pieces.size());
+      continue;
+    }
     batch.target_tokens += fill_row(tokens_, targets_, window * seq_len, seq_len,
                                     inputs + i * seq_len, targets + i * seq_len);
   }
@@ -134,9 +195,11 @@ void BatchSampler::load_state_values(const nlohmann::json& values) {
 // --- EvalIterator -----------------------------------------------------------------------
 
 EvalIterator::EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batch_size, int rank,
-                           int world, int64_t max_batches, TargetSelection targets)
+                           int world, int64_t max_batches, TargetSelection targets,
+                           const PackedWindows* packed)
     : tokens_(tokens),
       targets_(targets),
+      packed_(packed),
       seq_len_(seq_len),
       micro_batch_size_(micro_batch_size),
       rank_(rank),
@@ -150,6 +213,11 @@ EvalIterator::EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batc
   const auto n = static_cast<int64_t>(tokens.size);
   // Windows with at least one target: starts 0, S, 2S, ... below n - 1.
   num_windows_ = n <= 1 ? 0 : (n - 2) / seq_len + 1;
+  if (packed) {
+    FRUGAL_CHECK(packed->seq_len() == seq_len, "eval: windows packed for seq_len ",
+                 packed->seq_len(), " read with seq_len ", seq_len);
+    num_windows_ = packed->size();
+  }
   const int64_t global_rows =
       checked_mul(int64_t{world}, micro_batch_size, "eval: data-parallel ranks x micro_batch_size");
   num_batches_ = (num_windows_ + global_rows - 1) / global_rows;
@@ -158,7 +226,7 @@ EvalIterator::EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batc
 
 bool EvalIterator::next(TokenBatch& batch) {
   if (batch_index_ >= num_batches_) return false;
-  batch = allocate_batch(micro_batch_size_, seq_len_);
+  batch = allocate_batch(micro_batch_size_, seq_len_, packed_ != nullptr);
   int32_t* inputs = batch.inputs.data<int32_t>();
   int32_t* targets = batch.targets.data<int32_t>();
   const int64_t first =
@@ -167,7 +235,16 @@ bool EvalIterator::next(TokenBatch& batch) {
     int32_t* row_inputs = inputs + i * seq_len_;
     int32_t* row_targets = targets + i * seq_len_;
     const int64_t window = first + i;
-    if (window < num_windows_) {
+    if (packed_) {
+      // Past the end: no piece, so the whole row is padding.
+      const std::span<const PackedPiece> pieces =
+          window < num_windows_ ? packed_->window(window) : std::span<const PackedPiece>{};
+      batch.target_tokens +=
+          fill_packed_row(tokens_, targets_, pieces, seq_len_, row_inputs, row_targets,
+                          batch.document_start.data<int32_t>() + i * seq_len_,
+                          batch.document_end.data<int32_t>() + i * seq_len_);
+      batch.documents += int64_t(pieces.size());
+    } else if (window < num_windows_) {
       batch.target_tokens +=
           fill_row(tokens_, targets_, window * seq_len_, seq_len_, row_inputs, row_targets);
     } else {

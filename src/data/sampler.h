@@ -1,14 +1,17 @@
 // Training windows from a token stream: a seeded, resumable, rank-aware batch sampler for
 // training, and a sequential iterator over every window of a validation file.
 //
-// A window is seq_len + 1 consecutive tokens starting at a multiple of seq_len (windows
-// overlap by the one token that is both the last target of a window and the first input of
-// the next): inputs = window[0, seq_len), targets = window[1, seq_len + 1).
+// Two kinds of window (data.packing, data/packing.h):
+// - windows: seq_len + 1 consecutive tokens starting at a multiple of seq_len (windows overlap
+//   by the one token that is both the last target of a window and the first input of the next):
+//   inputs = window[0, seq_len), targets = window[1, seq_len + 1). Windows cross document
+//   boundaries, and so do targets: after a document's eos comes the next document's bos, then
+//   its first token (this is how llm.c and GPT-2 pack text; attention also runs across).
+// - documents, pad: the windows of a PackedWindows, whole documents (or pieces of long ones)
+//   back to back, padded at the end; each row carries its document's bounds, so that
+//   attention stays inside it and positions restart with it.
 //
 // Choices:
-// - Windows cross document boundaries, and so do targets: after a document's eos comes the
-//   next document's bos, then its first token (this is how llm.c and GPT-2 pack text;
-//   attention also runs across the boundary).
 // - A target of -1 marks a position the loss ignores: a token whose role (instruction and chat
 //   data, data/token_file.h) the run does not train on (data.train_on, TargetSelection), and in
 //   evaluation the padding of the last, partial window and of the rows past the end of the
@@ -20,6 +23,7 @@
 
 #include "core/stateful.h"
 #include "core/tensor.h"
+#include "data/packing.h"
 #include "data/token_file.h"
 #include "data/train_on.h"
 
@@ -32,6 +36,11 @@ struct TokenBatch {
   Tensor inputs;   // [micro_batch_size, seq_len] i32 token ids
   Tensor targets;  // [micro_batch_size, seq_len] i32 next-token ids, kIgnoreTarget = masked
   int64_t target_tokens = 0;  // targets that are not kIgnoreTarget
+  // Packed documents (PackedWindows): [micro_batch_size, seq_len] i32, the window row where each
+  // token's document (or piece) begins and one past where it ends; padding rows are documents
+  // of one row. Undefined for data.packing = windows.
+  Tensor document_start, document_end;
+  int64_t documents = 0;  // documents and pieces in the rows (padding not counted)
 };
 
 // Which targets the loss counts: those whose token has a role in `trained` (every target when
@@ -72,7 +81,10 @@ class BatchSampler : public Stateful {
  public:
   // Throws Error when the stream holds fewer than seq_len + 1 tokens (not one window), or
   // for a bad config, naming the values. (A global batch larger than an epoch is allowed.)
-  BatchSampler(TokenView tokens, const SamplerConfig& config, TargetSelection targets = {});
+  // With `packed` (built for config.seq_len over the same tokens; it must outlive the sampler)
+  // its windows are those handed out.
+  BatchSampler(TokenView tokens, const SamplerConfig& config, TargetSelection targets = {},
+               const PackedWindows* packed = nullptr);
 
   TokenBatch next();
 
@@ -93,6 +105,7 @@ class BatchSampler : public Stateful {
   TokenView tokens_;
   SamplerConfig config_;
   TargetSelection targets_;
+  const PackedWindows* packed_ = nullptr;
   int64_t num_windows_ = 0;
   SamplerState state_;
   // The window orders of the last two epochs asked for (a batch may span two).
@@ -111,8 +124,10 @@ class BatchSampler : public Stateful {
 class EvalIterator {
  public:
   // max_batches <= 0: all batches.
+  // With `packed`, its windows in order instead (all of them whole: none is partial).
   EvalIterator(TokenView tokens, int64_t seq_len, int64_t micro_batch_size, int rank = 0,
-               int world = 1, int64_t max_batches = 0, TargetSelection targets = {});
+               int world = 1, int64_t max_batches = 0, TargetSelection targets = {},
+               const PackedWindows* packed = nullptr);
 
   // Fills `batch` and returns true, or returns false at the end.
   bool next(TokenBatch& batch);
@@ -123,6 +138,7 @@ class EvalIterator {
  private:
   TokenView tokens_;
   TargetSelection targets_;
+  const PackedWindows* packed_ = nullptr;
   int64_t seq_len_;
   int64_t micro_batch_size_;
   int rank_;

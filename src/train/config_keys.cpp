@@ -83,6 +83,16 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "last_turn (the last assistant turn of each conversation), completion (the completion of "
        "instruction data: Alpaca, prompt/completion), all (every token, prompts too); auto: "
        "assistant for chat data, completion for instruction data, all for plain text"},
+      {"data.packing", &c.data.packing, kAny,
+       "how documents fill the windows of train.seq_len tokens: documents (whole documents back "
+       "to back; attention stays inside each, positions restart at each, a document's last token "
+       "predicts nothing), windows (the token stream cut every seq_len tokens, across documents), "
+       "pad (one document per window, padded); auto: documents for instruction and chat data, "
+       "windows for plain text"},
+      {"data.long_documents", &c.data.long_documents, kAny,
+       "a document longer than a window under data.packing = documents or pad: split (into "
+       "pieces of seq_len tokens, each attending within itself) or truncate (its first seq_len "
+       "tokens); either is counted in the log"},
 
       {"train.steps", &t.steps, kPositive, "optimizer steps"},
       {"train.seed", &t.seed, kAny, "seed of initialisation and data order"},

@@ -46,7 +46,8 @@ using KeyField =
     std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*, CheckpointPolicy*,
                  Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
                  MomentsOnRefresh*, GaloreRefresh*, GaloreProjectionPrecision*, Fp8Recipe*,
-                 RopeScalingType*, DivergenceAction*, ActivationOffload*, TrainOn*>;
+                 RopeScalingType*, DivergenceAction*, ActivationOffload*, TrainOn*, Packing*,
+                 LongDocuments*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/enum_names.h"
+#include "data/packing.h"
 #include "data/train_on.h"
 #include "model/checkpoint_policy.h"
 #include "model/fp8_scaling.h"
@@ -81,6 +82,8 @@ inline std::span<const EnumName<ActivationOffload>> enum_names(ActivationOffload
 struct DataConfig {
   std::string dir = "data/fortunes";
   TrainOn train_on = TrainOn::automatic;
+  Packing packing = Packing::automatic;
+  LongDocuments long_documents = LongDocuments::split;
 };
 
 struct TrainSettings {

@@ -27,8 +27,6 @@ namespace frugal {
 
 namespace {
 
-// The model's batch of this rank: whole sequences, or with context parallelism this rank's
-// zigzag share of each.
 // The casts' counts since the last report, as the monitor's tallies (this rank's casts).
 std::vector<CastTally> fp8_tallies(const std::vector<Fp8Scaling::Counts>& counts) {
   std::vector<CastTally> out;
@@ -37,23 +35,61 @@ std::vector<CastTally> fp8_tallies(const std::vector<Fp8Scaling::Counts>& counts
   return out;
 }
 
+// What a step's packed windows hold, for metrics.jsonl's "packing": documents per window and the
+// share of causal attention's tiles that their masks skip (averaged over every rank's windows).
+struct PackedStepTally {
+  int64_t windows = 0, documents = 0;
+  double skipped_tiles = 0;  // summed over the windows
+
+  void add(const TokenBatch& tokens) {
+    if (!tokens.document_start.defined()) return;
+    const int64_t rows = tokens.document_start.size(0), seq = tokens.document_start.size(1);
+    const int32_t* start = tokens.document_start.data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r)
+      skipped_tiles += skipped_attention_tiles({start + r * seq, size_t(seq)});
+    windows += rows;
+    documents += tokens.documents;
+  }
+  // A collective over `world`: every rank calls it (each with windows > 0, or none does).
+  nlohmann::json record(Comm& world) const {
+    // The cp ranks of a group read the same windows: counting them again changes no mean.
+    const double all_windows = world.all_reduce_sum(double(windows));
+    return {{"documents_per_window", world.all_reduce_sum(double(documents)) / all_windows},
+            {"attention_tiles_skipped", world.all_reduce_sum(skipped_tiles) / all_windows}};
+  }
+};
+
+// The model's batch of this rank: whole sequences, or with context parallelism this rank's
+// zigzag share of each.
 Batch to_model_batch(const TokenBatch& tokens, const Mesh& mesh) {
   Batch b;
   b.batch = tokens.inputs.size(0);
   b.seq = tokens.inputs.size(1);
   b.tokens = tokens.inputs.view({b.batch * b.seq});
   b.targets = tokens.targets.view({b.batch * b.seq});
-  b.positions = sequence_positions(b.batch, b.seq);
+  if (tokens.document_start.defined()) {
+    // Packed documents: rotary positions restart at each document's first row.
+    const int64_t rows = b.batch * b.seq;
+    b.documents.start = tokens.document_start.view({rows});
+    b.documents.end = tokens.document_end.view({rows});
+    b.positions = Tensor::empty({rows}, DType::i32);
+    const int32_t* start = b.documents.start.data<int32_t>();
+    int32_t* positions = b.positions.data<int32_t>();
+    for (int64_t t = 0; t < rows; ++t) positions[t] = int32_t(t % b.seq) - start[t];
+  } else {
+    b.positions = sequence_positions(b.batch, b.seq);
+  }
   if (mesh.cp_size == 1) return b;
   return context_parallel_slice(b, zigzag_layout(b.seq, mesh.cp_size, mesh.cp_rank));
 }
 
 // Mean validation loss over (at most eval_batches per rank of) the validation split.
 double evaluate(LlamaModel& model, ParameterProvider& params, const TokenFile& val,
-                const TargetSelection& targets, const TrainConfig& c, const Mesh& mesh) {
+                const TrainingData& data, const TrainConfig& c, const Mesh& mesh) {
   Comm& world = *mesh.world;
+  const TargetSelection& targets = data.val_targets;
   EvalIterator it(val.view(), c.train.seq_len, c.train.micro_batch_size, mesh.dp_rank, mesh.dp_size,
-                  c.train.eval_batches, targets);
+                  c.train.eval_batches, targets, data.val_windows.get());
   TokenBatch tokens;
   double loss_sum = 0;
   int64_t counted = 0;
@@ -171,7 +207,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
   const int64_t tokens_per_step = run.tokens_per_step();
   run.log_plan(start_step);
 
-  summary.first_val_loss = evaluate(model, params, val_tokens, run.targets.val, c, mesh);
+  summary.first_val_loss = evaluate(model, params, val_tokens, run.data, c, mesh);
   log_info("step ", start_step, " | val_loss ", fixed(summary.first_val_loss, 4));
   if (start_step == 0) write_record({{"step", 0}, {"val_loss", summary.first_val_loss}});
   summary.final_val_loss = summary.first_val_loss;
@@ -206,11 +242,14 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       lr *= 1000;
     }
     std::vector<Batch> micro;
+    PackedStepTally packed;
     for (int64_t m = 0; m < c.train.grad_accum_steps; ++m) {
       // A batch a rollback skips is drawn and dropped, so every later step sees the batch it
       // would have seen.
       if (skipped_steps.count(step)) run.sampler->next();
-      micro.push_back(to_model_batch(run.sampler->next(), mesh));
+      const TokenBatch tokens = run.sampler->next();
+      packed.add(tokens);
+      micro.push_back(to_model_batch(tokens, mesh));
     }
     // The bytes this step's collectives move, by link class (the evaluation's not among them).
     if (mesh.traffic) mesh.traffic->reset();
@@ -267,6 +306,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
                              {"peak_memory_bytes", run.memory->peak_bytes()},
                              {"memory", run.memory->report()}};
     record["trained_tokens"] = result.tokens;  // the loss's denominator (masks left out)
+    if (packed.windows > 0) record["packing"] = packed.record(world);
     if (!std::isfinite(result.loss)) record["loss"] = nullptr;
     if (!std::isfinite(result.grad_norm)) record["grad_norm"] = nullptr;
     if (!result.applied) record["skipped"] = true;
@@ -325,7 +365,7 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
       if (nlohmann::json profile = run.optimizer->take_profile(); !profile.is_null())
         record["galore_profile"] = std::move(profile);
     if (last || (c.train.eval_every > 0 && step % c.train.eval_every == 0)) {
-      summary.final_val_loss = evaluate(model, params, val_tokens, run.targets.val, c, mesh);
+      summary.final_val_loss = evaluate(model, params, val_tokens, run.data, c, mesh);
       record["val_loss"] = summary.final_val_loss;
     }
     // Checkpoints: a background save every rank has written is committed; a due one starts

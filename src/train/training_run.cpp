@@ -191,8 +191,9 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   // Ranks of one cp group read the same sequences; the dp groups read different ones.
   sampler_config.rank = host_mesh.dp_rank;
   sampler_config.world = host_mesh.dp_size;
-  targets = select_training_targets(c, *train_tokens, *val_tokens, host_mesh.world->rank());
-  sampler = std::make_unique<BatchSampler>(train_tokens->view(), sampler_config, targets.train);
+  data = training_data(c, *train_tokens, *val_tokens, host_mesh.world->rank());
+  sampler = std::make_unique<BatchSampler>(train_tokens->view(), sampler_config,
+                                           data.train_targets, data.train_windows.get());
 
   // --- device, model, shards, optimizer --------------------------------------------------------
   check_writable_checkpoints(fs::path(c.train.out_dir) / "ckpt", host_mesh.world->rank());

@@ -59,7 +59,7 @@ struct TrainingRun {
   Mesh host_mesh;  // MPI over every rank, for host values
   bool use_gpu = false;
   std::unique_ptr<TokenFile> train_tokens, val_tokens;
-  TrainingTargets targets;  // what data.train_on selects in them
+  TrainingData data;  // what data.train_on selects in them, in data.packing's windows
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<BatchSampler> sampler;
   std::unique_ptr<RunMemory> memory;  // before every part that allocates from it
