@@ -297,6 +297,13 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
            ", of the " + token_keys + ") x 2 x model.intermediate_size = " + std::to_string(f) +
            " x " + std::to_string(act) + " bytes",
        saturating_product({mlp_rows, 2, f, act}), gpu});
+  // Packed documents: each token's document bounds (i32 start and end) beside the ids. auto
+  // packs instruction and chat data, which the plan does not read: counted as if it does.
+  if (c.data.packing != Packing::windows)
+    parts.push_back({"the packed documents' bounds (data.packing = " +
+                         std::string(enum_name(c.data.packing)) + "): " + token_keys +
+                         " x 2 x 4 bytes",
+                     saturating_product({tokens, 2, 4}), gpu});
   parts.push_back({"the attention's queries: " + token_keys +
                        " x model.num_attention_heads = " + std::to_string(heads) +
                        (m.head_dim > 0 ? " x model.head_dim = " : " x head dimension ") +

@@ -54,6 +54,8 @@ const std::map<std::string, std::string> kDefaults = {
     {"model.hf_path", ""},
     {"data.dir", "data/fortunes"},
     {"data.train_on", "auto"},
+    {"data.packing", "auto"},
+    {"data.long_documents", "split"},
     {"train.steps", "300"},
     {"train.seed", "1234"},
     {"train.out_dir", "out/tiny"},

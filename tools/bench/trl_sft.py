@@ -13,7 +13,8 @@ bitsandbytes, datasets).
   trl_sft.py train --model DIR --data FILE [settings]     SFTTrainer; prints one JSON line: the
                                                           first step's loss, tokens/s (every
                                                           token of the batches but padding, and
-                                                          the trained ones), peak memory
+                                                          the trained ones), peak memory;
+                                                          --packing: TRL's padding-free packing
 With --batch equal to the number of records and --steps 1 the first step's loss is the
 completion-only loss of the initial model (LoRA's B starts at zero) on every record at once:
 what `frugal eval --data FILE --train-on last_turn --quant nf4` computes on the same records."""
@@ -114,7 +115,8 @@ def train(a):
                        weight_decay=0.0, optim="adamw_torch", logging_steps=1,
                        save_strategy="no", report_to="none", bf16=not a.no_quant,
                        gradient_checkpointing=not a.no_quant, max_length=a.max_length,
-                       packing=False, completion_only_loss=True, dataset_num_proc=1,
+                       packing=a.packing, padding_free=a.packing, packing_strategy="bfd",
+                       completion_only_loss=True, dataset_num_proc=1,
                        dataloader_num_workers=0, seed=0, remove_unused_columns=True)
 
     counts = {"tokens": 0, "trained": 0}
@@ -130,7 +132,10 @@ def train(a):
                     torch.cuda.synchronize()
                 timing["start"] = time.perf_counter()
             if step >= a.warmup:
-                counts["tokens"] += int(inputs["attention_mask"].sum())
+                # Padding-free batches have no padding, and no attention mask: every id counts.
+                mask = inputs.get("attention_mask")
+                counts["tokens"] += int(mask.sum()) if mask is not None else \
+                    int(inputs["input_ids"].numel())
                 counts["trained"] += int((inputs["labels"][:, 1:] != -100).sum())
             return super().compute_loss(model, inputs, *args, **kwargs)
 
@@ -185,6 +190,9 @@ def main():
     t.add_argument("--rank", type=int, default=16)
     t.add_argument("--alpha", type=int, default=32)
     t.add_argument("--no-quant", action="store_true", help="fp32 LoRA, no bitsandbytes (CPU)")
+    t.add_argument("--packing", action="store_true",
+                   help="padding-free packing (best-fit decreasing into --max-length rows, "
+                        "position ids restarting per conversation)")
     a = p.parse_args()
     {"model": make_model, "data": make_data, "train": train}[a.what](a)
 
