@@ -275,6 +275,18 @@ void check_traffic(Mesh& mesh, const Lengths& lengths, int64_t seq, int64_t wind
   INFO("cp " << cp.size() << " rank " << cp.rank() << " window " << window);
   CHECK(after_forward - before == gather + kv_in);
   CHECK(after_backward - after_forward == gather + kv_in + dkv_in);
+
+  // With a cache, as the model's operator: one gather for the micro-batch's every call, and a
+  // new one for new bounds.
+  RingDocumentCache cache;
+  const ops::Attention cached = ring_attention_forward(q, k, k, batch, cp, window, docs, &cache);
+  ring_attention_forward(q, k, k, batch, cp, window, docs, &cache);
+  ring_attention_backward(dout, q, k, k, cached, batch, cp, window, docs, &cache);
+  CHECK(received() - after_backward == gather + 3 * kv_in + dkv_in);
+  const ops::DocumentBounds copy{docs.start.clone(), docs.end.clone()};
+  const uint64_t before_copy = received();
+  ring_attention_forward(q, k, k, batch, cp, window, copy, &cache);
+  CHECK(received() - before_copy == gather + kv_in);
 }
 
 }  // namespace
