@@ -46,9 +46,9 @@ RingDocuments::RingDocuments(const ops::DocumentBounds& local, int64_t batch, in
   ops::copy(mine_start, local.start);
   ops::copy(mine_end, local.end);
   Tensor all = ops::empty_like(local.start, {cp.size() * 2 * rows}, DType::i32);
-  cp.all_gather(mine, all)->wait();
-  // Ordered after the gather on the compute stream; a copy into pageable host memory returns
-  // complete (CUDA's rule), so the host reads the gathered bounds right after it.
+  cp.all_gather(mine, all)->wait_host();
+  // A copy into pageable host memory returns complete (CUDA's rule), so the host reads the
+  // gathered bounds right after it.
   Tensor host = Tensor::empty(all.shape(), DType::i32);
   ops::copy(host, all);
 
