@@ -17,6 +17,7 @@
 #include "model/llama_model.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "parallel/ring_documents.h"
 
 namespace frugal {
 
@@ -61,24 +62,39 @@ Tensor zigzag_gather(const Tensor& local, const ZigzagLayout& layout, int64_t ba
 // cp group (rank cp.rank() of cp.size()); GQA as in ops::attention (no K/V copy per head).
 // Returns out [batch * 2c, n_heads, D] and lse [batch, n_heads, 2c], both of the whole
 // sequence's softmax, in the local layout. window > 0: Mistral's sliding window (position p
-// sees keys p - window < j <= p); block pairs wholly outside it are skipped, not masked. The
-// K/V still travel the whole ring (every rank takes part in every transfer). A collective
-// over cp: every rank calls it.
+// sees keys p - window < j <= p); block pairs wholly outside it are skipped, not masked, but
+// without documents the K/V still travel the whole ring (every rank takes part in every
+// transfer). A collective over cp: every rank calls it.
+// documents: packed documents, the bounds of the local rows (i32 [batch * 2c] each, positions
+// of the padded sequence, which they tile, padding included: context_parallel_slice's); a query
+// sees only keys of its document. Then only the block pairs that share a document are computed
+// and only the K/V chunks some rank needs travel (ring_attention.cpp's header). The bounds are
+// gathered over cp, by `cache` once per micro-batch (null: at this call).
 ops::Attention ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      int64_t batch, Comm& cp, int64_t window = 0);
+                                      int64_t batch, Comm& cp, int64_t window = 0,
+                                      const ops::DocumentBounds& documents = {},
+                                      RingDocumentCache* cache = nullptr);
 
 // Gradients of ring_attention_forward: dout like q, fwd = what the forward returned for these
-// q, k, v. Returns dq, dk, dv of this rank's rows (the dk, dv of a rank's keys include the
-// contributions of every rank's queries). A collective over cp.
+// q, k, v (and documents). Returns dq, dk, dv of this rank's rows (the dk, dv of a rank's keys
+// include the contributions of every rank's queries). A collective over cp.
 ops::AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const ops::Attention& fwd,
-                                            int64_t batch, Comm& cp, int64_t window = 0);
+                                            int64_t batch, Comm& cp, int64_t window = 0,
+                                            const ops::DocumentBounds& documents = {},
+                                            RingDocumentCache* cache = nullptr);
 
-// The model's view of ring attention: both directions bound to the cp group.
+// The model's view of ring attention: both directions bound to the cp group, sharing one
+// RingDocumentCache (every layer of a micro-batch has the same document bounds).
 AttentionOperator ring_attention_operator(Comm& cp);
 
 // This rank's share of a micro-batch of whole sequences: its zigzag rows of the tokens and
-// targets (padding rows get target -1, so the loss skips them) and their real positions.
+// targets (padding rows get target -1, so the loss skips them) and their positions. Without
+// documents the positions are the rows' places in the sequence (whole.positions unused); with
+// packed documents (whole.documents, a tiling of each sequence, checked) the rows' own
+// positions from whole.positions and their documents' bounds; each padding row is a document of
+// one token (no real token sees it, and the ring moves nothing for it), its position continuing
+// past seq_len.
 Batch context_parallel_slice(const Batch& whole, const ZigzagLayout& layout);
 
 }  // namespace frugal
