@@ -340,9 +340,12 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   };
   auto add_ring = [&](Phase& phase) {
     if (cp == 1) return;
-    // K/V double buffer (bf16) and three fp32 dK/dV accumulators (ring_attention.cpp).
-    phase.add(MemoryPart::ring, size_t(tokens * 2 * w.kv * 2), 2);
-    phase.add(MemoryPart::ring, size_t(tokens * 2 * w.kv * 4), 3);
+    // K/V double buffer (bf16) and three fp32 dK/dV accumulators (ring_attention.cpp). Packed
+    // documents take the K/V straight from their owners, one block more of each in flight (auto
+    // packs instruction and chat data, which the plan does not read: counted as if it does).
+    const size_t extra = c.data.packing == Packing::windows ? 0 : 1;
+    phase.add(MemoryPart::ring, size_t(tokens * 2 * w.kv * 2), 2 + extra);
+    phase.add(MemoryPart::ring, size_t(tokens * 2 * w.kv * 4), 3 + extra);
   };
 
   std::vector<Phase> phases;

@@ -139,7 +139,18 @@ expect_error "no training document is left \(30 longer than --max-tokens dropped
   "$frugal" prepare chats.jsonl --tokenizer "$qwen" --out bad --val-fraction 0 --max-tokens 64 --overlong drop
 "$frugal" train "${model[@]}" --data.dir=data --train.steps=1 --train.seq_len=24 --train.sample_tokens=0 \
   --train.eval_batches=1 --train.out_dir=short > short.log
-grep -qE "data: [0-9]+ of [0-9]+ documents are longer than a window \(25 tokens" short.log || { cat short.log; fail "long documents not counted at start"; }
+# Packed (the default for chat data): the documents longer than a window are split, or with
+# data.long_documents = truncate cut, and counted either way; windows counts them as it cuts them.
+grep -qE "data: [0-9]+ documents longer than a window \(the longest has [0-9]+ tokens\) are split into pieces of 24 tokens" short.log || { cat short.log; fail "long documents not counted at start"; }
+grep -qE "data: data.packing = documents: [0-9]+ documents in [0-9]+ windows of 24 tokens" short.log || fail "packing not reported"
+"$frugal" train "${model[@]}" --data.dir=data --train.steps=1 --train.seq_len=24 --train.sample_tokens=0 \
+  --train.eval_batches=1 --data.long_documents=truncate --data.train_on=all --train.out_dir=short-truncate > short.log 2>&1
+grep -qE "data: [0-9]+ documents longer than a window .* are truncated to 24 tokens .*: [0-9]+ tokens are never trained on" short.log || { cat short.log; fail "truncation at start not counted"; }
+"$frugal" train "${model[@]}" --data.dir=data --train.steps=1 --train.seq_len=24 --train.sample_tokens=0 \
+  --train.eval_batches=1 --data.packing=windows --train.out_dir=short-windows > short.log
+grep -qE "data: [0-9]+ of [0-9]+ documents are longer than a window \(25 tokens" short.log || { cat short.log; fail "long documents not counted at start (windows)"; }
+grep -q '"packing"' short-windows/metrics.jsonl && fail "windows runs report packing"
+grep -q '"documents_per_window"' short/metrics.jsonl 2>/dev/null || grep -q '"documents_per_window"' short-truncate/metrics.jsonl || fail "metrics.jsonl has no packing"
 
 # Instruction data: completion is the default; last_turn does not apply.
 printf '{"prompt": "2 + 2 =", "completion": " 4"}\n{"prompt": "3 + 3 =", "completion": " 6"}\n' > sums.jsonl
