@@ -357,11 +357,8 @@ inline std::vector<DocumentCase> document_cases(int64_t head_dim) {
   };
 }
 
-// The packed problem's results against each of its documents run as a sequence of its own (no
-// documents, no offset, the case's window): out, lse, dq, dk, dv within twice the tolerance of
-// either against the exact result. forward and backward run a kernel on the GPU (backward adds
-// fp32 gradients into zeros); the documents of the case must start at position 0
-// (key_position0 0, causal offset 0, q_len == kv_len).
+// A kernel on the GPU for check_packed_equals_alone: the forward, and the backward adding fp32
+// gradients (into zeros there).
 using ForwardRun = std::function<void(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                                       const __nv_bfloat16* k, const __nv_bfloat16* v,
                                       const frugal::cpu::AttentionShape& s)>;
@@ -398,6 +395,11 @@ inline std::vector<float> lse_rows_of(const std::vector<float>& lse, int64_t b, 
   return r;
 }
 
+// The packed problem's results against each of its documents run as a sequence of its own (no
+// documents, no offset, the case's window), on the same inputs: out, lse, dq, dk, dv within twice
+// the tolerance of either against the exact result (the backward of both from the reference's
+// out and lse). The case's sequences must start at position 0 (key_position0 0, causal offset 0,
+// q_len == kv_len).
 inline void check_packed_equals_alone(const DocumentCase& dc, unsigned seed,
                                       const ForwardRun& forward, const BackwardRun& backward) {
   const AttentionCase& c = dc.shape;
