@@ -1,9 +1,9 @@
-// Causal (optionally sliding-window) attention with grouped-query heads on the GPU: the
-// launchers, which send head dims 64 and 128 to the tensor-core kernels (on compute capability
-// 9.0 the Hopper ones of flash_attention_sm90.cu unless the caller says no, else
-// flash_attention.cu's), and the
-// simple kernels that take the other head dims (16 and 32, tiny test models) and unaligned
-// pointers: a fused forward (online softmax, K/V tiles in shared memory) and a two-kernel backward
+// Causal (optionally sliding-window, optionally packed-document) attention with grouped-query
+// heads on the GPU: the launchers, which send head dims 64 and 128 to the tensor-core kernels (on
+// compute capability 9.0 the Hopper ones of flash_attention_sm90.cu unless the caller says no,
+// else flash_attention.cu's; every one of them takes packed documents), and the simple kernels
+// that take the other head dims (16 and 32, tiny test models) and unaligned pointers: a fused
+// forward (online softmax, K/V tiles in shared memory) and a two-kernel backward
 // (dK/dV per key tile, dQ per query tile).
 //
 // The simple kernels, correct rather than fast (about 7 TFLOP/s):
@@ -14,11 +14,12 @@
 //    Lanes of a warp read the same shared-memory row at consecutive columns: conflict-free.
 //  - Forward and dQ: one block per (query tile, head, batch); K and V tiles stream through
 //    shared memory; tiles past the last key the tile's last row sees, or before the first key
-//    its first row sees (sliding window), are never loaded.
+//    its first row sees (sliding window, packed documents), are never loaded.
 //  - dK/dV: one block per (key tile, kv head, batch); it loops over the query rows of every
 //    query head sharing the kv head, with Q and dO tiles in shared memory, and starts at the
-//    first row that sees the tile's first key (and, under a sliding window, stops after the
-//    last row that sees its last key). So each dK/dV element has one writer and the
+//    first row that sees the tile's first key (and, under a sliding window or with packed
+//    documents, stops after the last row that sees its last key). So each dK/dV element has one
+//    writer and the
 //    GQA sum over heads happens in registers: no atomics, the result is deterministic.
 //  - D_i = rowsum(dO_i * O_i) is recomputed where it is needed instead of a scratch buffer.
 #include <algorithm>
@@ -78,6 +79,39 @@ __device__ __forceinline__ int first_visible_key(int64_t i, int64_t causal_offse
   return first < 0 ? 0 : (first > kv_len ? kv_len : static_cast<int>(first));
 }
 
+// Packed documents (cpu::DocumentMask) as the kernels take them: device arrays [batch, q_len] and
+// [batch, kv_len] in positions of the whole sequence, query row i at query_position0 + i (the
+// caller's causal_offset included), key row j at key_position0 + j. Null: none.
+struct Documents {
+  const int32_t* query_doc_start = nullptr;
+  const int32_t* key_doc_end = nullptr;
+  int64_t key_position0 = 0, query_position0 = 0;
+};
+
+Documents documents_of(const AttentionShape& s) {
+  if (!s.documents.active()) return {};
+  return {s.documents.query_doc_start, s.documents.key_doc_end, s.documents.key_position0,
+          s.documents.key_position0 + s.causal_offset};
+}
+
+// The first key of its document that query row i (< q_len) of sequence b sees, clipped to
+// [0, kv_len]; 0 without documents. Non-decreasing in i.
+__device__ __forceinline__ int document_first_key(const Documents& d, int64_t b, int i, int q_len,
+                                                  int kv_len) {
+  if (d.query_doc_start == nullptr) return 0;
+  const int64_t first = d.query_doc_start[b * q_len + i] - d.key_position0;
+  return first < 0 ? 0 : (first > kv_len ? kv_len : static_cast<int>(first));
+}
+
+// One past the last query row that key j (< kv_len) of sequence b is in the document of, clipped
+// to [0, q_len]; q_len without documents. Non-decreasing in j.
+__device__ __forceinline__ int document_row_end(const Documents& d, int64_t b, int j, int q_len,
+                                                int kv_len) {
+  if (d.key_doc_end == nullptr) return q_len;
+  const int64_t end = d.key_doc_end[b * kv_len + j] - d.query_position0;
+  return end < 0 ? 0 : (end > q_len ? q_len : static_cast<int>(end));
+}
+
 // Copies rows [row0, row0 + rows) of one head of a [batch, len, heads, D] bf16 tensor into a
 // [rows][D] fp32 shared tile; rows past `len` are zero.
 template <int D>
@@ -97,7 +131,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                              const __nv_bfloat16* k, const __nv_bfloat16* v, int q_len, int kv_len,
                              int n_heads, int n_kv_heads, float scale, int64_t causal_offset,
-                             int64_t window) {
+                             int64_t window, Documents docs) {
   using L = QueryRowLayout<D>;
   __shared__ float k_tile[kKeyTile][D];
   __shared__ float v_tile[kKeyTile][D];
@@ -116,11 +150,15 @@ __global__ void __launch_bounds__(kThreads)
     acc[c] = 0.0f;
   }
   const int n_visible = visible_keys(i, causal_offset, kv_len);
-  const int first_visible = first_visible_key(i, causal_offset, window, kv_len);
+  const int first_visible = valid ? max(first_visible_key(i, causal_offset, window, kv_len),
+                                        document_first_key(docs, b, i, q_len, kv_len))
+                                  : 0;
   // Keys seen by the tile's last row; later key tiles are fully masked and skipped. Under a
-  // sliding window, so are the keys before the first one the tile's first row sees.
+  // sliding window or with packed documents, so are the keys before the first one the tile's
+  // first row sees.
   const int n_keys = visible_keys(min(q0 + L::kRows, q_len) - 1, causal_offset, kv_len);
-  const int k_begin = first_visible_key(q0, causal_offset, window, kv_len);
+  const int k_begin = max(first_visible_key(q0, causal_offset, window, kv_len),
+                          document_first_key(docs, b, q0, q_len, kv_len));
   float row_max = -INFINITY, row_sum_exp = 0.0f;
 
   for (int k0 = k_begin; k0 < n_keys; k0 += kKeyTile) {
@@ -181,7 +219,7 @@ __global__ void __launch_bounds__(kThreads)
                                  const __nv_bfloat16* k, const __nv_bfloat16* v,
                                  const __nv_bfloat16* out, const float* lse, int q_len, int kv_len,
                                  int n_heads, int n_kv_heads, float scale, int64_t causal_offset,
-                                 int64_t window) {
+                                 int64_t window, Documents docs) {
   using L = QueryRowLayout<D>;
   __shared__ float k_tile[kKeyTile][D];
   __shared__ float v_tile[kKeyTile][D];
@@ -207,9 +245,12 @@ __global__ void __launch_bounds__(kThreads)
   const float row_lse = valid ? lse[(b * n_heads + h) * q_len + i] : -INFINITY;
   // A row whose lse is -inf saw no key at all: it has no gradient.
   const int n_visible = row_lse == -INFINITY ? 0 : visible_keys(i, causal_offset, kv_len);
-  const int first_visible = first_visible_key(i, causal_offset, window, kv_len);
+  const int first_visible = valid ? max(first_visible_key(i, causal_offset, window, kv_len),
+                                        document_first_key(docs, b, i, q_len, kv_len))
+                                  : 0;
   const int n_keys = visible_keys(min(q0 + L::kRows, q_len) - 1, causal_offset, kv_len);
-  const int k_begin = first_visible_key(q0, causal_offset, window, kv_len);
+  const int k_begin = max(first_visible_key(q0, causal_offset, window, kv_len),
+                          document_first_key(docs, b, q0, q_len, kv_len));
 
   for (int k0 = k_begin; k0 < n_keys; k0 += kKeyTile) {
     const int tile_keys = min(kKeyTile, n_keys - k0);
@@ -247,7 +288,7 @@ __global__ void __launch_bounds__(kThreads)
                                    const __nv_bfloat16* v, const __nv_bfloat16* out,
                                    const float* lse, int q_len, int kv_len, int n_heads,
                                    int n_kv_heads, float scale, int64_t causal_offset,
-                                   int64_t window) {
+                                   int64_t window, Documents docs) {
   using L = KeyRowLayout<D>;
   __shared__ float q_tile[kQueryTile][D];
   __shared__ float do_tile[kQueryTile][D];
@@ -273,12 +314,16 @@ __global__ void __launch_bounds__(kThreads)
   // Row i sees key j0 iff j0 <= i + causal_offset: earlier rows see none of this tile.
   const int64_t first_row = std::max<int64_t>(0, j0 - causal_offset);
   const int i_first = static_cast<int>(std::min<int64_t>(first_row, q_len));
-  // Under a sliding window, rows from i_end on are window or more past the tile's last key.
-  const int64_t last_key = std::min<int64_t>(j0 + L::kRows, kv_len) - 1;
-  const int i_end = window > 0
-                        ? static_cast<int>(std::min<int64_t>(
-                              std::max<int64_t>(last_key - causal_offset + window, 0), q_len))
-                        : q_len;
+  // Under a sliding window, rows from i_end on are window or more past the tile's last key; with
+  // packed documents, past the end of its document.
+  const int last_key = min(j0 + L::kRows, kv_len) - 1;
+  const int i_end =
+      min(window > 0 ? static_cast<int>(std::min<int64_t>(
+                           std::max<int64_t>(last_key - causal_offset + window, 0), q_len))
+                     : q_len,
+          document_row_end(docs, b, last_key, q_len, kv_len));
+  // Rows from here on are outside key j's document.
+  const int doc_end = valid ? document_row_end(docs, b, j, q_len, kv_len) : 0;
 
   for (int h = g * group; h < (g + 1) * group; ++h) {
     for (int i0 = i_first; i0 < i_end; i0 += kQueryTile) {
@@ -310,7 +355,8 @@ __global__ void __launch_bounds__(kThreads)
         dp = row_sum<L::kLanes>(dp);
         const float row_lse = lse_tile[r];
         const int64_t behind = i0 + r + causal_offset - j;  // 0: the row's own position
-        if (valid && behind >= 0 && (window <= 0 || behind < window) && row_lse != -INFINITY) {
+        if (valid && behind >= 0 && (window <= 0 || behind < window) && i0 + r < doc_end &&
+            row_lse != -INFINITY) {
           const float p = expf(score * scale - row_lse);
           const float ds = p * (dp - d_tile[r]);
 #pragma unroll
@@ -341,8 +387,6 @@ void check_shape(const AttentionShape& s) {
   if (s.q_len > INT32_MAX / 2 || s.kv_len > INT32_MAX / 2 || s.n_heads > 65535 || s.batch > 65535)
     fail("cuda attention: shape too large: q_len ", s.q_len, " kv_len ", s.kv_len, " n_heads ",
          s.n_heads, " batch ", s.batch);
-  // TODO(issue 50): the CUDA kernels' document masks; until they land, refused, not ignored.
-  if (s.documents.active()) fail("cuda attention: packed documents are not supported yet");
 }
 
 template <int D>
@@ -354,7 +398,7 @@ void forward_for(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const _
   attention_forward_kernel<D><<<grid, kThreads, 0, stream>>>(
       out, lse, q, k, v, static_cast<int>(s.q_len), static_cast<int>(s.kv_len),
       static_cast<int>(s.n_heads), static_cast<int>(s.n_kv_heads), s.scale, s.causal_offset,
-      s.window);
+      s.window, documents_of(s));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -368,15 +412,15 @@ void backward_for(float* dq, float* dk, float* dv, const __nv_bfloat16* dout,
   const int n_heads = static_cast<int>(s.n_heads), n_kv_heads = static_cast<int>(s.n_kv_heads);
   const dim3 dkdv_grid(static_cast<unsigned>((s.kv_len + k_rows - 1) / k_rows),
                        static_cast<unsigned>(s.n_kv_heads), static_cast<unsigned>(s.batch));
-  attention_backward_dkdv_kernel<D>
-      <<<dkdv_grid, kThreads, 0, stream>>>(dk, dv, dout, q, k, v, out, lse, q_len, kv_len, n_heads,
-                                           n_kv_heads, s.scale, s.causal_offset, s.window);
+  attention_backward_dkdv_kernel<D><<<dkdv_grid, kThreads, 0, stream>>>(
+      dk, dv, dout, q, k, v, out, lse, q_len, kv_len, n_heads, n_kv_heads, s.scale, s.causal_offset,
+      s.window, documents_of(s));
   CUDA_CHECK_LAUNCH();
   const dim3 dq_grid(static_cast<unsigned>((s.q_len + q_rows - 1) / q_rows),
                      static_cast<unsigned>(s.n_heads), static_cast<unsigned>(s.batch));
-  attention_backward_dq_kernel<D>
-      <<<dq_grid, kThreads, 0, stream>>>(dq, dout, q, k, v, out, lse, q_len, kv_len, n_heads,
-                                         n_kv_heads, s.scale, s.causal_offset, s.window);
+  attention_backward_dq_kernel<D><<<dq_grid, kThreads, 0, stream>>>(
+      dq, dout, q, k, v, out, lse, q_len, kv_len, n_heads, n_kv_heads, s.scale, s.causal_offset,
+      s.window, documents_of(s));
   CUDA_CHECK_LAUNCH();
 }
 

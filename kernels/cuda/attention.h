@@ -1,7 +1,8 @@
-// Causal (optionally sliding-window: AttentionShape::window) attention with grouped-query heads
-// on the GPU (bf16 in and out, fp32 math): a fused forward returning the per-row log-sum-exp
-// and a deterministic backward recomputing P. Head dims 64 and 128 run on the tensor cores
-// (flash_attention.h); others (16, 32) on simple kernels.
+// Causal (optionally sliding-window: AttentionShape::window; optionally packed-document:
+// AttentionShape::documents) attention with grouped-query heads on the GPU (bf16 in and out, fp32
+// math): a fused forward returning the per-row log-sum-exp and a deterministic backward
+// recomputing P. Head dims 64 and 128 run on the tensor cores (flash_attention.h); others (16,
+// 32) on simple kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,8 +16,9 @@
 namespace frugal::cuda {
 
 // Same fields and meaning as the CPU kernel's (batch, q_len, kv_len, n_heads, n_kv_heads,
-// head_dim, scale, causal_offset, window): query row i sees key j iff j <= i + causal_offset
-// and, with window > 0, i + causal_offset - j < window.
+// head_dim, scale, causal_offset, window, documents): query row i sees key j iff j <= i +
+// causal_offset and, with window > 0, i + causal_offset - j < window, and with documents
+// (cpu::DocumentMask, its arrays in device memory) j is in row i's document.
 using AttentionShape = ::frugal::cpu::AttentionShape;
 
 // Whether the kernels are compiled for this head dim (16, 32, 64 and 128); the launchers

@@ -1,4 +1,5 @@
-// Causal (optionally sliding-window) GQA attention on the tensor cores, FlashAttention-2 style
+// Causal (optionally sliding-window, optionally packed-document) GQA attention on the tensor
+// cores, FlashAttention-2 style
 // (head dims 64 and 128): a fused forward and a three-kernel deterministic backward, all on
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate) with ldmatrix and cp.async: the portable sm_80+
 // path (sm_86/89 included).
@@ -14,8 +15,10 @@
 // first. Q fragments stay in registers; K and V tiles of 64 keys are double-buffered through
 // cp.async (the next tile loads while this one is used); S = Q K^T, the online softmax in fp32
 // (exp2 with the scale folded in), O += P V. Key tiles past the last key the block's last row
-// sees, or (sliding window) before the first key its first row sees, are never loaded; only
-// tiles that cross the diagonal, the window's edge or kv_len are masked.
+// sees, or before the first key its first row sees (sliding window, packed documents: the
+// first key of the first row's document), are never loaded; only tiles that cross the diagonal,
+// the window's or a document's edge or kv_len are masked. So a window of packed documents of
+// length L costs O(L) key tiles per block, not the causal prefix.
 //
 // Backward, with no float atomics (every gradient element has one writer, summed in a fixed
 // order), recomputing P = exp(S - lse) instead of storing it:
@@ -25,8 +28,8 @@
 //     transposed products S^T = K Q^T and dP^T = V dO^T, so that P^T and dS^T are already A
 //     operands for dV += P^T dO and dK += dS^T Q. The block loops over the query tiles of every
 //     query head of its group (from the first row that sees its first key to the last row that
-//     sees its last key, under a sliding window): the GQA sum happens in registers, K/V are
-//     never copied.
+//     sees its last key, under a sliding window or the end of its last key's document): the GQA
+//     sum happens in registers, K/V are never copied.
 //  3. dQ: one block per (query tile, head, batch), like the forward: S, dP, dS again, then
 //     dQ += dS K. (Recomputing S and dP costs 2 of the 7 products; the alternative, atomics on
 //     dQ from the dK/dV blocks, would make the sum order nondeterministic.)
@@ -197,11 +200,13 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
   const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
   float* lse_head = lse + (static_cast<int64_t>(b) * p.n_heads + h) * p.q_len;
 
-  // Keys [kv_begin, kv_end) are seen by some row of the block: tiles outside are never loaded,
-  // so a sliding window of W keys costs O(W) per block, whatever the sequence length.
+  // Keys [kv_begin, kv_end) are seen by some row of the block (the first row sees the earliest
+  // keys: window and document starts never decrease): tiles outside are never loaded, so a
+  // sliding window of W keys costs O(W) per block, whatever the sequence length, and so do
+  // packed documents of W tokens.
   const int last_row = min(q0 + kBlockM, p.q_len) - 1;
   const int kv_end = keys_seen(last_row, p);
-  const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+  const int kv_begin = first_key_of_row(b, q0, p) / kBlockN * kBlockN;
   const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
   if (n_tiles == 0) {  // no row of the block sees a key
     write_unseen_rows<D, kBlockM, kFwdThreads>(out_head, lse_head, q0, p, threadIdx.x);
@@ -226,10 +231,11 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
   }
 
   const int row_a = q0 + warp * 16 + lane / 4, row_b = row_a + 8;  // this lane's two rows
+  const int first_a = first_key_of_row(b, row_a, p), first_b = first_key_of_row(b, row_b, p);
   // Keys [unmasked_begin, unmasked_end) every row of the block sees (and that exist): tiles
   // inside need no mask.
   const int unmasked_end = min(q0 + p.causal_offset + 1, p.kv_len);
-  const int unmasked_begin = first_key_seen(last_row, p);
+  const int unmasked_begin = first_key_of_row(b, last_row, p);
   uint32_t qf[D / 16][4];
   float o[D / 8][4];
 #pragma unroll
@@ -269,8 +275,9 @@ __global__ void __launch_bounds__(kFwdThreads, D == 64 ? 2 : 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
-          const int row = e < 2 ? row_a : row_b;
-          if (hidden_key(row, key, p)) s[n][e] = -INFINITY;
+          if (e < 2 ? hidden_key_from(row_a, first_a, key, p)
+                    : hidden_key_from(row_b, first_b, key, p))
+            s[n][e] = -INFINITY;
         }
       }
     }
@@ -403,12 +410,12 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
   const int j0 = blockIdx.y * kBlockN;  // the first key tiles see the most rows: launched first
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Row i sees key j0 iff j0 <= i + offset: earlier rows see none of this tile. With a sliding
-  // window, rows from i_end on see none either (the tile's last key is window or more behind):
-  // they are never loaded, so the tile costs O(window) rows.
+  // window, rows from i_end on see none either (the tile's last key is window or more behind),
+  // nor with packed documents rows past the last key's document: they are never loaded, so the
+  // tile costs O(window) or O(document) rows.
   const int i_start = min(max(j0 - p.causal_offset, 0), p.q_len);
   const int last_key = min(j0 + kBlockN, p.kv_len) - 1;
-  const int i_end =
-      p.window > 0 ? min(max(last_key - p.causal_offset + p.window, 0), p.q_len) : p.q_len;
+  const int i_end = row_end_of_key(b, last_key, p);
   const int n_q_tiles = i_end > i_start ? (i_end - i_start + kBlockM - 1) / kBlockM : 0;
   const int n_steps = p.group * n_q_tiles;
   if (n_steps == 0) return;  // adds nothing
@@ -449,6 +456,10 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
   }
 
   const int key_a = j0 + warp * 16 + lane / 4, key_b = key_a + 8;  // this lane's two keys
+  // Rows from these on do not see the key (window, document); from all_seen_end on, some key of
+  // the tile is hidden from them (the first key's bound is the lowest).
+  const int end_a = row_end_of_key(b, key_a, p), end_b = row_end_of_key(b, key_b, p);
+  const int all_seen_end = row_end_of_key(b, j0, p);
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
@@ -471,20 +482,19 @@ __global__ void __launch_bounds__(kDkdvThreads, 1)
     float st[kBlockM / 8][4], dpt[kBlockM / 8][4];
     paired_products<D, kBlockM>(st, dpt, sk, sv, qt, dot, warp, lane);
     // P^T = exp2(S^T scale log2(e) - lse_log2) (0 where masked), dS^T = P^T (dP^T - delta).
-    // The farthest pair (last row, first key) is window or more apart: the window masks too.
+    // The last row is past the first key's window or document: those mask too.
     // A hidden S^T is -inf, so P^T = 0 (lse_log2 is never -inf); masked in a loop of its own,
     // taken only on the steps that need it (folded into the loop below, the mask cost issue
     // slots on every step). Keys past kv_len are zero rows whose gradients are never stored:
-    // causal and window tests suffice.
-    if (j0 + kBlockN - 1 > i0 + p.causal_offset ||
-        (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window)) {
+    // causal, window and document tests suffice.
+    if (j0 + kBlockN - 1 > i0 + p.causal_offset || i0 + kBlockM > all_seen_end) {
 #pragma unroll
       for (int n = 0; n < kBlockM / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = n * 8 + (lane % 4) * 2 + (e & 1);
-          const int behind = i0 + col + p.causal_offset - (e < 2 ? key_a : key_b);
-          if (behind < 0 || (p.window > 0 && behind >= p.window)) st[n][e] = -INFINITY;
+          const int row = i0 + n * 8 + (lane % 4) * 2 + (e & 1);
+          const int key = e < 2 ? key_a : key_b;
+          if (row + p.causal_offset < key || row >= (e < 2 ? end_a : end_b)) st[n][e] = -INFINITY;
         }
     }
 #pragma unroll
@@ -560,7 +570,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // As in the forward: only the key tiles some row of the block sees.
   const int last_row = min(q0 + kBlockM, p.q_len) - 1;
   const int kv_end = keys_seen(last_row, p);
-  const int kv_begin = first_key_seen(q0, p) / kBlockN * kBlockN;
+  const int kv_begin = first_key_of_row(b, q0, p) / kBlockN * kBlockN;
   const int n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBlockN - 1) / kBlockN : 0;
   if (n_tiles == 0) return;  // adds nothing
 
@@ -588,8 +598,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const float lse_b = row_b < p.q_len ? lse_log2[row_head + row_b] : INFINITY;
   const float delta_a = row_a < p.q_len ? delta[row_head + row_a] : 0.0f;
   const float delta_b = row_b < p.q_len ? delta[row_head + row_b] : 0.0f;
+  const int first_a = first_key_of_row(b, row_a, p), first_b = first_key_of_row(b, row_b, p);
   const int unmasked_end = min(q0 + p.causal_offset + 1, p.kv_len);
-  const int unmasked_begin = first_key_seen(last_row, p);
+  const int unmasked_begin = first_key_of_row(b, last_row, p);
   float dq_acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
@@ -612,7 +623,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
-          if (hidden_key(e < 2 ? row_a : row_b, key, p)) s[n][e] = -INFINITY;
+          if (e < 2 ? hidden_key_from(row_a, first_a, key, p)
+                    : hidden_key_from(row_b, first_b, key, p))
+            s[n][e] = -INFINITY;
         }
     }
 #pragma unroll

@@ -1,8 +1,7 @@
 // What the tensor-core attention kernels share, whatever instructions they multiply with
 // (mma.sync in flash_attention.cu, wgmma in flash_attention_sm90.cu): the per-launch
-// parameters and the causal (and sliding-window) mask they encode, a few PTX wrappers, the
-// empty-block epilogue
-// and the host-side launch helpers.
+// parameters and the causal (sliding-window, packed-document) mask they encode, a few PTX
+// wrappers, the empty-block epilogue and the host-side launch helpers.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,6 +24,13 @@ struct Params {
   int window;         // sliding window, 0: none; rewritten with the clamp so the mask stays
   float scale, scale_log2;
   int64_t q_stride, kv_stride;  // elements between consecutive rows of one head
+  // Packed documents (cpu::DocumentMask, device arrays [batch, q_len] and [batch, kv_len]; null:
+  // none). Their positions are of the whole sequence: query row i is at query_position0 + i, key
+  // row j at key_position0 + j (query_position0 takes the caller's causal_offset, not the clamped
+  // one above, which only has to give the same causal mask).
+  const int32_t* query_doc_start;
+  const int32_t* key_doc_end;
+  int64_t key_position0, query_position0;
 };
 
 inline Params make_params(const ::frugal::cpu::AttentionShape& s) {
@@ -51,6 +57,10 @@ inline Params make_params(const ::frugal::cpu::AttentionShape& s) {
   p.scale_log2 = s.scale * kLog2e;
   p.q_stride = s.n_heads * s.head_dim;
   p.kv_stride = s.n_kv_heads * s.head_dim;
+  p.query_doc_start = s.documents.query_doc_start;
+  p.key_doc_end = s.documents.active() ? s.documents.key_doc_end : nullptr;
+  p.key_position0 = s.documents.key_position0;
+  p.query_position0 = s.documents.key_position0 + s.causal_offset;
   return p;
 }
 
@@ -66,20 +76,50 @@ __host__ __device__ __forceinline__ int first_key_seen(int row, const Params& p)
   return p.window > 0 ? min(max(row + p.causal_offset - p.window + 1, 0), p.kv_len) : 0;
 }
 
+// x clipped to [0, hi].
+__device__ __forceinline__ int clip_to(int64_t x, int hi) {
+  return x < 0 ? 0 : (x > hi ? hi : static_cast<int>(x));
+}
+
+// The first key row `row` of sequence b sees: first_key_seen and, with packed documents, the first
+// of its document (rows at or past q_len: first_key_seen). Non-decreasing in row, like both.
+__device__ __forceinline__ int first_key_of_row(int b, int row, const Params& p) {
+  int first = first_key_seen(row, p);
+  if (p.query_doc_start != nullptr && row < p.q_len) {
+    const int64_t doc =
+        p.query_doc_start[static_cast<int64_t>(b) * p.q_len + row] - p.key_position0;
+    first = max(first, clip_to(doc, p.kv_len));
+  }
+  return first;
+}
+
+// One past the last query row that sees key `key` of sequence b as far as the window and (packed
+// documents) the key's document go, clipped to [0, q_len] (keys at or past kv_len: the window's
+// bound). Non-decreasing in key. The causal bound is the other side: rows before key - offset.
+__device__ __forceinline__ int row_end_of_key(int b, int key, const Params& p) {
+  int end = p.window > 0 ? min(max(key - p.causal_offset + p.window, 0), p.q_len) : p.q_len;
+  if (p.key_doc_end != nullptr && key < p.kv_len) {
+    const int64_t doc = p.key_doc_end[static_cast<int64_t>(b) * p.kv_len + key] - p.query_position0;
+    end = min(end, clip_to(doc, p.q_len));
+  }
+  return end;
+}
+
+// Whether key `key` is hidden from row `row` whose first seen key is `first` (first_key_of_row):
+// before it (window, document), after the row (causal) or past the keys.
+__device__ __forceinline__ bool hidden_key_from(int row, int first, int key, const Params& p) {
+  return key < first || key > row + p.causal_offset || key >= p.kv_len;
+}
+
 // Whether the mask hides every key of [key0, key_end) from every row of [row0, row_end): each
 // row's keys seen lie within those of row0's first and the last row's last. Rows at or past q_len
 // are padding and count as hidden. (The forward asks it of a tile's second half: a half tile.)
+// Causal and window only: with packed documents more may be hidden, which the elementwise mask
+// then hides (a false "not hidden" costs work, never a wrong result).
 __device__ __forceinline__ bool tile_hidden(int row0, int row_end, int key0, int key_end,
                                             const Params& p) {
   if (row0 >= p.q_len) return true;
   return key0 >= keys_seen(min(row_end, p.q_len) - 1, p) || key_end <= first_key_seen(row0, p);
-}
-
-// Whether the mask hides key `key` from row `row`: after it (causal), past the keys, or
-// window or more positions behind it.
-__device__ __forceinline__ bool hidden_key(int row, int key, const Params& p) {
-  const int behind = row + p.causal_offset - key;
-  return behind < 0 || key >= p.kv_len || (p.window > 0 && behind >= p.window);
 }
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

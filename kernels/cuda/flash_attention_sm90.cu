@@ -1,7 +1,9 @@
-// Causal (optionally sliding-window) GQA attention on Hopper (sm_90a), FlashAttention-3 style,
-// head dims 64 and 128: the same contract and results as flash_attention.cu, on wgmma and the
-// TMA copy engine. Under a sliding window, key tiles (forward, dQ) and query tiles (dK/dV)
-// wholly outside it are never loaded, as in flash_attention.cu: O(S * window) work.
+// Causal (optionally sliding-window, optionally packed-document) GQA attention on Hopper
+// (sm_90a), FlashAttention-3 style, head dims 64 and 128: the same contract and results as
+// flash_attention.cu, on wgmma and the TMA copy engine. Under a sliding window or with packed
+// documents, key tiles (forward, dQ) and query tiles (dK/dV) wholly outside them are never
+// loaded, as in flash_attention.cu: O(S * window) or O(S * document) work. (The schedules below
+// are sized for the causal costs: the documents live on the device.)
 //
 // The files: this one holds the outline of both (below), the backward's launcher and the work
 // order's launch shape; flash_attention_sm90_forward.cu the forward; flash_attention_sm90_dkdv.cu

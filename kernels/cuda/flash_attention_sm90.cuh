@@ -532,10 +532,17 @@ __device__ __forceinline__ void issue_product_rs(float (&acc)[D / 2],
 // Work item i of `order`: kBlockM query rows from q0 of head h of batch b (rank 0 of a (batch,
 // head) pair is its last query block, the longest), and the key tiles of kBlockN keys that some
 // row of it sees, n_tiles of them from kv_begin (none when no row sees a key; kv_begin > 0 only
-// under a sliding window: tiles wholly outside it are never loaded).
+// under a sliding window or with packed documents: tiles wholly before the first row's window or
+// document are never loaded).
 struct QueryItem {
   int b, h, q0, last_row, kv_begin, n_tiles;
 };
+// The first key of an item's first tile: its first row's first key (window, document), down to a
+// tile's start.
+template <int kBlockN>
+__device__ __forceinline__ int item_kv_begin(int b, int q0, const Params& p) {
+  return first_key_of_row(b, q0, p) / kBlockN * kBlockN;
+}
 // kBlocksBelow: whether the order may leave blocks below its items to another launch
 // (HeadGroupedOrder::blocks_below; the forward's walk with a tail): the dQ pass, whose order
 // never does, keeps the add out of its registers.
@@ -550,7 +557,7 @@ __device__ __forceinline__ QueryItem query_item(const HeadGroupedOrder& order, c
   w.q0 = (kBlocksBelow ? order.block_of_rank(rank) : order.items_per_pair - 1 - rank) * kBlockM;
   w.last_row = min(w.q0 + kBlockM, p.q_len) - 1;
   const int kv_end = keys_seen(w.last_row, p);
-  w.kv_begin = first_key_seen(w.q0, p) / kBlockN * kBlockN;
+  w.kv_begin = item_kv_begin<kBlockN>(w.b, w.q0, p);
   w.n_tiles = kv_end > w.kv_begin ? (kv_end - w.kv_begin + kBlockN - 1) / kBlockN : 0;
   return w;
 }
@@ -669,7 +676,8 @@ void launch_tail(void (*kernel)(KernelArgs...), unsigned blocks, unsigned thread
 
 // The key tiles (of kBlockN keys) each block of kBlockM query rows loads, by HeadGroupedOrder
 // rank: rank 0 is the last block, the one that sees the most keys (as the forward and dQ
-// kernels count them).
+// kernels count them). Causal and window only: packed documents live on the device, where the
+// kernels skip the tiles outside them; the schedule is then sized for the causal costs.
 template <int kBlockM, int kBlockN>
 std::vector<int> key_tiles_by_rank(const Params& p, int q_blocks) {  // a TilesByRank
   std::vector<int> tiles(q_blocks);

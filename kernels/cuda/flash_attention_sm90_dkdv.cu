@@ -100,8 +100,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
     order.at(blockIdx.x, batch_head, n);
   }
   const int b = batch_head / p.n_kv_heads, g = batch_head % p.n_kv_heads, j0 = n * kBlockN;
-  const flash_tiles::BackwardTiling tiling{p.q_len,  p.kv_len, p.causal_offset,
-                                           p.window, kBlockM,  kBlockN};
+  // With packed documents the tiles end at the last key's document (the same ranges, so the
+  // same dQ turn order, in every block).
+  const flash_tiles::BackwardTiling tiling{
+      p.q_len,
+      p.kv_len,
+      p.causal_offset,
+      p.window,
+      kBlockM,
+      kBlockN,
+      p.key_doc_end != nullptr ? p.key_doc_end + static_cast<int64_t>(b) * p.kv_len : nullptr,
+      p.query_position0};
   const flash_tiles::TileRange tiles = flash_tiles::query_tiles_of_key_block(tiling, n);
   const int n_steps = p.group * (tiles.end - tiles.begin);
   const int64_t kv_head = static_cast<int64_t>(b) * p.kv_len * p.kv_stride + g * D;
@@ -215,6 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
   const int consumer = threadIdx.x / kWarpgroupThreads - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int key_a = j0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4, key_b = key_a + 8;
+  // Rows from these on do not see the key (window, document: row_end_of_key); from all_seen_end
+  // on, some key of the block is hidden from them (its first key's bound is the lowest).
+  const int end_a = row_end_of_key(b, key_a, p), end_b = row_end_of_key(b, key_b, p);
+  const int all_seen_end = row_end_of_key(b, j0, p);
   float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
@@ -277,17 +290,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dkdv_kernel(
     };
     const float* lse_t = row_lse(stage);
     const float* delta_t = row_delta(stage);
-    // Masks where a key is after a row, or (window) the farthest pair is window or more apart,
-    // or past kv_len (K's rows there read as zeros: S = 0, and P must not be exp2(-lse_log2)).
+    // Masks where a key is after a row, or the last row is past the first key's window or
+    // document, or past kv_len (K's rows there read as zeros: S = 0, and P must not be
+    // exp2(-lse_log2)).
     // A hidden S^T is -inf (lse_log2 is never -inf), so P^T = 0. Masking in its own loop, taken
     // on the few steps that need it: in the exponentials' loop the compiler evaluated the mask
     // on every step, predicated off (6 issue slots per score; ncu, H200, 2026-12-03).
     if (j0 + kBlockN - 1 > i0 + p.causal_offset || j0 + kBlockN > p.kv_len ||
-        (p.window > 0 && i0 + kBlockM - 1 + p.causal_offset - j0 >= p.window)) {
+        i0 + kBlockM > all_seen_end) {
 #pragma unroll
       for (int i = 0; i < kBlockM / 2; ++i) {
-        const int col = (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-        if (hidden_key(i0 + col, (i % 4) < 2 ? key_a : key_b, p)) st[i] = -INFINITY;
+        const int row = i0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+        const int key = (i % 4) < 2 ? key_a : key_b;
+        if (row + p.causal_offset < key || key >= p.kv_len || row >= ((i % 4) < 2 ? end_a : end_b))
+          st[i] = -INFINITY;
       }
     }
 #pragma unroll

@@ -126,8 +126,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dq_kernel(
     const float lse_b = row_b < p.q_len ? lse_log2[row_head + row_b] : INFINITY;
     const float delta_a = row_a < p.q_len ? delta[row_head + row_a] : 0.0f;
     const float delta_b = row_b < p.q_len ? delta[row_head + row_b] : 0.0f;
+    const int first_a = first_key_of_row(w.b, row_a, p), first_b = first_key_of_row(w.b, row_b, p);
     const int unmasked_end = min(w.q0 + p.causal_offset + 1, p.kv_len);
-    const int unmasked_begin = first_key_seen(w.last_row, p);
+    const int unmasked_begin = first_key_of_row(w.b, w.last_row, p);
     float dq_acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq_acc[i] = 0.0f;
@@ -161,7 +162,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_sm90_backward_dq_kernel(
 #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) {
           const int key = k0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-          if (hidden_key((i % 4) < 2 ? row_a : row_b, key, p)) s[i] = -INFINITY;
+          if ((i % 4) < 2 ? hidden_key_from(row_a, first_a, key, p)
+                          : hidden_key_from(row_b, first_b, key, p))
+            s[i] = -INFINITY;
         }
       }
 #pragma unroll

@@ -119,8 +119,12 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   // branches on it, like the half tile's, then leave the wgmma pipeline intact, C7520).
   const int consumer = __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0) - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // An item as this consumer sees it: its rows, the keys every row of the block sees (and that
-  // exist: tiles inside need no mask), and its first tile's number through the stage ring.
+  // An item as this consumer sees it: its rows, the tiles [unmasked_begin, unmasked_end) of keys
+  // every row of the block sees (and that exist: they need no mask), and its first tile's number
+  // through the stage ring. (Tile numbers rather than keys: the keys need w.kv_begin, which with
+  // packed documents comes from memory, and at head dim 128 kept live over the item it cost
+  // ptxas the registers to pipeline the wgmmas, C7511, so the masked tiles work it out again;
+  // at 64 working it out again took ptxas 8 more bytes of spills.)
   struct Item {
     QueryItem w;
     int row_a, row_b, unmasked_begin, unmasked_end, first_load;
@@ -155,8 +159,12 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       }
       it.row_a = it.w.q0 + consumer * kRowsPerConsumer + warp * 16 + lane / 4;
       it.row_b = it.row_a + 8;
-      it.unmasked_end = min(it.w.q0 + p.causal_offset + 1, p.kv_len);
-      it.unmasked_begin = first_key_seen(it.w.last_row, p);
+      // Keys from unmasked_key_begin to unmasked_key_end every row sees, so the tiles wholly
+      // inside; unmasked_key_begin >= kv_begin (the first row's first key is the lowest).
+      const int unmasked_key_end = min(it.w.q0 + p.causal_offset + 1, p.kv_len) - it.w.kv_begin;
+      const int unmasked_key_begin = first_key_of_row(it.w.b, it.w.last_row, p) - it.w.kv_begin;
+      it.unmasked_begin = (unmasked_key_begin + kBlockN - 1) / kBlockN;
+      it.unmasked_end = unmasked_key_end > 0 ? unmasked_key_end / kBlockN : 0;
       const int rows_begin = it.w.q0 + consumer * kRowsPerConsumer;
       if constexpr (kSkipHiddenTiles) {
         const int mine_end =
@@ -232,13 +240,20 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   // the row sum, and when the maxima move sets `rescale` and the factor that takes O from the old
   // maximum to the new one.
   auto softmax = [&](const Item& it, int t) {
-    const int k0 = it.w.kv_begin + t * kBlockN;
-    if (k0 + kBlockN > it.unmasked_end || k0 < it.unmasked_begin) {
+    if (t >= it.unmasked_end || t < it.unmasked_begin) {
+      const int kv_begin = D == 128 ? item_kv_begin<kBlockN>(it.w.b, it.w.q0, p) : it.w.kv_begin;
+      const int k0 = kv_begin + t * kBlockN;
+      // The rows' first keys (window, document) are worked out here, on the tiles that need
+      // them: kept in the item, they cost ptxas the registers to pipeline the head-dim-128
+      // wgmmas (C7511).
+      const int first_a = first_key_of_row(it.w.b, it.row_a, p);
+      const int first_b = first_key_of_row(it.w.b, it.row_b, p);
 #pragma unroll
       for (int e = 0; e < kBlockN / 2; ++e) {
         const int key = k0 + (e / 4) * 8 + (lane % 4) * 2 + (e % 2);
-        const int row = (e % 4) < 2 ? it.row_a : it.row_b;
-        if (hidden_key(row, key, p)) s[e] = -INFINITY;
+        if ((e % 4) < 2 ? hidden_key_from(it.row_a, first_a, key, p)
+                        : hidden_key_from(it.row_b, first_b, key, p))
+          s[e] = -INFINITY;
       }
     }
     // The maxima the exponentials are taken against move only when some row of the warp has

@@ -14,12 +14,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "catch_compat.h"
 #include "gpu_support.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention.h"
 
 namespace frugal::test {
 
@@ -203,10 +205,10 @@ inline Magnitudes magnitudes(const frugal::cpu::AttentionShape& s, const std::ve
       for (int64_t i = 0; i < s.q_len; ++i) {
         const int64_t g = h / group;
         const int64_t qi = ((b * s.q_len + i) * s.n_heads + h) * D;
-        const int64_t seen = std::clamp<int64_t>(i + s.causal_offset + 1, 0, s.kv_len);
-        // The sliding window hides keys window or more positions behind the row.
-        const int64_t first =
-            s.window > 0 ? std::clamp<int64_t>(i + s.causal_offset - s.window + 1, 0, s.kv_len) : 0;
+        // Causal; the sliding window hides keys window or more positions behind the row, packed
+        // documents those of other documents (s.documents: host arrays here).
+        const frugal::cpu::VisibleKeys keys = frugal::cpu::visible_keys(b, i, s);
+        const int64_t first = keys.first, seen = keys.end;
         if (seen <= first) continue;
         auto kv_at = [&](int64_t j) { return ((b * s.kv_len + j) * s.n_kv_heads + g) * D; };
         double mx = -INFINITY;
@@ -273,9 +275,193 @@ inline std::vector<float> minus(const std::vector<float>& a, const std::vector<f
   return d;
 }
 
+// Packed documents of a test (cpu::DocumentMask): for each sequence of the batch, the positions
+// where a document begins (ascending, each > 0; none: one document); key row j sits at position
+// key_position0 + j of its sequence, query row i at key_position0 + causal_offset + i (a ring's
+// block pair when key_position0 > 0). The sequence is as long as its rows reach.
+struct DocumentCuts {
+  std::vector<std::vector<int>> per_sequence;  // batch entries
+  int64_t key_position0 = 0;
+};
+
+// The mask's arrays for shape s (its batch, lengths and causal offset), on the host and the GPU.
+struct TestDocuments {
+  TestDocuments(const frugal::cpu::AttentionShape& s, const DocumentCuts& cuts)
+      : key_position0(cuts.key_position0),
+        query_doc_start_d(static_cast<size_t>(s.batch * s.q_len)),
+        key_doc_end_d(static_cast<size_t>(s.batch * s.kv_len)) {
+    REQUIRE(static_cast<int64_t>(cuts.per_sequence.size()) == s.batch);
+    const int64_t query_position0 = key_position0 + s.causal_offset;
+    REQUIRE(std::min(key_position0, query_position0) >= 0);
+    const int64_t length = std::max(key_position0 + s.kv_len, query_position0 + s.q_len);
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const std::vector<int>& c = cuts.per_sequence[static_cast<size_t>(b)];
+      auto start_of = [&](int64_t pos) {
+        int64_t start = 0;
+        for (int cut : c)
+          if (cut <= pos) start = cut;
+        return static_cast<int32_t>(start);
+      };
+      auto end_of = [&](int64_t pos) {
+        for (int cut : c)
+          if (cut > pos) return static_cast<int32_t>(cut);
+        return static_cast<int32_t>(length);
+      };
+      for (int64_t i = 0; i < s.q_len; ++i)
+        query_doc_start.push_back(start_of(query_position0 + i));
+      for (int64_t j = 0; j < s.kv_len; ++j) key_doc_end.push_back(end_of(key_position0 + j));
+    }
+    query_doc_start_d.upload(query_doc_start);
+    key_doc_end_d.upload(key_doc_end);
+  }
+  TestDocuments(const TestDocuments&) = delete;
+  TestDocuments& operator=(const TestDocuments&) = delete;
+
+  frugal::cpu::DocumentMask host() const {
+    return {query_doc_start.data(), key_doc_end.data(), key_position0};
+  }
+  frugal::cpu::DocumentMask device() {
+    return {query_doc_start_d.get(), key_doc_end_d.get(), key_position0};
+  }
+
+  int64_t key_position0;
+  std::vector<int32_t> query_doc_start, key_doc_end;  // [batch, q_len], [batch, kv_len]
+  DeviceBuffer<int32_t> query_doc_start_d, key_doc_end_d;
+};
+
+// Packed documents for every attention kernel's test: one-token documents, documents that
+// cross tile boundaries (64, 128 rows) or fill the window, different documents per sequence of a
+// batch, GQA, a sliding window over them, and a ring's block pair (keys from position 1000,
+// queries after them or overlapping them).
+struct DocumentCase {
+  AttentionCase shape;
+  DocumentCuts cuts;
+};
+inline std::vector<DocumentCase> document_cases(int64_t head_dim) {
+  const int64_t d = head_dim;
+  std::vector<int> ones;  // 1-token documents, then one of the rest
+  for (int pos = 1; pos <= 40; ++pos) ones.push_back(pos);
+  return {
+      // batch 2, GQA 4:1: varied lengths, 1-token documents, documents across tile boundaries
+      {{2, 600, 600, 8, 2, d, 0}, {{{1, 2, 3, 60, 130, 131, 257, 500}, {64, 65, 300, 599}}}},
+      // 1-token documents at the start, then one long document; GQA 2:1
+      {{1, 300, 300, 4, 2, d, 0}, {{ones}}},
+      // one document filling the window
+      {{1, 200, 200, 2, 1, d, 0}, {{std::vector<int>{}}}},
+      // a sliding window over documents, some longer than the window, some shorter
+      {{2, 500, 500, 4, 1, d, 0, 70}, {{{30, 200, 210, 400}, {1, 250}}}},
+      // a ring's block pair: queries after their keys (keys at 1000..1259, queries at 1110..1259)
+      {{2, 150, 260, 4, 1, d, 110}, {{{1050, 1120, 1121, 1200}, {990, 1180}}, 1000}},
+      // a ring's block one chunk back: keys at 1000..1199, queries at 1200..1399
+      {{1, 200, 200, 4, 2, d, 200, 150}, {{{1100, 1250, 1300}}, 1000}},
+  };
+}
+
+// A kernel on the GPU for check_packed_equals_alone: the forward, and the backward adding fp32
+// gradients (into zeros there).
+using ForwardRun = std::function<void(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
+                                      const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                      const frugal::cpu::AttentionShape& s)>;
+using BackwardRun = std::function<void(
+    float* dq, float* dk, float* dv, const __nv_bfloat16* dout, const __nv_bfloat16* q,
+    const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* out, const float* lse,
+    const frugal::cpu::AttentionShape& s, float* scratch)>;
+
 template <class T>
 bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Rows [row0, row0 + n) of sequence b of a [batch, len, width] array.
+inline std::vector<float> rows_of(const std::vector<float>& x, int64_t b, int64_t row0, int64_t n,
+                                  int64_t len, int64_t width) {
+  const auto first = x.begin() + (b * len + row0) * width;
+  return std::vector<float>(first, first + n * width);
+}
+inline std::vector<double> rows_of(const std::vector<double>& x, int64_t b, int64_t row0, int64_t n,
+                                   int64_t len, int64_t width, double factor) {
+  std::vector<double> r(static_cast<size_t>(n * width));
+  for (size_t e = 0; e < r.size(); ++e)
+    r[e] = factor * x[static_cast<size_t>((b * len + row0) * width) + e];
+  return r;
+}
+// Rows [row0, row0 + n) of sequence b of a [batch, heads, len] lse, as [heads, n].
+inline std::vector<float> lse_rows_of(const std::vector<float>& lse, int64_t b, int64_t row0,
+                                      int64_t n, int64_t len, int64_t heads) {
+  std::vector<float> r;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < n; ++i)
+      r.push_back(lse[static_cast<size_t>((b * heads + h) * len + row0 + i)]);
+  return r;
+}
+
+// The packed problem's results against each of its documents run as a sequence of its own (no
+// documents, no offset, the case's window), on the same inputs: out, lse, dq, dk, dv within twice
+// the tolerance of either against the exact result (the backward of both from the reference's
+// out and lse). The case's sequences must start at position 0 (key_position0 0, causal offset 0,
+// q_len == kv_len).
+inline void check_packed_equals_alone(const DocumentCase& dc, unsigned seed,
+                                      const ForwardRun& forward, const BackwardRun& backward) {
+  const AttentionCase& c = dc.shape;
+  CAPTURE(c.batch, c.q_len, c.n_heads, c.n_kv_heads, c.head_dim, c.window);
+  REQUIRE(c.q_len == c.kv_len);
+  REQUIRE(c.causal_offset == 0);
+  REQUIRE(dc.cuts.key_position0 == 0);
+  frugal::cpu::AttentionShape shape = shape_of(c);
+  TestDocuments docs(shape, dc.cuts);
+  shape.documents = docs.host();
+  const AttentionProblem t = attention_problem(shape, seed);
+  const Magnitudes mag = magnitudes(t.s, t.q.f, t.k.f, t.v.f, t.dout.f, t.out_in.f);
+  DeviceAttentionInputs in(t);
+  frugal::cpu::AttentionShape s = t.s;
+  s.documents = docs.device();
+
+  // The packed sequences: out and lse of the forward, the gradients from the reference's out
+  // and lse (which each document alone gets too).
+  DeviceBuffer<__nv_bfloat16> out_d(t.q_size);
+  DeviceBuffer<float> lse_d(t.lse_size), dq_d(t.q_size), dk_d(t.kv_size), dv_d(t.kv_size),
+      scratch_d(static_cast<size_t>(frugal::cuda::attention_backward_scratch_floats(s)));
+  forward(out_d.get(), lse_d.get(), in.q.get(), in.k.get(), in.v.get(), s);
+  const std::vector<float> out = from_bf16(out_d.download_bits());
+  const std::vector<float> lse = lse_d.download<float>();
+  lse_d.upload(t.lse_ref);
+  backward(dq_d.get(), dk_d.get(), dv_d.get(), in.dout.get(), in.q.get(), in.k.get(), in.v.get(),
+           in.out_in.get(), lse_d.get(), s, scratch_d.get());
+  const std::vector<float> dq = dq_d.download<float>(), dk = dk_d.download<float>(),
+                           dv = dv_d.download<float>();
+
+  const int64_t L = c.q_len, H = c.n_heads, G = c.n_kv_heads, D = c.head_dim;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    std::vector<int> bounds = {0};
+    for (int cut : dc.cuts.per_sequence[static_cast<size_t>(b)]) bounds.push_back(cut);
+    bounds.push_back(static_cast<int>(L));
+    for (size_t d = 0; d + 1 < bounds.size(); ++d) {
+      const int64_t start = bounds[d], n = bounds[d + 1] - bounds[d];
+      CAPTURE(b, start, n);
+      const frugal::cpu::AttentionShape one = shape_of({1, n, n, H, G, D, 0, c.window});
+      const int64_t q_at = (b * L + start) * H * D, kv_at = (b * L + start) * G * D;
+      DeviceBuffer<__nv_bfloat16> out1(static_cast<size_t>(n * H * D));
+      DeviceBuffer<float> lse1(static_cast<size_t>(H * n)), dq1(static_cast<size_t>(n * H * D)),
+          dk1(static_cast<size_t>(n * G * D)), dv1(static_cast<size_t>(n * G * D)),
+          scratch1(static_cast<size_t>(frugal::cuda::attention_backward_scratch_floats(one)));
+      forward(out1.get(), lse1.get(), in.q.get() + q_at, in.k.get() + kv_at, in.v.get() + kv_at,
+              one);
+      CHECK(count_bad("out alone", from_bf16(out1.download_bits()),
+                      rows_of(out, b, start, n, L, H * D),
+                      rows_of(mag.out, b, start, n, L, H * D, 2.0)) == 0);
+      CHECK(count_bad_lse(lse1.download<float>(), lse_rows_of(lse, b, start, n, L, H), 2e-5f) == 0);
+      lse1.upload(lse_rows_of(t.lse_ref, b, start, n, L, H));
+      backward(dq1.get(), dk1.get(), dv1.get(), in.dout.get() + q_at, in.q.get() + q_at,
+               in.k.get() + kv_at, in.v.get() + kv_at, in.out_in.get() + q_at, lse1.get(), one,
+               scratch1.get());
+      CHECK(count_bad("dq alone", dq1.download<float>(), rows_of(dq, b, start, n, L, H * D),
+                      rows_of(mag.dq, b, start, n, L, H * D, 2.0)) == 0);
+      CHECK(count_bad("dk alone", dk1.download<float>(), rows_of(dk, b, start, n, L, G * D),
+                      rows_of(mag.dk, b, start, n, L, G * D, 2.0)) == 0);
+      CHECK(count_bad("dv alone", dv1.download<float>(), rows_of(dv, b, start, n, L, G * D),
+                      rows_of(mag.dv, b, start, n, L, G * D, 2.0)) == 0);
+    }
+  }
 }
 
 }  // namespace frugal::test

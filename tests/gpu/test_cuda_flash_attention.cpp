@@ -1,13 +1,15 @@
 // The tensor-core attention kernels (head dims 64 and 128) against the CPU kernel on awkward
 // shapes: sequences that are not tile multiples, GQA 4:1 and 8:1, q_len != kv_len with positive
-// and negative causal offsets, batch > 1, sliding windows (tiles wholly outside skipped); both
-// backward tilings; bitwise reproducibility.
+// and negative causal offsets, batch > 1, sliding windows (tiles wholly outside skipped), packed
+// documents (alone and with windows and a ring's offsets; a packed sequence gives what each of
+// its documents gives alone); both backward tilings; bitwise reproducibility.
 // The tolerance is computed from the data (attention_support.h).
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -31,17 +33,26 @@ using frugal::test::magnitudes;
 using frugal::test::minus;
 
 using frugal::test::AttentionCase;
+using frugal::test::DocumentCuts;
 
-void check_case(const AttentionCase& c) {
+// With cuts, packed documents (TestDocuments): the reference and the tolerances take their host
+// arrays, the kernels their device ones.
+void check_case(const AttentionCase& c, const DocumentCuts* cuts = nullptr) {
+  frugal::cpu::AttentionShape shape = frugal::test::shape_of(c);
+  std::optional<frugal::test::TestDocuments> docs;
+  if (cuts != nullptr) {
+    docs.emplace(shape, *cuts);
+    shape.documents = docs->host();
+  }
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
-      frugal::test::shape_of(c),
-      static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim + c.n_kv_heads * 7 +
-                            c.causal_offset + c.window * 3));
-  const frugal::cpu::AttentionShape& s = t.s;
+      shape, static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim + c.n_kv_heads * 7 +
+                                   c.causal_offset + c.window * 3));
+  frugal::cpu::AttentionShape s = t.s;
+  if (docs) s.documents = docs->device();
   CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
-          c.window);
+          c.window, cuts != nullptr);
   const size_t q_size = t.q_size, kv_size = t.kv_size, lse_size = t.lse_size;
-  const Magnitudes mag = magnitudes(s, t.q.f, t.k.f, t.v.f, t.dout.f, t.out_in.f);
+  const Magnitudes mag = magnitudes(t.s, t.q.f, t.k.f, t.v.f, t.dout.f, t.out_in.f);
 
   frugal::test::DeviceAttentionInputs in(t);
   DeviceBuffer<Bf16> out_d(q_size);
@@ -148,4 +159,34 @@ TEST_CASE("cuda flash attention backward needs its scratch", "[gpu][attention]")
   CHECK_THROWS(frugal::cuda::attention_backward(g.get(), g.get(), g.get(), t.get(), t.get(),
                                                 t.get(), t.get(), t.get(), lse.get(), s, nullptr,
                                                 /*allow_sm90=*/true, nullptr));
+}
+
+TEST_CASE("cuda flash attention with packed documents matches the CPU", "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t head_dim : {64, 128})
+    for (const frugal::test::DocumentCase& dc : frugal::test::document_cases(head_dim))
+      check_case(dc.shape, &dc.cuts);
+}
+
+TEST_CASE("cuda flash attention: a packed sequence gives what its documents give alone",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  const cudaStream_t stream = nullptr;
+  const frugal::test::ForwardRun forward = [&](Bf16* out, float* lse, const Bf16* q, const Bf16* k,
+                                               const Bf16* v,
+                                               const frugal::cpu::AttentionShape& s) {
+    frugal::cuda::flash_attention_forward(out, lse, q, k, v, s, stream);
+  };
+  const frugal::test::BackwardRun backward = [&](float* dq, float* dk, float* dv, const Bf16* dout,
+                                                 const Bf16* q, const Bf16* k, const Bf16* v,
+                                                 const Bf16* out, const float* lse,
+                                                 const frugal::cpu::AttentionShape& s,
+                                                 float* scratch) {
+    frugal::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+  };
+  for (const int64_t head_dim : {64, 128})
+    for (const frugal::test::DocumentCase& dc : frugal::test::document_cases(head_dim))
+      if (dc.cuts.key_position0 == 0 && dc.shape.causal_offset == 0)
+        frugal::test::check_packed_equals_alone(
+            dc, static_cast<unsigned>(dc.shape.q_len + head_dim), forward, backward);
 }

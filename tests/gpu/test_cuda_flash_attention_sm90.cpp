@@ -1,7 +1,9 @@
 // The Hopper attention kernels (flash_attention_sm90.h, head dims 64 and 128) against the CPU
 // kernel on awkward shapes: sequences that are not tile multiples, GQA 4:1 and 8:1, q_len !=
 // kv_len with positive and negative causal offsets, batch > 1, enough key tiles to go round the
-// shared-memory stages several times; against the FlashAttention-2 kernels on the same data;
+// shared-memory stages several times, packed documents (with windows and a ring's offsets; a
+// packed sequence gives what each of its documents gives alone, through either dQ sum); against
+// the FlashAttention-2 kernels on the same data;
 // bitwise reproducibility, under load too (the fused dQ's blocks take turns across the grid);
 // the forward's walk with a tail of a block per item against other schedules of the same items;
 // both ways of summing dQ (fused into the dK/dV pass, or a separate kernel) and the fallback
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -76,17 +79,28 @@ Sizes sizes_of(const frugal::cpu::AttentionShape& s) {
           size_t(s.batch * s.n_heads * s.q_len)};
 }
 
-void check_case(const AttentionCase& c) {
+using frugal::test::DocumentCuts;
+
+// With cuts, packed documents (TestDocuments): the reference and the tolerances take their host
+// arrays, the kernels their device ones.
+void check_case(const AttentionCase& c, const DocumentCuts* cuts = nullptr) {
+  frugal::cpu::AttentionShape shape = shape_of(c);
+  std::optional<frugal::test::TestDocuments> docs;
+  if (cuts != nullptr) {
+    docs.emplace(shape, *cuts);
+    shape.documents = docs->host();
+  }
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
-      shape_of(c),
+      shape,
       static_cast<unsigned>(c.q_len * 1009 + c.kv_len * 31 + c.head_dim + c.n_kv_heads * 7 +
                             c.causal_offset + c.batch * 13 + c.window * 3),
       c.key_growth);
-  const frugal::cpu::AttentionShape& s = t.s;
+  frugal::cpu::AttentionShape s = t.s;
+  if (docs) s.documents = docs->device();
   CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
-          c.window);
+          c.window, cuts != nullptr);
   const size_t q_size = t.q_size, kv_size = t.kv_size, lse_size = t.lse_size;
-  const Magnitudes mag = magnitudes(s, t.q.f, t.k.f, t.v.f, t.dout.f, t.out_in.f);
+  const Magnitudes mag = magnitudes(t.s, t.q.f, t.k.f, t.v.f, t.dout.f, t.out_in.f);
 
   frugal::test::DeviceAttentionInputs in(t);
   DeviceBuffer<Bf16> out_d(q_size), out_fa2_d(q_size);
@@ -270,11 +284,27 @@ TEST_CASE("cuda sm90 fused dQ: the same bits under load, on several waves of blo
           "[gpu][attention]") {
   SKIP_WITHOUT_GPU();
   if (!have_sm90()) return;
-  const AttentionCase cases[] = {
-      {4, 2048, 2048, 32, 32, 128, 0},  // 2048 blocks of keys, the bench's shape
-      {2, 2048, 2048, 32, 4, 64, 0},    // GQA 8:1 at head dim 64 (TinyLlama)
-      {1, 4096, 4096, 8, 1, 128, 0, 300}, {2, 150, 260, 4, 1, 128, 110},
-      {1, 300, 1100, 4, 1, 128, 800},     {1, 190, 130, 4, 2, 64, -70},
+  // Packed documents of 512 tokens (and a few short ones) in the bench's shape: each tile's
+  // turn counts only the key blocks of its document.
+  std::vector<int> cuts_512, cuts_mixed;
+  for (int pos = 512; pos < 2048; pos += 512) cuts_512.push_back(pos);
+  for (int pos : {1, 2, 100, 300, 301, 700, 1500}) cuts_mixed.push_back(pos);
+  const DocumentCuts docs_512{{cuts_512, cuts_512, cuts_512, cuts_512}};
+  const DocumentCuts docs_mixed{{cuts_mixed, cuts_512}};
+  struct LoadCase {
+    AttentionCase shape;
+    const DocumentCuts* cuts = nullptr;
+  };
+  const LoadCase cases[] = {
+      {{4, 2048, 2048, 32, 32, 128, 0}},  // 2048 blocks of keys, the bench's shape
+      {{2, 2048, 2048, 32, 4, 64, 0}},    // GQA 8:1 at head dim 64 (TinyLlama)
+      {{1, 4096, 4096, 8, 1, 128, 0, 300}},
+      {{2, 150, 260, 4, 1, 128, 110}},
+      {{1, 300, 1100, 4, 1, 128, 800}},
+      {{1, 190, 130, 4, 2, 64, -70}},
+      {{4, 2048, 2048, 32, 32, 128, 0}, &docs_512},
+      {{2, 2048, 2048, 32, 4, 64, 0}, &docs_mixed},
+      {{2, 2048, 2048, 8, 8, 128, 0, 300}, &docs_mixed},
   };
   // Load on a second stream: forwards of another shape, which take SMs away from some of the
   // backward's blocks for a while and so change which of them run together.
@@ -284,10 +314,16 @@ TEST_CASE("cuda sm90 fused dQ: the same bits under load, on several waves of blo
   const Sizes busy_size = sizes_of(busy);
   DeviceBuffer<Bf16> busy_in(busy_size.q), busy_out(busy_size.q);
   DeviceBuffer<float> busy_lse(busy_size.lse);
-  for (const AttentionCase& c : cases) {
+  for (const LoadCase& load_case : cases) {
+    const AttentionCase& c = load_case.shape;
     CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
-            c.window);
-    const frugal::cpu::AttentionShape s = shape_of(c);
+            c.window, load_case.cuts != nullptr);
+    frugal::cpu::AttentionShape s = shape_of(c);
+    std::optional<frugal::test::TestDocuments> docs;
+    if (load_case.cuts != nullptr) {
+      docs.emplace(s, *load_case.cuts);
+      s.documents = docs->device();
+    }
     const auto [q_size, kv_size, lse_size] = sizes_of(s);
     std::mt19937 rng(unsigned(c.q_len * 7 + c.head_dim));
     DeviceBuffer<Bf16> q(q_size), k(kv_size), v(kv_size), dout(q_size), out(q_size);
@@ -399,4 +435,49 @@ TEST_CASE("cuda sm90 backward: dq not 16-byte aligned takes the separate dQ kern
   backward(dq_aligned.get(), Sm90DqSum::kSeparateKernel);
   CHECK(bitwise_equal(dq.download<float>(), dq_aligned.download<float>()));
   CHECK_THROWS(backward(dq.get(), Sm90DqSum::kFused));
+}
+
+TEST_CASE("cuda sm90 flash attention with packed documents matches the CPU", "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  if (!have_sm90()) return;
+  for (const int64_t head_dim : {64, 128})
+    for (const frugal::test::DocumentCase& dc : frugal::test::document_cases(head_dim))
+      check_case(dc.shape, &dc.cuts);
+  // At the sm90 tiles: documents of 512 tokens and shorter ones in 2k windows, where the stage
+  // rings wrap and the forward's items (128 and 192 rows) and the backward's blocks (128 keys)
+  // start and end inside documents; a persistent walk over many items (GQA 8:1, 48 heads).
+  std::vector<int> cuts_512;
+  for (int pos = 512; pos < 2048; pos += 512) cuts_512.push_back(pos);
+  const std::vector<int> cuts_mixed = {1, 2, 3, 100, 200, 201, 333, 1000, 1024, 1900};
+  const DocumentCuts docs{{cuts_512, cuts_mixed}};
+  check_case({2, 2048, 2048, 4, 2, 128, 0}, &docs);
+  check_case({2, 2048, 2048, 4, 1, 64, 0}, &docs);
+  check_case({2, 2048, 2048, 4, 2, 128, 0, 300}, &docs);
+  const std::vector<frugal::test::DocumentCase> cases_64 = frugal::test::document_cases(64);
+  check_case({2, 700, 700, 48, 8, 64, 0}, &cases_64[0].cuts);
+}
+
+TEST_CASE("cuda sm90 flash attention: a packed sequence gives what its documents give alone",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  if (!have_sm90()) return;
+  const frugal::test::ForwardRun forward = [](Bf16* out, float* lse, const Bf16* q, const Bf16* k,
+                                              const Bf16* v, const frugal::cpu::AttentionShape& s) {
+    frugal::cuda::flash_attention_sm90_forward(out, lse, q, k, v, s, nullptr);
+  };
+  for (const Sm90DqSum sum : {Sm90DqSum::kFused, Sm90DqSum::kSeparateKernel}) {
+    CAPTURE(sum == Sm90DqSum::kFused ? "fused dQ" : "separate dQ kernel");
+    const frugal::test::BackwardRun backward =
+        [sum](float* dq, float* dk, float* dv, const Bf16* dout, const Bf16* q, const Bf16* k,
+              const Bf16* v, const Bf16* out, const float* lse,
+              const frugal::cpu::AttentionShape& s, float* scratch) {
+          frugal::cuda::flash_attention_sm90_backward(dq, dk, dv, dout, q, k, v, out, lse, s,
+                                                      scratch, nullptr, sum);
+        };
+    for (const int64_t head_dim : {64, 128})
+      for (const frugal::test::DocumentCase& dc : frugal::test::document_cases(head_dim))
+        if (dc.cuts.key_position0 == 0 && dc.shape.causal_offset == 0)
+          frugal::test::check_packed_equals_alone(
+              dc, static_cast<unsigned>(dc.shape.q_len + head_dim), forward, backward);
+  }
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -235,13 +236,21 @@ TEST_CASE("cuda linear: the residual in the epilogue, input gradients accumulate
 
 namespace {
 
-void check_attention(const AttentionCase& c) {
+// With cuts, packed documents (TestDocuments): the reference takes their host arrays, the
+// kernels their device ones.
+void check_attention(const AttentionCase& c, const frugal::test::DocumentCuts* cuts = nullptr) {
+  frugal::cpu::AttentionShape shape = frugal::test::shape_of(c);
+  std::optional<frugal::test::TestDocuments> docs;
+  if (cuts != nullptr) {
+    docs.emplace(shape, *cuts);
+    shape.documents = docs->host();
+  }
   const frugal::test::AttentionProblem t = frugal::test::attention_problem(
-      frugal::test::shape_of(c),
-      static_cast<unsigned>(c.q_len * 131 + c.head_dim * 7 + c.n_kv_heads + c.window));
-  const frugal::cpu::AttentionShape& s = t.s;
+      shape, static_cast<unsigned>(c.q_len * 131 + c.head_dim * 7 + c.n_kv_heads + c.window));
+  frugal::cpu::AttentionShape s = t.s;
+  if (docs) s.documents = docs->device();
   CAPTURE(c.batch, c.q_len, c.kv_len, c.n_heads, c.n_kv_heads, c.head_dim, c.causal_offset,
-          c.window);
+          c.window, cuts != nullptr);
   const size_t q_size = t.q_size, kv_size = t.kv_size, lse_size = t.lse_size;
 
   frugal::test::DeviceAttentionInputs in(t);
@@ -328,6 +337,36 @@ TEST_CASE("cuda attention (simple kernels) with a sliding window matches the CPU
       {1, 1, 200, 2, 1, 32, 199, 33},   // a decoding row over a cache
   };
   for (const AttentionCase& c : cases) check_attention(c);
+}
+
+TEST_CASE("cuda attention with packed documents matches the CPU", "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  // Head dims 16 and 32 take the simple kernels; 64 and 128 the launchers' tensor-core ones
+  // (sm90 on a Hopper GPU).
+  for (const int64_t head_dim : {16, 32, 64, 128})
+    for (const frugal::test::DocumentCase& dc : frugal::test::document_cases(head_dim))
+      check_attention(dc.shape, &dc.cuts);
+}
+
+TEST_CASE("cuda attention (simple kernels): a packed sequence gives what its documents give alone",
+          "[gpu][attention]") {
+  SKIP_WITHOUT_GPU();
+  const frugal::test::ForwardRun forward = [](Bf16* out, float* lse, const Bf16* q, const Bf16* k,
+                                              const Bf16* v, const frugal::cpu::AttentionShape& s) {
+    frugal::cuda::attention_forward(out, lse, q, k, v, s, /*allow_sm90=*/true, nullptr);
+  };
+  const frugal::test::BackwardRun backward =
+      [](float* dq, float* dk, float* dv, const Bf16* dout, const Bf16* q, const Bf16* k,
+         const Bf16* v, const Bf16* out, const float* lse, const frugal::cpu::AttentionShape& s,
+         float* scratch) {
+        frugal::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
+                                         /*allow_sm90=*/true, nullptr);
+      };
+  for (const int64_t head_dim : {16, 32})
+    for (const frugal::test::DocumentCase& dc : frugal::test::document_cases(head_dim))
+      if (dc.cuts.key_position0 == 0 && dc.shape.causal_offset == 0)
+        frugal::test::check_packed_equals_alone(
+            dc, static_cast<unsigned>(dc.shape.q_len + head_dim), forward, backward);
 }
 
 namespace {
