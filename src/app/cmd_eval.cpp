@@ -79,6 +79,7 @@ struct EvalOptions {
   std::string hf_dir, ckpt_path, tokens_path, text_path, token_file_path, data_path, tokenizer_path,
       logits_path, chat_template_path;
   std::string train_on = "auto";
+  std::string packing = "auto";
   std::string format = "jsonl";
   std::string quant = "none";
   std::string device = "auto";
@@ -95,6 +96,10 @@ struct EvalLines {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::vector<bool>> counted;  // empty: every target counts
   std::string train_on;                    // the mode that chose them, when it did
+  // Packed documents (--packing documents or pad): per sequence, where each position's document
+  // begins and ends in it (empty: each sequence is one document).
+  std::vector<std::vector<int32_t>> document_start, document_end;
+  std::string packing;  // documents or pad, when they were packed
 };
 
 // `roles[j + 1]` decides target j of a sequence of n ids.
@@ -104,16 +109,46 @@ std::vector<bool> counted_targets_of(const TokenRole* roles, size_t n, TrainedRo
   return counted;
 }
 
+// The windows of data.packing `packing` (documents or pad) of a token file, as training packs
+// them (data/packing.h), in order; at most `max_sequences` (0: all).
+EvalLines read_packed_token_file(const TokenFile& file, const std::string& path, int64_t seq_len,
+                                 int64_t max_sequences, Packing packing, TrainedRoles trained) {
+  const PackedWindows packed(file.document_starts(), seq_len, packing, LongDocuments::split, path);
+  EvalIterator it(file.view(), seq_len, 1, 0, 1, max_sequences, {file.roles(), trained}, &packed);
+  EvalLines lines;
+  for (TokenBatch batch; it.next(batch);) {
+    auto row = [&](const Tensor& t) {
+      return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + seq_len);
+    };
+    lines.ids.push_back(row(batch.inputs));
+    std::vector<bool> counted(static_cast<size_t>(seq_len));
+    for (int64_t j = 0; j < seq_len; ++j)
+      counted[size_t(j)] = batch.targets.data<int32_t>()[j] >= 0;
+    lines.counted.push_back(std::move(counted));
+    lines.document_start.push_back(row(batch.document_start));
+    lines.document_end.push_back(row(batch.document_end));
+  }
+  return lines;
+}
+
 // Consecutive, non-overlapping sequences of seq_len ids from the start of a token file (the
-// documents' bos and eos included, as training reads them); at most `max_sequences` (0: all).
-// The targets data.train_on's `mode` trains count, as in training.
+// documents' bos and eos included, as training reads them), or with `packing` documents or pad
+// its packed windows; at most `max_sequences` (0: all). The targets data.train_on's `mode` trains
+// count, as in training.
 EvalLines read_token_file(const std::string& path, int64_t seq_len, int64_t max_sequences,
-                          TrainOn mode) {
+                          TrainOn mode, Packing packing) {
   if (seq_len < 2) fail("eval: --token-file needs --seq-len N with N >= 2");
   TokenFile file(path);
   const TokenView view = file.view();
   const TrainedRoles trained = trained_roles(mode, file.header().content, path);
   const bool masked = file.roles() && trained != kEveryRole;
+  const Packing resolved = resolved_packing(packing, file.header().content);
+  if (resolved != Packing::windows) {
+    EvalLines lines = read_packed_token_file(file, path, seq_len, max_sequences, resolved, trained);
+    lines.packing = enum_name(resolved);
+    if (masked) lines.train_on = enum_name(resolved_train_on(mode, file.header().content));
+    return lines;
+  }
   EvalLines lines;
   if (masked) lines.train_on = enum_name(resolved_train_on(mode, file.header().content));
   for (uint64_t begin = 0; begin + uint64_t(seq_len) <= view.size; begin += uint64_t(seq_len)) {
@@ -150,7 +185,8 @@ EvalLines read_data_file(const std::string& path, CorpusFormat format, TrainOn m
            "' has no chat template beside it: give --chat-template FILE");
     std::vector<Conversation> samples;
     for (const CorpusDocument& d : corpus.documents)
-      if (d.content == DocumentContent::chat && samples.size() < 8) samples.push_back(d.conversation);
+      if (d.content == DocumentContent::chat && samples.size() < 8)
+        samples.push_back(d.conversation);
     try_chat_template(*chat, samples);
   }
   const TrainedRoles trained = trained_roles(mode, corpus.content(), path);
@@ -240,6 +276,12 @@ int cmd_eval(const std::vector<std::string>& args) {
        "with --data: this Jinja template instead of the tokenizer's own")
       ("seq-len", po::value<int64_t>(&opt.seq_len)->value_name("N"),
        "with --token-file: tokens per sequence")
+      ("packing", po::value<std::string>(&opt.packing)->default_value(opt.packing)
+           ->value_name("MODE"),
+       "with --token-file: the sequences as data.packing makes them in training: documents "
+       "(whole documents packed, attention inside each), windows (consecutive ids across "
+       "documents), pad (one document per sequence); auto: documents for instruction and chat "
+       "data, windows for text")
       ("max-sequences", po::value<int64_t>(&opt.max_sequences)->value_name("K"),
        "with --token-file: evaluate the first K sequences only (default: all)")
       ("tokenizer", po::value<std::string>(&opt.tokenizer_path)->value_name("PATH"),
@@ -299,6 +341,9 @@ int cmd_eval(const std::vector<std::string>& args) {
   const std::optional<TrainOn> train_on = enum_from_name<TrainOn>(opt.train_on);
   if (!train_on)
     fail("eval: --train-on '", opt.train_on, "' is not one of: ", enum_name_list<TrainOn>());
+  const std::optional<Packing> packing = enum_from_name<Packing>(opt.packing);
+  if (!packing)
+    fail("eval: --packing '", opt.packing, "' is not one of: ", enum_name_list<Packing>());
   const std::optional<CorpusFormat> data_format = enum_from_name<CorpusFormat>(opt.format);
   if (!data_format)
     fail("eval: --format '", opt.format, "' is not one of: ", enum_name_list<CorpusFormat>());
@@ -324,7 +369,8 @@ int cmd_eval(const std::vector<std::string>& args) {
     eval_lines.ids = read_token_lines(opt.tokens_path);
   } else if (!opt.token_file_path.empty()) {
     input = opt.token_file_path;
-    eval_lines = read_token_file(opt.token_file_path, opt.seq_len, opt.max_sequences, *train_on);
+    eval_lines =
+        read_token_file(opt.token_file_path, opt.seq_len, opt.max_sequences, *train_on, *packing);
   } else if (!opt.data_path.empty()) {
     input = opt.data_path;
     const std::string tokenizer_path =
@@ -392,6 +438,17 @@ int cmd_eval(const std::vector<std::string>& args) {
     const std::vector<int32_t>& ids = lines[static_cast<size_t>(i)];
     const auto n = static_cast<int64_t>(ids.size());
     Batch b = next_token_batch(ids);
+    if (!eval_lines.document_start.empty()) {
+      // Packed documents: attention inside each, positions restarting at each.
+      const std::vector<int32_t>& start = eval_lines.document_start[static_cast<size_t>(i)];
+      const std::vector<int32_t>& end = eval_lines.document_end[static_cast<size_t>(i)];
+      b.documents.start = Tensor::empty({n}, DType::i32);
+      b.documents.end = Tensor::empty({n}, DType::i32);
+      std::copy(start.begin(), start.end(), b.documents.start.data<int32_t>());
+      std::copy(end.begin(), end.end(), b.documents.end.data<int32_t>());
+      for (int64_t j = 0; j < n; ++j)
+        b.positions.data<int32_t>()[j] = int32_t(j) - start[static_cast<size_t>(j)];
+    }
     if (!counted.empty())
       for (int64_t j = 0; j < n; ++j)
         if (!counted[static_cast<size_t>(i)][static_cast<size_t>(j)])
@@ -448,6 +505,7 @@ int cmd_eval(const std::vector<std::string>& args) {
          " (its weights overflow the forward pass, or are not finite)");
   nlohmann::ordered_json result = {{"loss", loss}, {"tokens", predicted}};
   if (!eval_lines.train_on.empty()) result["train_on"] = eval_lines.train_on;
+  if (!eval_lines.packing.empty()) result["packing"] = eval_lines.packing;
   if (opt.timing) {
     int64_t line_tokens = 0;
     for (const auto& ids : lines) line_tokens += static_cast<int64_t>(ids.size());

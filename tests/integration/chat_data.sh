@@ -63,6 +63,17 @@ grep -q "data: chat data, data.train_on = auto (assistant): " train.log || { cat
 tokens=$(( $(grep -o '"tokens":[0-9]*' eval.json | cut -d: -f2) + $(grep -o '"tokens":[0-9]*' eval_sharegpt.json | cut -d: -f2) ))
 [ "$tokens" -eq "$replies" ] || fail "eval --data counted $tokens trained tokens, prepare $replies replies"
 grep -q '"train_on":"assistant"' eval.json || fail "eval does not say what it counted"
+# eval --token-file packs as training does: packed conversations give each one's loss alone,
+# the loss of one per sequence (pad) to float rounding, over the same trained tokens.
+"$frugal" eval --ckpt run --token-file data/train.tok --seq-len 64 > packed.json
+"$frugal" eval --ckpt run --token-file data/train.tok --seq-len 64 --packing pad > pad.json
+grep -q '"packing":"documents"' packed.json || fail "eval --token-file does not say it packed: $(cat packed.json)"
+[ "$(grep -o '"tokens":[0-9]*' packed.json)" = "$(grep -o '"tokens":[0-9]*' pad.json)" ] || fail "packed and pad eval counted other tokens"
+awk -v a="$(grep -o '"loss":[0-9.e+-]*' packed.json | cut -d: -f2)" -v b="$(grep -o '"loss":[0-9.e+-]*' pad.json | cut -d: -f2)" \
+  'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' || fail "packed eval $(cat packed.json) differs from pad $(cat pad.json)"
+"$frugal" eval --ckpt run --token-file data/train.tok --seq-len 64 --packing windows > windows.json
+grep -q '"packing"' windows.json && fail "windows eval says it packed"
+expect_error "--packing 'tight' is not one of" "$frugal" eval --ckpt run --token-file data/train.tok --seq-len 64 --packing tight
 all=$("$frugal" eval --ckpt run --data chats.jsonl --train-on all | grep -o '"tokens":[0-9]*' | cut -d: -f2)
 [ "$all" -gt "$tokens" ] || fail "--train-on all counted no more than the replies"
 
