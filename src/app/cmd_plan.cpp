@@ -12,7 +12,7 @@
 #include "core/log.h"
 #include "core/regular_file.h"
 #include "model/hf_model.h"
-#include "train/plan_search.h"
+#include "plan/plan_search.h"
 
 namespace fs = std::filesystem;
 

@@ -4,8 +4,8 @@
 
 #include "app/commands.h"
 #include "app/options.h"
+#include "config/config_keys.h"
 #include "core/log.h"
-#include "train/config_keys.h"
 #include "train/trainer.h"
 
 namespace frugal {

@@ -1,5 +1,5 @@
 // Command-line and .cfg parsing of the training keys with Boost.Program_options: the options,
-// their defaults and --help come from the key table (train/config_keys.h).
+// their defaults and --help come from the key table (config/config_keys.h).
 #include "app/options.h"
 
 #include <boost/program_options.hpp>
@@ -9,9 +9,9 @@
 #include <map>
 #include <sstream>
 
+#include "config/config_keys.h"
 #include "core/log.h"
 #include "core/regular_file.h"
-#include "train/config_keys.h"
 
 namespace po = boost::program_options;
 

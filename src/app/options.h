@@ -1,7 +1,7 @@
 // Command-line and .cfg parsing (Boost.Program_options) for the training configuration:
 // INI sections map to "section.key", every key can be overridden as --section.key=value,
 // and unknown keys or bad values stop the program before any work. The keys themselves are
-// train/config_keys.h's table. Also the parsing every subcommand shares: Boost's errors, token
+// config/config_keys.h's table. Also the parsing every subcommand shares: Boost's errors, token
 // ids.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace boost::program_options {
 class error;

@@ -1,5 +1,5 @@
 // What GaLore's temporaries take on a rank, from the shapes, for the memory plan: the state
-// itself (moments, projectors) is galore_state_bytes (train/memory_plan.h); this is what comes
+// itself (moments, projectors) is galore_state_bytes (plan/memory_plan.h); this is what comes
 // and goes around it during a step, which on a 7B model at rank 1024 is gigabytes (a pipelined
 // refresh holds its gradient snapshot and the range finder's matrices for several steps, and
 // a dozen of them overlap).

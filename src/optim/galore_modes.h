@@ -1,4 +1,4 @@
-// GaLore's modes as the configuration names them (train/config_keys.cpp): which projector finds
+// GaLore's modes as the configuration names them (config/config_keys.cpp): which projector finds
 // the subspace, and what a refresh does to the moments. Apart from the optimizer's headers so
 // the configuration can name them without the optimizer.
 #pragma once

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "config/train_config.h"
 #include "core/device.h"
 #include "core/tensor.h"
 #include "parallel/comm.h"
-#include "train/train_config.h"
 
 namespace frugal {
 

@@ -8,6 +8,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/sharded_reader.h"
+#include "config/train_config.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "model/hf_model.h"
@@ -15,7 +16,6 @@
 #include "ops/ops.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
-#include "train/train_config.h"
 
 namespace fs = std::filesystem;
 

@@ -7,11 +7,11 @@
 #include <memory>
 #include <string>
 
+#include "config/train_config.h"
 #include "model/llama_config.h"
 #include "model/parameter_provider.h"
 #include "parallel/mesh.h"
 #include "quant/quantized_parameters.h"
-#include "train/train_config.h"
 
 namespace frugal {
 

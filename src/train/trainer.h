@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
+#include "config/train_config.h"
 #include "train/fault_injection.h"
 #include "train/health_monitor.h"
 #include "train/stop_signals.h"
-#include "train/train_config.h"
 
 namespace frugal {
 

@@ -7,10 +7,10 @@
 #include <memory>
 #include <string>
 
+#include "config/train_config.h"
 #include "data/packing.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
-#include "train/train_config.h"
 
 namespace frugal {
 

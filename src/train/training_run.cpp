@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "config/config_keys.h"
 #include "core/checked.h"
 #include "core/log.h"
 #include "model/llama_mlp.h"
@@ -20,8 +21,7 @@
 #include "parallel/nccl_comm.h"
 #include "parallel/ring_attention.h"
 #include "parallel/zero3_state.h"
-#include "train/config_keys.h"
-#include "train/memory_plan.h"
+#include "plan/memory_plan.h"
 #include "train/run_state.h"
 #include "train/same_config.h"
 

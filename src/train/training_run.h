@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint_manager.h"
+#include "config/train_config.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -24,7 +25,6 @@
 #include "parallel/zero3_parameters.h"
 #include "train/run_dir_lock.h"
 #include "train/run_memory.h"
-#include "train/train_config.h"
 #include "train/training_data.h"
 
 namespace frugal {

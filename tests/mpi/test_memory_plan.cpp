@@ -1,4 +1,4 @@
-// The memory plan of a run (train/memory_plan.h), worked out before anything is allocated,
+// The memory plan of a run (plan/memory_plan.h), worked out before anything is allocated,
 // against what ZeRO-3 and AdamW then allocate on this rank, counted by their arenas: equal for
 // full, LoRA and QLoRA training (padded row shards on 1, 2, 4 and 8 ranks; NF4's and HQQ's
 // codes and block scales).
@@ -13,7 +13,7 @@
 #include "parallel/comm.h"
 #include "parallel/zero3_parameters.h"
 #include "parallel/zero3_state.h"
-#include "train/memory_plan.h"
+#include "plan/memory_plan.h"
 
 using namespace frugal;
 

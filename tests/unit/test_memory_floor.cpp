@@ -1,4 +1,4 @@
-// The memory floor of a run from its size keys alone (train/memory_plan.h): every size key that
+// The memory floor of a run from its size keys alone (plan/memory_plan.h): every size key that
 // makes a run impossible is refused by name before a table or tensor is made, with arithmetic
 // that cannot wrap; the floor's weights agree with the parameter table.
 #include <functional>
@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "config/train_config.h"
 #include "model/llama_config.h"
+#include "plan/memory_plan.h"
 #include "test_support.h"
-#include "train/memory_plan.h"
-#include "train/train_config.h"
 
 using namespace frugal;
 using namespace frugal::test;

@@ -1,4 +1,4 @@
-// `frugal plan`'s model (train/step_memory.h, train/step_time.h) against every measured case of
+// `frugal plan`'s model (plan/step_memory.h, plan/step_time.h) against every measured case of
 // doc/benchmarks.md and doc/long-context.md: peak GPU memory within 10 %, two-GPU step times
 // within 25 %. The measured figures are copied from those pages with their settings; the model
 // has no constant fitted to them (its measured constants are the ones plan_cluster.h names:
@@ -9,9 +9,9 @@
 #include <string>
 
 #include "catch_compat.h"
-#include "train/plan_search.h"
-#include "train/step_memory.h"
-#include "train/step_time.h"
+#include "plan/plan_search.h"
+#include "plan/step_memory.h"
+#include "plan/step_time.h"
 
 using namespace frugal;
 

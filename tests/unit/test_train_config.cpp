@@ -8,10 +8,10 @@
 #include <set>
 
 #include "catch_compat.h"
+#include "config/config_keys.h"
+#include "config/train_config.h"
 #include "core/log.h"
 #include "test_support.h"
-#include "train/config_keys.h"
-#include "train/train_config.h"
 #ifdef FRUGAL_HAVE_CLI
 #include "app/options.h"
 #endif

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "config/train_config.h"
 #include "model/llama_config.h"
 #include "optim/galore_adamw.h"
-#include "train/train_config.h"
 
 namespace frugal {
 

@@ -1,5 +1,5 @@
 // The state's bytes per rank, from the ZeRO-3 row layout of every parameter.
-#include "train/memory_plan.h"
+#include "plan/memory_plan.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // A rank's memory, phase by phase, as the caching allocator will see it.
-#include "train/step_memory.h"
+#include "plan/step_memory.h"
 
 #include <algorithm>
 #include <array>
@@ -10,9 +10,9 @@
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
 #include "optim/galore_memory.h"
+#include "plan/memory_plan.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
-#include "train/memory_plan.h"
 
 namespace frugal {
 

@@ -1,5 +1,5 @@
 // The options of a plan and the choice among them.
-#include "train/plan_search.h"
+#include "plan/plan_search.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,13 +1,13 @@
 // A step's FLOPs, its traffic per link class, and the time bound with frugal's overlap.
-#include "train/step_time.h"
+#include "plan/step_time.h"
 
 #include <algorithm>
 
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
+#include "plan/memory_plan.h"
 #include "quant/hqq.h"
 #include "quant/nf4.h"
-#include "train/memory_plan.h"
 
 namespace frugal {
 

@@ -1,6 +1,6 @@
 // The table of every training key (name, field, allowed values, doc) and what reads it: the
 // text of a value, its parsing, its single-key rule, and doc/usage.md's rows.
-#include "train/config_keys.h"
+#include "config/config_keys.h"
 
 #include <algorithm>
 #include <cctype>

@@ -7,8 +7,8 @@
 // and the host AdamW runs beside the next forward.
 #pragma once
 
-#include "train/plan_cluster.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
+#include "plan/plan_cluster.h"
 
 namespace frugal {
 

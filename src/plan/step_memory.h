@@ -1,5 +1,5 @@
 // The memory one rank of a training run will need, predicted from the structure of the
-// computation: the state of every parameter by technique (train/memory_plan.h's layout), the
+// computation: the state of every parameter by technique (plan/memory_plan.h's layout), the
 // activations each checkpoint policy keeps per layer, the working set of one block's backward,
 // the units ZeRO-3 has in flight, and what the GPU's caching allocator keeps.
 //
@@ -17,8 +17,8 @@
 #include <cstddef>
 #include <string>
 
-#include "train/plan_cluster.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
+#include "plan/plan_cluster.h"
 
 namespace frugal {
 

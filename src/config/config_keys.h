@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "train/train_config.h"
+#include "config/train_config.h"
 
 namespace frugal {
 

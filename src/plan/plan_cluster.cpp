@@ -1,5 +1,5 @@
 // The mesh a plan assumes, and link bandwidths from the command line.
-#include "train/plan_cluster.h"
+#include "plan/plan_cluster.h"
 
 #include <cctype>
 

@@ -1,5 +1,5 @@
 // Everything a training run is configured by, one struct per .cfg section, with the modes as
-// enums. Each field's key, allowed values and doc are in train/config_keys.cpp; the app layer
+// enums. Each field's key, allowed values and doc are in config/config_keys.cpp; the app layer
 // fills the struct from .cfg files and --section.key=value overrides (app/options.cpp).
 #pragma once
 

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "train/plan_cluster.h"
-#include "train/step_memory.h"
-#include "train/step_time.h"
-#include "train/train_config.h"
+#include "config/train_config.h"
+#include "plan/plan_cluster.h"
+#include "plan/step_memory.h"
+#include "plan/step_time.h"
 
 namespace frugal {
 

@@ -1,11 +1,11 @@
 // Validation of a training configuration: each key's own rule comes from the key table
-// (train/config_keys.cpp); the rules between keys are here.
-#include "train/train_config.h"
+// (config/config_keys.cpp); the rules between keys are here.
+#include "config/train_config.h"
 
 #include <algorithm>
 
+#include "config/config_keys.h"
 #include "core/log.h"
-#include "train/config_keys.h"
 
 namespace frugal {
 
