@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "cp_training_support.h"
 #include "model/llama_model.h"
 #include "model/local_parameters.h"
 #include "model_support.h"
@@ -352,41 +353,8 @@ Batch sequences(int64_t first, int64_t count, int64_t step) {
 }
 
 void check_against_one_rank(int cp, int64_t sliding_window = 0) {
-  Mesh mesh = make_mesh(cp, 60);
-  const LlamaConfig config = gqa_config(sliding_window);
-  const AdamWConfig adamw{0.9, 0.95, 1e-6, 0.1, 1.0};
-
-  LlamaModel reference_model(config);
-  LocalParameters whole(config, 3, 0.05f, true);
-  AdamW whole_opt(whole.trainable(), adamw);
-
-  LlamaModel model(config);
-  const AttentionOperator ring = ring_attention_operator(*mesh.cp);
-  model.set_attention(&ring);
-  Arena params_arena("cp params", Device::cpu), grads_arena("cp grads", Device::cpu),
-      gathered_arena("cp gathered", Device::cpu), optim_arena("cp optim", Device::cpu);
-  Zero3Parameters sharded(llama_units(config), *mesh.world,
-                          {&params_arena, &grads_arena, &gathered_arena}, 3, 0.05f);
-  AdamW sharded_opt(sharded.trainable(), adamw, optim_arena);
-
-  const int64_t per_dp = kSequences / mesh.dp_size;
-  const ZigzagLayout layout = zigzag_layout(kSeq, mesh.cp_size, mesh.cp_rank);
-  for (int64_t step = 1; step <= 3; ++step) {
-    StepResult a = train_step(reference_model, whole, whole_opt, {sequences(0, kSequences, step)},
-                              nullptr, 2e-3, step, CheckpointPolicy::none);
-    Batch local = context_parallel_slice(sequences(mesh.dp_rank * per_dp, per_dp, step), layout);
-    StepResult b = train_step(model, sharded, sharded_opt, {local}, mesh.world.get(), 2e-3, step,
-                              CheckpointPolicy::selective);
-    INFO("step " << step << ", dp " << mesh.dp_size << " x cp " << mesh.cp_size);
-    CHECK(b.tokens == a.tokens);
-    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
-    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-4));
-  }
-  std::string worst;
-  const double difference =
-      test::max_weight_difference(sharded, whole, llama_units(config), &worst);
-  INFO("largest weight difference " << difference << " at " << worst);
-  CHECK(difference < 1e-5);
+  test::check_cp_training_against_one_rank(cp, gqa_config(sliding_window), kSequences, kSeq,
+                                           sequences);
 }
 
 }  // namespace
