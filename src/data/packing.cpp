@@ -42,7 +42,7 @@ void cut_document(uint64_t first, uint64_t n, uint64_t seq, LongDocuments long_d
 
 PackedWindows::PackedWindows(std::span<const uint64_t> document_starts, int64_t seq_len,
                              Packing mode, LongDocuments long_docs, const std::string& file)
-    : seq_len_(seq_len) {
+    : seq_len_(seq_len), mode_(mode) {
   if (seq_len < 1) fail("packing '", file, "': seq_len ", seq_len, " must be at least 1");
   if (mode != Packing::documents && mode != Packing::pad)
     fail("packing '", file, "': data.packing = ", enum_name(mode),

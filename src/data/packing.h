@@ -81,6 +81,7 @@ class PackedWindows {
 
   int64_t size() const { return static_cast<int64_t>(window_first_.size()) - 1; }
   int64_t seq_len() const { return seq_len_; }
+  Packing mode() const { return mode_; }
   std::span<const PackedPiece> window(int64_t w) const {
     return {pieces_.data() + window_first_[w],
             static_cast<size_t>(window_first_[w + 1] - window_first_[w])};
@@ -89,6 +90,7 @@ class PackedWindows {
 
  private:
   int64_t seq_len_ = 0;
+  Packing mode_ = Packing::documents;
   std::vector<PackedPiece> pieces_;     // window by window
   std::vector<uint64_t> window_first_;  // index of each window's first piece, then pieces_.size()
   PackingCounts counts_;

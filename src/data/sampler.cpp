@@ -181,11 +181,36 @@ void BatchSampler::restore(const SamplerState& state) {
   state_ = state;
 }
 
+// What the windows are, saved beside the state so that a resumed run with other windows (another
+// data.packing, data, seq_len or data.long_documents) is refused instead of reading other batches.
+std::string BatchSampler::packing_name() const {
+  return std::string(enum_name(packed_ ? packed_->mode() : Packing::windows));
+}
+
 nlohmann::json BatchSampler::state_values() const {
-  return {{"epoch", state_.epoch}, {"position", state_.position}};
+  return {{"epoch", state_.epoch},
+          {"position", state_.position},
+          {"packing", packing_name()},
+          {"windows", num_windows_}};
 }
 
 void BatchSampler::load_state_values(const nlohmann::json& values) {
+  // Checkpoints from before packing have neither: their windows were the stride's.
+  const std::string saved_packing = values.contains("packing") && values.at("packing").is_string()
+                                        ? values.at("packing").get<std::string>()
+                                        : std::string(enum_name(Packing::windows));
+  if (saved_packing != packing_name())
+    fail("the checkpoint's batches were windows of data.packing = ", saved_packing,
+         ", this run's are ", packing_name(), ": resume with --data.packing=", saved_packing,
+         ", or start a new run in another train.out_dir");
+  if (values.contains("windows")) {
+    const int64_t saved = json_integer(values.at("windows"), "sampler state 'windows'", 0);
+    if (saved != num_windows_)
+      fail("the checkpoint's sampler drew from ", saved,
+           " windows an epoch, this run's data makes ", num_windows_,
+           " (other data, another train.seq_len or data.long_documents): resume "
+           "with the settings and data it was made with, or start a new run");
+  }
   SamplerState state;
   state.epoch = uint64_t(json_integer(values.at("epoch"), "sampler state 'epoch'", 0));
   state.position = uint64_t(json_integer(values.at("position"), "sampler state 'position'", 0));

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/stateful.h"
@@ -92,6 +93,7 @@ class BatchSampler : public Stateful {
   void restore(const SamplerState& state);
   // The state in checkpoints: {"epoch": ..., "position": ...}.
   nlohmann::json state_values() const override;
+  // Refuses a state saved with other windows (data.packing, their number), naming both.
   void load_state_values(const nlohmann::json& values) override;
 
   const SamplerConfig& config() const { return config_; }
@@ -101,6 +103,7 @@ class BatchSampler : public Stateful {
 
  private:
   const std::vector<int64_t>& order_of(uint64_t epoch);
+  std::string packing_name() const;
 
   TokenView tokens_;
   SamplerConfig config_;

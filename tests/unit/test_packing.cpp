@@ -249,3 +249,38 @@ TEST_CASE("packing: skipped attention tiles equal a brute force over the mask", 
   std::vector<int32_t> whole(512, 0);
   REQUIRE(skipped_attention_tiles(whole) == 0.0);
 }
+
+TEST_CASE("packing: a checkpoint's sampler state is refused by a run with other windows",
+          "[packing]") {
+  const std::vector<uint64_t> starts = starts_of(mixed_lengths(50, 16, 11));
+  std::vector<int32_t> ids(starts.back());
+  for (size_t t = 0; t < ids.size(); ++t) ids[t] = int32_t(t % 97);
+  const PackedWindows packed(starts, 16, Packing::documents, LongDocuments::split, "t");
+  const PackedWindows pad(starts, 16, Packing::pad, LongDocuments::split, "t");
+  SamplerConfig config{.seq_len = 16, .micro_batch_size = 2, .seed = 3};
+  BatchSampler a(view_of(ids), config, {}, &packed);
+  a.next();
+  const nlohmann::json saved = a.state_values();
+  // The same windows resume; a stride sampler, another packing or another count of windows not.
+  BatchSampler same(view_of(ids), config, {}, &packed);
+  same.load_state_values(saved);
+  REQUIRE(same.state() == a.state());
+  BatchSampler windows(view_of(ids), config);
+  REQUIRE(test::error_of([&] {
+            windows.load_state_values(saved);
+          }).find("data.packing = documents, this run's are windows") != std::string::npos);
+  BatchSampler padded(view_of(ids), config, {}, &pad);
+  REQUIRE(test::error_of([&] {
+            padded.load_state_values(saved);
+          }).find("resume with --data.packing=documents") != std::string::npos);
+  const PackedWindows longer(starts, 32, Packing::documents, LongDocuments::split, "t");
+  SamplerConfig config32 = config;
+  config32.seq_len = 32;
+  BatchSampler other(view_of(ids), config32, {}, &longer);
+  REQUIRE(test::error_of([&] { other.load_state_values(saved); }).find("windows an epoch") !=
+          std::string::npos);
+  // A checkpoint from before packing (no "packing", no "windows") resumes a stride sampler.
+  BatchSampler old(view_of(ids), config);
+  old.load_state_values({{"epoch", 0}, {"position", 2}});
+  REQUIRE(old.state().position == 2);
+}
