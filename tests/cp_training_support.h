@@ -20,6 +20,24 @@
 
 namespace frugal::test {
 
+// The tiny model both tests train: grouped-query attention (3 query heads over 1), 2 layers.
+inline LlamaConfig cp_test_config(RopeScaling scaling = {}, int64_t sliding_window = 0) {
+  LlamaConfig c;
+  c.hidden_size = 48;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  c.vocab_size = 41;
+  c.max_position_embeddings = 64;
+  c.rope_theta = 500;
+  c.rope_scaling = scaling;
+  c.sliding_window = sliding_window;
+  // Dynamic scaling grows the base past max_position_embeddings: the sequences pass it.
+  if (scaling.type == RopeScalingType::dynamic) c.max_position_embeddings = 16;
+  return c;
+}
+
 // Sequences [first, first + count) of a step's global batch, the same on every rank.
 using StepSequences = std::function<Batch(int64_t first, int64_t count, int64_t step)>;
 

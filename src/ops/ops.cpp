@@ -18,6 +18,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "ops/attention_offset.h"
 #include "ops/gpu_ops.h"
 
 // Operations on GPU tensors go to ops/gpu_ops.cpp (built with the CUDA backend only):
@@ -352,20 +353,6 @@ cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, int64_t ba
   return s;
 }
 
-cpu::DocumentMask document_mask(const DocumentBounds& documents, const Tensor& like_rows,
-                                const char* what) {
-  if (!documents.defined()) return {};
-  for (const Tensor* t : {&documents.start, &documents.end})
-    FRUGAL_CHECK(t->defined() && t->dtype() == DType::i32 && t->ndim() == 1 &&
-                     t->size(0) == like_rows.size(0) && t->device() == like_rows.device(),
-                 what, ": document bounds must be i32 [", like_rows.size(0), "] on the device of ",
-                 "the rows, not ", t->defined() ? shape_string(t->shape()) : "undefined");
-  cpu::DocumentMask m;
-  m.query_doc_start = documents.start.data<int32_t>();
-  m.key_doc_end = documents.end.data<int32_t>();
-  return m;
-}
-
 namespace {
 // Ordinary causal attention: every sequence's queries against its own keys (and, with packed
 // documents, only those of its document).
@@ -374,7 +361,8 @@ cpu::AttentionShape causal_shape(const Tensor& q, const Tensor& k, int64_t batch
   FRUGAL_CHECK(q.ndim() == 3 && k.ndim() == 3 && q.size(0) == k.size(0), "attention q ",
                shape_string(q.shape()), " k ", shape_string(k.shape()));
   cpu::AttentionShape s = attention_shape(q, k, batch, 0, window, "attention");
-  s.documents = document_mask(documents, q, "attention");
+  // Self-attention: the queries' starts and the keys' ends are those of the same rows.
+  s.documents = block_document_mask({documents.start, documents.end, 0}, q, k, "attention");
   return s;
 }
 }  // namespace

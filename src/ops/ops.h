@@ -146,10 +146,7 @@ struct DocumentBounds {
   Tensor end;    // position one past its last token
   bool defined() const { return start.defined(); }
 };
-// The kernels' mask of self-attention over rows laid out as `documents` (null pointers when it
-// is undefined). The tensors must outlive the use of the mask.
-cpu::DocumentMask document_mask(const DocumentBounds& documents, const Tensor& like_rows,
-                                const char* what);
+
 // The kernels' description of attention of q [B*Sq, n_heads, D] against k [B*Skv, n_kv_heads,
 // D] with a causal offset (query i sees key j iff j <= i + causal_offset) and a sliding window
 // (> 0: also i + causal_offset - j < window; 0: none), scale 1/sqrt(D); throws naming `what`

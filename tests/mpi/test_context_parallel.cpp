@@ -24,31 +24,14 @@ namespace {
 
 constexpr int64_t kSequences = 4, kSeq = 37;
 
-LlamaConfig gqa_config(RopeScaling scaling = {}, int64_t sliding_window = 0) {
-  LlamaConfig c;
-  c.hidden_size = 48;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
-  c.vocab_size = 41;
-  c.max_position_embeddings = 64;
-  c.rope_theta = 500;
-  c.rope_scaling = scaling;
-  c.sliding_window = sliding_window;
-  // Dynamic scaling grows the base past max_position_embeddings: the sequences pass it.
-  if (scaling.type == RopeScalingType::dynamic) c.max_position_embeddings = 16;
-  return c;
-}
-
 // Sequences [first, first + count) of the step's global batch.
 Batch sequences(int64_t first, int64_t count, int64_t step) {
   return test::slice_of_random_batch(uint32_t(77 + step), kSequences, kSeq, 41, first, count, 9);
 }
 
 void check_against_one_rank(int cp, RopeScaling scaling = {}, int64_t sliding_window = 0) {
-  test::check_cp_training_against_one_rank(cp, gqa_config(scaling, sliding_window), kSequences,
-                                           kSeq, sequences);
+  test::check_cp_training_against_one_rank(cp, test::cp_test_config(scaling, sliding_window),
+                                           kSequences, kSeq, sequences);
 }
 
 }  // namespace

@@ -321,20 +321,6 @@ namespace {
 
 constexpr int64_t kSequences = 4, kSeq = 37;
 
-LlamaConfig gqa_config(int64_t sliding_window = 0) {
-  LlamaConfig c;
-  c.hidden_size = 48;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
-  c.vocab_size = 41;
-  c.max_position_embeddings = 64;
-  c.rope_theta = 500;
-  c.sliding_window = sliding_window;
-  return c;
-}
-
 // Per sequence of the global batch, its documents (each sequence others).
 const Lengths kPacked = {{5, 12, 1, 9, 10}, {20, 17}, {37}, {1, 18, 18}};
 
@@ -353,8 +339,8 @@ Batch sequences(int64_t first, int64_t count, int64_t step) {
 }
 
 void check_against_one_rank(int cp, int64_t sliding_window = 0) {
-  test::check_cp_training_against_one_rank(cp, gqa_config(sliding_window), kSequences, kSeq,
-                                           sequences);
+  test::check_cp_training_against_one_rank(cp, test::cp_test_config({}, sliding_window), kSequences,
+                                           kSeq, sequences);
 }
 
 }  // namespace

@@ -43,6 +43,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+# The same timing as the SDPA bench (its warm-up calls also take Flex's compile and autotune).
+from torch_sdpa import median_ms
+
 TILE = 128  # BlockMask's block and bench_attention's tile count: 128 query rows x 128 keys
 
 
@@ -116,20 +119,6 @@ def attend(fn, q, k, v, block_mask):
     out = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
              enable_gqa=q.shape[2] != k.shape[2])
     return out.transpose(1, 2)
-
-
-def median_ms(fn, iters):
-    for _ in range(3):  # the first call compiles (and autotunes): warm-up, not timed
-        fn()
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    stop = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        start[i].record()
-        fn()
-        stop[i].record()
-    torch.cuda.synchronize()
-    times = sorted(a.elapsed_time(b) for a, b in zip(start, stop))
-    return times[len(times) // 2]
 
 
 def time_flex(flex, fr, iters):
