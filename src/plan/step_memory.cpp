@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "model/llama_mlp.h"
@@ -405,25 +406,39 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
     }
   }
 
-  // The allocator's reservation: each size class at its most blocks in any phase.
-  std::map<size_t, const PartCounts*> most;
-  for (const Phase& p : phases) {
-    out.device_in_use = std::max(out.device_in_use, p.in_use());
-    for (const auto& [block_bytes, counts] : p.blocks) {
-      int64_t n = 0;
-      for (int64_t k : counts) n += k;
-      auto it = most.find(block_bytes);
-      int64_t before = 0;
-      if (it != most.end())
-        for (int64_t k : *it->second) before += k;
-      if (it == most.end() || n > before) most[block_bytes] = &counts;
-    }
-  }
-  for (const auto& [block_bytes, counts] : most)
-    for (size_t k = 0; k < counts->size(); ++k) {
-      out.parts[k] += block_bytes * size_t((*counts)[k]);
-      out.device_reserved += block_bytes * size_t((*counts)[k]);
-    }
+  // The allocator's reservation: each size class at its most blocks in any phase. The run gives
+  // the start-up's cache back before the first step (training_run.cpp trims the device arena once
+  // the parameters are built), so the start-up phase reserves apart: the larger of the two.
+  struct Reservation {
+    size_t total = 0;
+    size_t parts[size_t(MemoryPart::count)] = {};
+  };
+  auto reservation = [](std::span<const Phase> of) {
+    std::map<size_t, const PartCounts*> most;
+    for (const Phase& p : of)
+      for (const auto& [block_bytes, counts] : p.blocks) {
+        auto it = most.find(block_bytes);
+        auto blocks = [](const PartCounts& c) {
+          int64_t n = 0;
+          for (int64_t k : c) n += k;
+          return n;
+        };
+        if (it == most.end() || blocks(counts) > blocks(*it->second)) most[block_bytes] = &counts;
+      }
+    Reservation r;
+    for (const auto& [block_bytes, counts] : most)
+      for (size_t k = 0; k < counts->size(); ++k) {
+        r.parts[k] += block_bytes * size_t((*counts)[k]);
+        r.total += block_bytes * size_t((*counts)[k]);
+      }
+    return r;
+  };
+  for (const Phase& p : phases) out.device_in_use = std::max(out.device_in_use, p.in_use());
+  const Reservation start_up = reservation(std::span<const Phase>(phases).first(1));
+  const Reservation training = reservation(std::span<const Phase>(phases).subspan(1));
+  const Reservation& peak = start_up.total > training.total ? start_up : training;
+  out.device_reserved = peak.total;
+  std::copy(std::begin(peak.parts), std::end(peak.parts), std::begin(out.parts));
   return out;
 }
 

@@ -309,6 +309,12 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
       Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
                   memory->copies.get(), bf16_state ? DType::bf16 : DType::f32},
       c.train.seed, static_cast<float>(c.train.init_std), true, init, replicas);
+#ifdef FRUGAL_HAVE_CUDA
+  // The frozen weights' fp32 masters were made on the GPU and dropped once copied to bf16; the
+  // allocator would keep their blocks (a 7B embedding's 0.5 GB) in size classes no later tensor
+  // asks for: give them back (the memory plan counts the start-up's reservation apart).
+  if (memory->gpu) memory->gpu->device_memory().trim();
+#endif
   const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
                                  c.optim.grad_clip};
   if (galore) {
