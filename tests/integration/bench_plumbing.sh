@@ -6,6 +6,8 @@
 # harmonic mean), the median step, the mean phase seconds, galore.profile's steady means. A
 # bench that fails on some setting would otherwise be found on the GPU machine, where each call
 # costs device time (PROFILE=false once failed there, silently, with nothing printed).
+# tools/bench/qlora_long_context's bisection runs on a stand-in that runs out of memory above a
+# known length, and must report the longest length that fits.
 # usage: bench_plumbing.sh FRUGAL_BINARY REPO_ROOT
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 cd "$2"
@@ -107,4 +109,21 @@ line=$(FRUGAL=$fake PEER=0 STEPS=5 WARMUP=1 tools/bench/train_vs_torch 2>"$work/
 same "train_vs_torch tokens/s" "$(field "$line" frugal_tokens_per_s)" "$tps"
 same "train_vs_torch forward_backward" "$(field "$line" forward_backward)" "$fb"
 echo "train_vs_torch: tokens/s $tps, forward+backward $fb s"
+
+# qlora_long_context: a stand-in that runs out of memory above 41000 tokens (the stand-in above
+# below it); the bisection over multiples of 4096 in [16384, 131072] must find the largest
+# multiple within the limit, and report its try's tokens/s (the second step's: 12000).
+oom=$work/oom-frugal
+cat > "$oom" <<OOM
+#!/usr/bin/env bash
+for a in "\$@"; do case \$a in --train.seq_len=*) s=\${a#*=} ;; esac; done
+[ "\$s" -le 41000 ] || { echo "error: out of memory in cuda:0: allocating 2.00 GiB" >&2; exit 1; }
+exec "$fake" "\$@"
+OOM
+chmod +x "$oom"
+line=$(FRUGAL=$oom WHO=frugal LOW=16384 HIGH=131072 STEP=4096 tools/bench/qlora_long_context python3 \
+  2>"$work/qlc.err" | tail -1) || { echo "FAIL: qlora_long_context"; cat "$work/qlc.err"; exit 1; }
+same "qlora_long_context longest" "$(field "$line" longest_seq)" $((41000 / 4096 * 4096))
+same "qlora_long_context tokens/s" "$(field "$line" tokens_per_s)" 12000
+echo "qlora_long_context: longest $((41000 / 4096 * 4096)) tokens"
 echo "integration bench_plumbing: ok"
