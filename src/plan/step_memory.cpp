@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "core/slab_arena.h"
 #include "model/llama_mlp.h"
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
@@ -218,39 +219,50 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
   // --- the state: in every phase ----------------------------------------------------------
   Phase state;
   Phase start_up_extra;
-  auto keep = [&](bool on_host, size_t bytes) {
+  // The run's state arenas on a GPU are SlabArenas (run_memory.cpp): their small tensors pack
+  // into whole slabs, one arena's apart from another's; larger ones take their own blocks.
+  enum StateArena { kMasters, kGradients, kMoments, kCopies, kStateArenas };
+  size_t packed[kStateArenas] = {};
+  constexpr size_t kSlab = SlabArena::kDefaultSlabBytes;
+  auto keep = [&](bool on_host, size_t bytes, StateArena arena) {
     if (on_host)
       out.host_state += bytes;
+    else if (SlabArena::packs(bytes, kSlab))
+      packed[arena] += SlabArena::carved_bytes(bytes);
     else
       state.add(MemoryPart::state, bytes);
   };
   for (size_t u = 0; u < units.size(); ++u)
     for (size_t i = 0; i < units[u].params.size(); ++i) {
       const ParamLayout& p = layout[u][i];
-      if (fp8_codes_kept && fp8_codes_kept(units[u].params[i])) keep(false, p.shard);
+      if (fp8_codes_kept && fp8_codes_kept(units[u].params[i]))
+        state.add(MemoryPart::state, p.shard);
       if (p.trainable) {
-        keep(host_state, p.shard * master);  // master
-        keep(host_state, p.shard * master);  // gradient shard
+        keep(host_state, p.shard * master, kMasters);
+        keep(host_state, p.shard * master, kGradients);
         size_t optimizer = 2 * p.shard * master;
         const bool galore = galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape);
         if (galore) {
           optimizer = galore_state_bytes(p.shape, p.shard / (p.numel / p.rows), galore_rank);
           projected.push_back({p.shape, int64_t(p.shard / (p.numel / p.rows))});
         }
-        for (int k = 0; k < 2; ++k) keep(host_state, optimizer / 2);
-        if (master == 4) keep(copies_on_host, p.shard * 2);  // the bf16 copy the layers read
+        for (int k = 0; k < 2; ++k) keep(host_state, optimizer / 2, kMoments);
+        if (master == 4) keep(copies_on_host, p.shard * 2, kCopies);  // the bf16 copy the layers read
         if (host_state && !copies_on_host) out.host_state += p.shard * 2;  // its host staging
         if (c.ckpt.stages_saves())
           out.host_staging += checkpoint_staging_bytes(p.shard, optimizer, master, galore);
       } else if (p.encoding != Encoding::none) {
-        for (size_t part : encoded_parts(p, p.shard, true)) keep(copies_on_host, part);
+        for (size_t part : encoded_parts(p, p.shard, true)) keep(copies_on_host, part, kCopies);
       } else {
-        keep(copies_on_host, p.shard * 2);
+        keep(copies_on_host, p.shard * 2, kCopies);
         // Start-up: its fp32 master is made on the GPU, copied to bf16 and dropped (the
         // allocator keeps the block).
         if (!host_state) start_up_extra.add(MemoryPart::start_up, p.shard * 4);
       }
     }
+
+  for (size_t bytes : packed)  // first fit leaves little but each arena's last slab part-empty
+    state.add(MemoryPart::state, kSlab, int64_t((bytes + kSlab - 1) / kSlab));
 
   // --- what the units in flight hold -------------------------------------------------------
   const size_t embed = 0, block = 1, head = units.size() - 1;

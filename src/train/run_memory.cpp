@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/log.h"
+#include "core/slab_arena.h"
 #include "ops/ops.h"
 
 namespace frugal {
@@ -53,12 +54,14 @@ RunMemory::RunMemory(const ParallelConfig& p, bool use_gpu, int local_rank) {
   Arena& pinned = gpu->pinned_memory();
   // Offload on a GPU: the fp32 state (master, gradients, moments) in pinned host memory,
   // where AdamW runs on the host; with `params` the bf16 copies too (uploaded when used).
+  // The state lives for the run, in many tensors of a few MiB (LoRA's adapters, 4-bit scales):
+  // packed into slabs rather than each in a block of the caching arena's 2 MiB steps.
   const bool host_state = offload != Offload::none;
-  params = std::make_unique<SubArena>(params_name, host_state ? pinned : device);
-  grads = std::make_unique<SubArena>(grads_name, host_state ? pinned : device);
-  optimizer = std::make_unique<SubArena>(optimizer_name, host_state ? pinned : device);
+  params = std::make_unique<SlabArena>(params_name, host_state ? pinned : device);
+  grads = std::make_unique<SlabArena>(grads_name, host_state ? pinned : device);
+  optimizer = std::make_unique<SlabArena>(optimizer_name, host_state ? pinned : device);
   gathered = std::make_unique<SubArena>("gathered units", device);
-  copies = std::make_unique<SubArena>(offload == Offload::params
+  copies = std::make_unique<SlabArena>(offload == Offload::params
                                           ? "bf16 weight copies (pinned host, offloaded)"
                                           : "bf16 weight copies",
                                       offload == Offload::params ? pinned : device);

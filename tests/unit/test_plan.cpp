@@ -153,14 +153,16 @@ TEST_CASE("plan: peak GPU memory within 10 % of every measured run", "[plan]") {
       {"1.1B full, offload optimizer, 2 GPUs", offload_optimizer, ranks(2), 4.00, 0},
       // "Results: two H200s": selective, fp32, 2 ranks
       {"1.1B selective fp32, 2 GPUs", tinyllama(P::selective, S::fp32), ranks(2), 17.93, 0},
-      // "QLoRA on GPUs": 2 ranks, 24 GiB cap (and offload = optimizer under 5 GiB)
+      // "QLoRA on GPUs": 2 ranks, 24 GiB cap (and offload = optimizer under 5 GiB); measured
+      // before the state was packed into slabs and the start-up's cache given back (2026-12-08),
+      // which the prediction counts: 0.5 to 0.6 GiB below these, not re-measured (two GPUs)
       {"7B QLoRA mb 1", llama7b_qlora(1, Offload::none), ranks(2), 6.35, 24, true},
       {"7B QLoRA mb 2", llama7b_qlora(2, Offload::none), ranks(2), 7.41, 24, true},
       {"7B QLoRA mb 1 offload optimizer", llama7b_qlora(1, Offload::optimizer), ranks(2), 4.66, 5,
        true},
-      // "With FP8 (issue 18)": its bf16 run, one GPU, 2026-12-02 (one projection dequantized
-      // at a time)
-      {"7B QLoRA mb 2, 1 GPU", llama7b_qlora(2, Offload::none), ranks(1), 10.34, 24},
+      // "QLoRA against Unsloth (issue 53)": frugal's bf16 run, one H100, 2026-12-08, with the
+      // state in slabs and the start-up's cache given back (10.34 GiB before, 2026-12-02)
+      {"7B QLoRA mb 2, 1 GPU", llama7b_qlora(2, Offload::none), ranks(1), 8.84, 24},
       // "Llama-2-70B shape on two GPUs capped at 24 GiB"
       {"70B QLoRA 2x24 GiB", llama70b_qlora(), ranks(2), 12.86, 24, true},
       // doc/long-context.md: 131,072 tokens, cp = 2 over 2 GPUs, selective, 100 GiB cap
