@@ -59,6 +59,56 @@ FRUGAL_VECTOR_CLONES void update_with_copy(float* param, const float* grad, floa
 
 }  // namespace
 
+namespace {
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return bf16_to_float(x); }
+inline void narrow(float& dst, float x) { dst = x; }
+inline void narrow(uint16_t& dst, float x) { dst = bf16_round_nearest(x); }
+
+// The bf16 master's update: update_range's arithmetic on the widened values, the weight stored
+// by `store`, moments of type Moment (fp32, or bf16 rounded to nearest).
+template <class Moment>
+void update_bf16_range(uint16_t* __restrict__ param, const uint16_t* __restrict__ grad,
+                       Moment* __restrict__ m, Moment* __restrict__ v, int64_t begin, int64_t end,
+                       const AdamWScalars& c, const Bf16Store& store) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = bf16_to_float(grad[i]) * c.grad_scale;
+    float p = bf16_to_float(param[i]) * c.decay;
+    const float m_old = widen(m[i]), v_old = widen(v[i]);
+    const float mi = m_old + c.one_minus_b1 * (g - m_old);
+    const float vi = v_old * c.beta2 + c.one_minus_b2 * g * g;
+    const float denom = std::sqrt(vi) / c.bias_correction2_sqrt + c.eps;
+    p -= c.step_size * (mi / denom);
+    narrow(m[i], mi);
+    narrow(v[i], vi);
+    param[i] = bf16_store(p, store, i);
+  }
+}
+
+template <class Moment>
+void update_bf16(uint16_t* param, const uint16_t* grad, Moment* m, Moment* v, int64_t n,
+                 const AdamWStep& s, const Bf16Store& store) {
+  const AdamWScalars c = adamw_scalars(s);
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t n_blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n_blocks > 1)
+  for (int64_t b = 0; b < n_blocks; ++b)
+    update_bf16_range(param, grad, m, v, b * kBlock, std::min(n, (b + 1) * kBlock), c, store);
+}
+
+}  // namespace
+
+void adamw_update_bf16(uint16_t* param, const uint16_t* grad, float* m, float* v, int64_t n,
+                       const AdamWStep& s, const Bf16Store& store) {
+  update_bf16(param, grad, m, v, n, s, store);
+}
+
+void adamw_update_bf16(uint16_t* param, const uint16_t* grad, uint16_t* m, uint16_t* v, int64_t n,
+                       const AdamWStep& s, const Bf16Store& store) {
+  update_bf16(param, grad, m, v, n, s, store);
+}
+
 AdamWScalars adamw_scalars(const AdamWStep& s) {
   FRUGAL_CHECK(s.step >= 1, "adamw step is 1-based, got ", s.step);
   // The scalars are computed in double, as Python does in torch's _single_tensor_adamw, then

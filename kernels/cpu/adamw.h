@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/stochastic_rounding.h"
+
 namespace frugal::cpu {
 
 struct AdamWStep {
@@ -38,6 +40,15 @@ AdamWScalars adamw_scalars(const AdamWStep& s);  // checks that s.step >= 1
 // the same pass: the copy an offloaded GPU run uploads, without a second pass over param.
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWStep& s, uint16_t* param_bf16 = nullptr);
+
+// A bf16 master (optim.master_dtype = bf16): param and grad bf16 (raw bits), the moments fp32
+// or bf16 (these rounded to nearest even). The element math is adamw_update's on the widened
+// values, and each updated weight is stored as `store` says: stochastically (the default) or
+// to nearest even.
+void adamw_update_bf16(uint16_t* param, const uint16_t* grad, float* m, float* v, int64_t n,
+                       const AdamWStep& s, const Bf16Store& store);
+void adamw_update_bf16(uint16_t* param, const uint16_t* grad, uint16_t* m, uint16_t* v, int64_t n,
+                       const AdamWStep& s, const Bf16Store& store);
 
 // sum of x[i]^2 in fp64 (for the global gradient norm)
 double sum_squares(const float* x, int64_t n);

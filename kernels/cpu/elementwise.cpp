@@ -14,6 +14,11 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void add_inplace(uint16_t* y, const float* x, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(bf16_to_float(y[i]) + x[i]);
+}
+
 void scale_inplace(float* y, float s, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) y[i] *= s;

@@ -5,6 +5,9 @@
 namespace frugal::cpu {
 
 void add_inplace(float* y, const float* x, int64_t n);                  // y += x
+// bf16 y (raw bits) += fp32 x, the sum rounded to nearest even once: the gradients of a bf16
+// master added into its bf16 gradient shard (the GPU's add of f32 into bf16, rounded alike).
+void add_inplace(uint16_t* y, const float* x, int64_t n);
 void scale_inplace(float* y, float s, int64_t n);                       // y *= s
 void add_scaled_inplace(float* y, const float* x, float s, int64_t n);  // y += s * x
 // bf16 <-> fp32 (raw bf16 bits), rounded as frugal::float_to_bf16 rounds: the host side of

@@ -36,6 +36,15 @@ void galore_apply(float* param, const float* delta, int64_t n, float step, float
   }
 }
 
+void galore_apply_bf16(uint16_t* param, const float* delta, int64_t n, float step, float decay,
+                       const Bf16Store& store) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float stepped = bf16_to_float(param[i]) + step * delta[i];
+    param[i] = bf16_store(stepped + decay * stepped, store, i);
+  }
+}
+
 void galore_sketch(float* omega, int64_t count, uint64_t seed) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) {

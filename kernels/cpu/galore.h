@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/stochastic_rounding.h"
+
 namespace frugal::cpu {
 
 // On the low-rank gradient r (n values), as GaLoreAdamW does it:
@@ -15,6 +17,11 @@ void galore_moments(float* m, float* v, float* r, int64_t n, float beta1, float 
 // param_bf16, when not null, receives the result rounded to bf16 (nearest even).
 void galore_apply(float* param, const float* delta, int64_t n, float step, float decay,
                   uint16_t* param_bf16);
+
+// The same update of a bf16 master (raw bits): the arithmetic on the widened weight, each
+// result stored as `store` says (stochastically, or to nearest even).
+void galore_apply_bf16(uint16_t* param, const float* delta, int64_t n, float step, float decay,
+                       const Bf16Store& store);
 
 // The randomized projector's sketch Omega (count entries, row-major [n, l]): entry i is
 // sqrt(-2 log u1) cos(2 pi u2) in float64 with kernels/galore_sketch.h's uniforms, rounded

@@ -45,6 +45,7 @@ struct ChunkBatch {
 };
 using AdamWBatch = ChunkBatch<AdamWChunk>;
 using AdamWBatchBf16 = ChunkBatch<AdamWChunkBf16>;
+using AdamWBatchBf16Master = ChunkBatch<AdamWChunkBf16Master>;
 
 // The last chunk whose first block is <= block (binary search over the table).
 template <class Batch>
@@ -67,6 +68,8 @@ using cpu::AdamWScalars;
 static_assert(sizeof(AdamWBatch) + sizeof(AdamWScalars) <= 4096,
               "adamw_kernel's arguments must fit the classic 4 KiB kernel argument limit");
 static_assert(sizeof(AdamWBatchBf16) + sizeof(AdamWScalars) <= 4096,
+              "adamw_bf16_kernel's arguments must fit the classic 4 KiB kernel argument limit");
+static_assert(sizeof(AdamWBatchBf16Master) + sizeof(AdamWScalars) <= 4096,
               "adamw_bf16_kernel's arguments must fit the classic 4 KiB kernel argument limit");
 
 // One element, rounded step by step exactly as the CPU loop.
@@ -131,52 +134,87 @@ __global__ void adamw_kernel(const AdamWBatch batch, const AdamWScalars s) {
 }
 
 // bf16 storage: widened, updated by the fp32 element math, each result rounded once (the whole
-// update moves 14 bytes per weight). Where a chunk's arrays are 8-byte aligned each thread moves
-// its 4 elements with one 8-byte access per array, as the fp32 kernel's float4: scalar 2-byte
-// accesses reached only about 60 % of the memory bandwidth on an H200.
-__device__ __forceinline__ void adamw_bf16_scalar(const AdamWChunkBf16& c, int64_t i,
+// update moves 14 bytes per weight with bf16 moments, 22 with fp32 ones): the moments to nearest
+// even, the weight by the chunk's store (stochastic rounding draws element i's bits from its
+// index in the full parameter, as the CPU does). Where a chunk's arrays are aligned each thread
+// moves its 4 elements with one access per array (8 bytes for bf16, 16 for fp32), as the fp32
+// kernel's float4: scalar 2-byte accesses reached only about 60 % of the memory bandwidth on an
+// H200.
+__device__ __forceinline__ float widen_f(float x) { return x; }
+__device__ __forceinline__ float widen_f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void narrow_into(float& dst, float x) { dst = x; }
+__device__ __forceinline__ void narrow_into(bf16& dst, float x) { dst = __float2bfloat16_rn(x); }
+
+template <class Chunk>
+__device__ __forceinline__ void adamw_bf16_scalar(const Chunk& c, int64_t i,
                                                   const AdamWScalars& s) {
-  float p = __bfloat162float(c.param[i]), m = __bfloat162float(c.m[i]),
-        v = __bfloat162float(c.v[i]);
+  float p = __bfloat162float(c.param[i]), m = widen_f(c.m[i]), v = widen_f(c.v[i]);
   adamw_element(p, m, v, __bfloat162float(c.grad[i]), s);
-  c.param[i] = __float2bfloat16_rn(p);
-  c.m[i] = __float2bfloat16_rn(m);
-  c.v[i] = __float2bfloat16_rn(v);
+  c.param[i] = __ushort_as_bfloat16(bf16_store(p, c.store, i));
+  narrow_into(c.m[i], m);
+  narrow_into(c.v[i], v);
 }
 
-// Four bf16 in one 8-byte word, widened; and back, each rounded to nearest even.
-struct Bf16x4 {
+// Four consecutive values widened to fp32, from one 8-byte (bf16) or 16-byte (fp32) access; and
+// back, the moments rounded to nearest even, the weight by the store.
+template <class T>
+struct Wide4 {
   float x[kElemsPerThread];
-  __device__ __forceinline__ explicit Bf16x4(const bf16* p) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    bf16 h[kElemsPerThread];
-    memcpy(h, &raw, sizeof(raw));
+  __device__ __forceinline__ explicit Wide4(const T* p) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float4 raw = *reinterpret_cast<const float4*>(p);
+      x[0] = raw.x;
+      x[1] = raw.y;
+      x[2] = raw.z;
+      x[3] = raw.w;
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(p);
+      bf16 h[kElemsPerThread];
+      memcpy(h, &raw, sizeof(raw));
 #pragma unroll
-    for (int k = 0; k < kElemsPerThread; ++k) x[k] = __bfloat162float(h[k]);
+      for (int k = 0; k < kElemsPerThread; ++k) x[k] = __bfloat162float(h[k]);
+    }
   }
-  __device__ __forceinline__ void store(bf16* p) const {
-    bf16 h[kElemsPerThread];
+  __device__ __forceinline__ void store(T* p) const {
+    if constexpr (std::is_same_v<T, float>) {
+      *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    } else {
+      bf16 h[kElemsPerThread];
 #pragma unroll
-    for (int k = 0; k < kElemsPerThread; ++k) h[k] = __float2bfloat16_rn(x[k]);
+      for (int k = 0; k < kElemsPerThread; ++k) h[k] = __float2bfloat16_rn(x[k]);
+      uint2 raw;
+      memcpy(&raw, h, sizeof(raw));
+      *reinterpret_cast<uint2*>(p) = raw;
+    }
+  }
+  // A bf16 master's four weights, elements i.. of the chunk, stored by `rounding`.
+  __device__ __forceinline__ void store_master(bf16* p, const Bf16Store& rounding,
+                                               int64_t i) const {
+    uint16_t h[kElemsPerThread];
+#pragma unroll
+    for (int k = 0; k < kElemsPerThread; ++k) h[k] = bf16_store(x[k], rounding, i + k);
     uint2 raw;
     memcpy(&raw, h, sizeof(raw));
     *reinterpret_cast<uint2*>(p) = raw;
   }
 };
 
-__global__ void adamw_bf16_kernel(const AdamWBatchBf16 batch, const AdamWScalars s) {
+template <class Chunk>
+__global__ void adamw_bf16_kernel(const ChunkBatch<Chunk> batch, const AdamWScalars s) {
+  using Moment = std::remove_pointer_t<decltype(Chunk::m)>;
   const int64_t b = blockIdx.x;
   const int k = chunk_of_block(batch, b);
-  const AdamWChunkBf16& c = batch.chunk[k];
+  const Chunk& c = batch.chunk[k];
   const int64_t e0 = (b - batch.first_block[k]) * kBlockElems;
   if (batch.vec[k]) {
     const int64_t i = e0 + static_cast<int64_t>(threadIdx.x) * kElemsPerThread;
     if (i + kElemsPerThread <= c.n) {
-      Bf16x4 p(c.param + i), m(c.m + i), v(c.v + i);
-      const Bf16x4 g(c.grad + i);
+      Wide4<bf16> p(c.param + i);
+      Wide4<Moment> m(c.m + i), v(c.v + i);
+      const Wide4<bf16> g(c.grad + i);
 #pragma unroll
       for (int e = 0; e < kElemsPerThread; ++e) adamw_element(p.x[e], m.x[e], v.x[e], g.x[e], s);
-      p.store(c.param + i);
+      p.store_master(c.param + i, c.store, i);
       m.store(c.m + i);
       v.store(c.v + i);
     } else {
@@ -199,6 +237,9 @@ bool vector_path(const AdamWChunk& c) {
 }
 bool vector_path(const AdamWChunkBf16& c) {
   return aligned8(c.param) && aligned8(c.grad) && aligned8(c.m) && aligned8(c.v);
+}
+bool vector_path(const AdamWChunkBf16Master& c) {
+  return aligned8(c.param) && aligned8(c.grad) && all_aligned16(c.m, c.v);
 }
 
 // The chunks in launches of at most kAdamWChunksPerLaunch, each chunk's blocks found by the
@@ -407,7 +448,12 @@ void sum_squares(double* out, const float* x, int64_t n, bool accumulate, double
 
 void adamw_update(const AdamWChunkBf16* chunks, int64_t n_chunks, const AdamWStep& step,
                   cudaStream_t stream) {
-  launch_adamw(adamw_bf16_kernel, chunks, n_chunks, step, stream);
+  launch_adamw(adamw_bf16_kernel<AdamWChunkBf16>, chunks, n_chunks, step, stream);
+}
+
+void adamw_update(const AdamWChunkBf16Master* chunks, int64_t n_chunks, const AdamWStep& step,
+                  cudaStream_t stream) {
+  launch_adamw(adamw_bf16_kernel<AdamWChunkBf16Master>, chunks, n_chunks, step, stream);
 }
 
 void sum_squares(double* out, const bf16* x, int64_t n, bool accumulate, double* scratch,

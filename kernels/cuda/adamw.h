@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/adamw.h"
+#include "kernels/stochastic_rounding.h"
 
 namespace frugal::cuda {
 
@@ -29,13 +30,27 @@ struct AdamWChunk {
 
 // One tensor of a bf16 run (optim.state_dtype = bf16): weight, gradient and moments all bf16,
 // as a bf16 PyTorch model with torch.optim.AdamW keeps them. The element math is the fp32 one
-// above on the widened values; each result is rounded to bf16 once (nearest even).
+// above on the widened values; each result is rounded to bf16 once: the moments to nearest
+// even, the weight as `store` says (optim.bf16_rounding: stochastically or to nearest even,
+// kernels/stochastic_rounding.h, the CPU's bits).
 struct AdamWChunkBf16 {
   __nv_bfloat16* param = nullptr;
   const __nv_bfloat16* grad = nullptr;
   __nv_bfloat16* m = nullptr;
   __nv_bfloat16* v = nullptr;
   int64_t n = 0;
+  Bf16Store store;
+};
+
+// One tensor with a bf16 master and fp32 moments (optim.master_dtype = bf16, state_dtype =
+// fp32): weight and gradient bf16, the weight stored as `store` says.
+struct AdamWChunkBf16Master {
+  __nv_bfloat16* param = nullptr;
+  const __nv_bfloat16* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t n = 0;
+  Bf16Store store;
 };
 
 // Updates every chunk of the host array `chunks` with the same step (one param group); the
@@ -46,6 +61,8 @@ inline constexpr int kAdamWChunksPerLaunch = 48;
 void adamw_update(const AdamWChunk* chunks, int64_t n_chunks, const AdamWStep& step,
                   cudaStream_t stream);
 void adamw_update(const AdamWChunkBf16* chunks, int64_t n_chunks, const AdamWStep& step,
+                  cudaStream_t stream);
+void adamw_update(const AdamWChunkBf16Master* chunks, int64_t n_chunks, const AdamWStep& step,
                   cudaStream_t stream);
 
 // Doubles of scratch sum_squares needs (its first-pass partial sums).

@@ -29,16 +29,26 @@ __global__ void galore_moments_kernel(float* m, float* v, float* r, int64_t n, f
   }
 }
 
-template <class T>
-__global__ void galore_apply_kernel(T* param, const float* delta, int64_t n, float step,
+__global__ void galore_apply_kernel(float* param, const float* delta, int64_t n, float step,
                                     float decay, __nv_bfloat16* param_bf16) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    const float stepped = __fadd_rn(to_float(param[i]), __fmul_rn(step, delta[i]));
+    const float stepped = __fadd_rn(param[i], __fmul_rn(step, delta[i]));
     const float p = __fadd_rn(stepped, __fmul_rn(decay, stepped));
-    param[i] = from_float<T>(p);
+    param[i] = p;
     if (param_bf16) param_bf16[i] = __float2bfloat16_rn(p);
+  }
+}
+
+__global__ void galore_apply_bf16_kernel(__nv_bfloat16* param, const float* delta, int64_t n,
+                                         float step, float decay, const Bf16Store store) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float stepped = __fadd_rn(__bfloat162float(param[i]), __fmul_rn(step, delta[i]));
+    param[i] =
+        __ushort_as_bfloat16(bf16_store(__fadd_rn(stepped, __fmul_rn(decay, stepped)), store, i));
   }
 }
 
@@ -55,15 +65,6 @@ __global__ void galore_sketch_kernel(float* omega, int64_t count, uint64_t seed)
   }
 }
 
-template <class T>
-void launch_apply(T* param, const float* delta, int64_t n, float step, float decay,
-                  __nv_bfloat16* param_bf16, cudaStream_t stream) {
-  if (n <= 0) return;
-  galore_apply_kernel<T><<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
-      param, delta, n, step, decay, param_bf16);
-  CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 void galore_moments(float* m, float* v, float* r, int64_t n, float beta1, float beta2, float eps,
@@ -78,12 +79,18 @@ void galore_moments(float* m, float* v, float* r, int64_t n, float beta1, float 
 
 void galore_apply(float* param, const float* delta, int64_t n, float step, float decay,
                   __nv_bfloat16* param_bf16, cudaStream_t stream) {
-  launch_apply(param, delta, n, step, decay, param_bf16, stream);
+  if (n <= 0) return;
+  galore_apply_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      param, delta, n, step, decay, param_bf16);
+  CUDA_CHECK_LAUNCH();
 }
 
 void galore_apply(__nv_bfloat16* param, const float* delta, int64_t n, float step, float decay,
-                  __nv_bfloat16* param_bf16, cudaStream_t stream) {
-  launch_apply(param, delta, n, step, decay, param_bf16, stream);
+                  const Bf16Store& store, cudaStream_t stream) {
+  if (n <= 0) return;
+  galore_apply_bf16_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      param, delta, n, step, decay, store);
+  CUDA_CHECK_LAUNCH();
 }
 
 void galore_sketch(float* omega, int64_t count, uint64_t seed, cudaStream_t stream) {

@@ -150,8 +150,15 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"optim.grad_clip", &c.optim.grad_clip, at_least(0),
        "clip the global gradient norm to this (0: off)"},
       {"optim.state_dtype", &c.optim.state_dtype, kAny,
-       "dtype of master weights, gradient shards and AdamW moments (bf16: GPUs only, no "
+       "dtype of AdamW's moments (and, with optim.master_dtype = auto, of the master weights "
+       "and gradient shards; bf16: no offload)"},
+      {"optim.master_dtype", &c.optim.master_dtype, kAny,
+       "dtype of the master weights and gradient shards: auto (bf16 when state_dtype = bf16, "
+       "else fp32), fp32, or bf16 (2 bytes each instead of 4; with either state_dtype, no "
        "offload)"},
+      {"optim.bf16_rounding", &c.optim.bf16_rounding, kAny,
+       "how an update is rounded into bf16 master weights: stochastic (unbiased, so updates "
+       "below half a bf16 step still count on average) or nearest (such updates are lost)"},
 
       {"galore.rank", &c.galore.rank, kPositive,
        "rank r of the subspace (at most the smaller side of every block matrix)"},

@@ -44,10 +44,10 @@ constexpr KeyRule closed(double lo, double hi) { return {KeyRule::Kind::closed, 
 // The field a key sets; a new mode enum joins the list.
 using KeyField =
     std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, TrainType*, CheckpointPolicy*,
-                 Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
-                 MomentsOnRefresh*, GaloreRefresh*, GaloreProjectionPrecision*, Fp8Recipe*,
-                 RopeScalingType*, DivergenceAction*, ActivationOffload*, TrainOn*, Packing*,
-                 LongDocuments*>;
+                 Offload*, StateDType*, MasterDType*, Bf16Rounding*, DeviceChoice*, OptimizerType*,
+                 GaloreProjectorKind*, MomentsOnRefresh*, GaloreRefresh*,
+                 GaloreProjectionPrecision*, Fp8Recipe*, RopeScalingType*, DivergenceAction*,
+                 ActivationOffload*, TrainOn*, Packing*, LongDocuments*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

@@ -28,6 +28,7 @@ std::string TrainConfig::unused_because(const std::string& name) const {
   if (section == "galore" && optim.type != OptimizerType::galore_adamw)
     return detail::concat("optim.type is ", enum_name(optim.type));
   if (section == "fp8" && name != "fp8.enabled" && !fp8.enabled) return "fp8.enabled is false";
+  if (name == "optim.bf16_rounding" && !optim.bf16_master()) return "the master weights are fp32";
   return "";
 }
 
@@ -50,18 +51,25 @@ void TrainConfig::validate() const {
         "config key 'galore.moments_on_refresh': reset needs galore.refresh = inline (a "
         "pipelined refresh installs its projector steps after it began, and reset's bias "
         "correction counts from the refresh step)");
-  if (optim.state_dtype == StateDType::bf16 && parallel.device == DeviceChoice::cpu)
-    fail(
-        "config key 'optim.state_dtype': bf16 needs parallel.device = cuda (the CPU backend "
-        "trains in fp32)");
   if (optim.state_dtype == StateDType::bf16 && parallel.offload != Offload::none)
     fail("config key 'optim.state_dtype': bf16 works without offload (parallel.offload = ",
          parallel.offload, "): offload keeps the fp32 state on the host instead");
+  // bf16 moments come with bf16 masters: the fp32-master kernels take fp32 moments only.
+  if (optim.master_dtype == MasterDType::fp32 && optim.state_dtype == StateDType::bf16)
+    fail(
+        "config key 'optim.master_dtype': fp32 with optim.state_dtype = bf16 is not supported "
+        "(bf16 moments need bf16 master weights: master_dtype = auto or bf16, or state_dtype = "
+        "fp32)");
+  if (optim.bf16_master() && parallel.offload != Offload::none)
+    fail("config key 'optim.master_dtype': bf16 works without offload (parallel.offload = ",
+         parallel.offload, "): offload keeps fp32 master weights on the host instead");
   if (monitor.on_divergence == DivergenceAction::rollback && ckpt.every == 0)
     fail(
         "config key 'monitor.on_divergence': rollback reloads the last checkpoint, and "
         "ckpt.every = 0 saves none before the end (set ckpt.every)");
 }
+
+bool OptimConfig::bf16_master() const { return frugal::bf16_master(master_dtype, state_dtype); }
 
 size_t ParallelConfig::gpu_mem_limit_bytes() const {
   return parse_bytes(gpu_mem_limit, "parallel.gpu_mem_limit");

@@ -45,6 +45,31 @@ inline std::span<const EnumName<StateDType>> enum_names(StateDType) {
   return names;
 }
 
+// optim.master_dtype: the dtype of master weights and gradient shards (auto: bf16 when
+// optim.state_dtype = bf16, else fp32).
+enum class MasterDType { automatic, fp32, bf16 };
+inline std::span<const EnumName<MasterDType>> enum_names(MasterDType) {
+  static constexpr EnumName<MasterDType> names[] = {
+      {MasterDType::automatic, "auto"}, {MasterDType::fp32, "fp32"}, {MasterDType::bf16, "bf16"}};
+  return names;
+}
+
+// Whether the master weights (and gradient shards) are bf16: master_dtype = bf16, or auto with
+// bf16 state.
+inline bool bf16_master(MasterDType master, StateDType state) {
+  return master == MasterDType::bf16 ||
+         (master == MasterDType::automatic && state == StateDType::bf16);
+}
+
+// optim.bf16_rounding: how an update is rounded into a bf16 master weight
+// (kernels/stochastic_rounding.h).
+enum class Bf16Rounding { stochastic, nearest };
+inline std::span<const EnumName<Bf16Rounding>> enum_names(Bf16Rounding) {
+  static constexpr EnumName<Bf16Rounding> names[] = {{Bf16Rounding::stochastic, "stochastic"},
+                                                     {Bf16Rounding::nearest, "nearest"}};
+  return names;
+}
+
 // optim.type: AdamW on every weight, or GaLore's AdamW ([galore]) on the blocks' matrices.
 enum class OptimizerType { adamw, galore_adamw };
 inline std::span<const EnumName<OptimizerType>> enum_names(OptimizerType) {
@@ -124,6 +149,9 @@ struct OptimConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   StateDType state_dtype = StateDType::fp32;
+  MasterDType master_dtype = MasterDType::automatic;
+  Bf16Rounding bf16_rounding = Bf16Rounding::stochastic;
+  bool bf16_master() const;  // frugal::bf16_master of the two keys
 };
 
 struct GaloreSettings {

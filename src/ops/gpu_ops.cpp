@@ -511,15 +511,30 @@ std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs) {
 }
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-                  Tensor& param_copy) {
+                  Tensor& param_copy, const Bf16Store& store) {
   // (Offloaded state is updated on the host: ops::adamw_update dispatches on the parameter.)
-  if (param.dtype() == DType::bf16) {  // optim.state_dtype = bf16: everything bf16, no copy
+  if (param.dtype() == DType::bf16) {  // optim.master_dtype = bf16: the master is its own copy
     FRUGAL_CHECK(!param_copy.defined(), "a bf16 parameter is its own copy");
     expect(grad, DType::bf16, "optimizer gradient of a bf16 parameter");
+    if (m.dtype() == DType::f32) {  // fp32 moments (optim.state_dtype = fp32)
+      expect(v, DType::f32, "AdamW second moment of a bf16 parameter");
+      const cuda::AdamWChunkBf16Master chunk{.param = bf(param),
+                                             .grad = bf(grad),
+                                             .m = f32(m),
+                                             .v = f32(v),
+                                             .n = param.numel(),
+                                             .store = store};
+      cuda::adamw_update(&chunk, 1, s, stream());
+      return;
+    }
     expect(m, DType::bf16, "AdamW first moment of a bf16 parameter");
     expect(v, DType::bf16, "AdamW second moment of a bf16 parameter");
-    const cuda::AdamWChunkBf16 chunk{
-        .param = bf(param), .grad = bf(grad), .m = bf(m), .v = bf(v), .n = param.numel()};
+    const cuda::AdamWChunkBf16 chunk{.param = bf(param),
+                                     .grad = bf(grad),
+                                     .m = bf(m),
+                                     .v = bf(v),
+                                     .n = param.numel(),
+                                     .store = store};
     cuda::adamw_update(&chunk, 1, s, stream());
     return;
   }
@@ -649,17 +664,19 @@ void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, f
   cuda::galore_moments(f32(m), f32(v), f32(r), r.numel(), beta1, beta2, eps, stream());
 }
 
-void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy) {
+void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy,
+                  const Bf16Store& store) {
   expect(delta, DType::f32, "GaLore step");
+  if (param.dtype() == DType::bf16) {  // a bf16 master: its own copy
+    FRUGAL_CHECK(!param_copy.defined(), "a bf16 parameter is its own copy");
+    return cuda::galore_apply(bf(param), f32(delta), param.numel(), step, decay, store, stream());
+  }
   __nv_bfloat16* copy = nullptr;
   if (param_copy.defined()) {
     expect(param_copy, DType::bf16, "parameter copy");
     copy = bf(param_copy);
   }
-  if (param.dtype() == DType::bf16)
-    cuda::galore_apply(bf(param), f32(delta), param.numel(), step, decay, copy, stream());
-  else
-    cuda::galore_apply(f32(param), f32(delta), param.numel(), step, decay, copy, stream());
+  cuda::galore_apply(f32(param), f32(delta), param.numel(), step, decay, copy, stream());
 }
 
 void galore_sketch(Tensor& omega, uint64_t seed) {

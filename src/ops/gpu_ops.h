@@ -82,7 +82,7 @@ void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, cons
 double sum_squares(const std::vector<Tensor>& xs);
 std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs);
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-                  Tensor& param_copy);
+                  Tensor& param_copy, const Bf16Store& store);
 
 Fp8Cast fp8_cast(const Tensor& x, const Fp8Slot& slot, bool plain, bool transposed);
 Fp8Cast fp8_cast(const Nf4Parts& w, int64_t rows, int64_t cols, const Fp8Slot& slot, bool plain,
@@ -100,7 +100,8 @@ void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
             int64_t n, int64_t k, float alpha, float beta, MatmulPrecision precision);
 void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps);
-void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy);
+void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy,
+                  const Bf16Store& store);
 void galore_sketch(Tensor& omega, uint64_t seed);
 // A timing event recorded on the compute stream (a core/device.h Event), and the milliseconds
 // from one to another (waits for the later one).

@@ -56,6 +56,12 @@ Arena& compute_arena(const Tensor& like) {
   return host_arena();
 }
 
+// A host tensor as f32: itself, or a bf16 one (a bf16 master or gradient shard) widened.
+Tensor host_f32(const Tensor& t) {
+  if (t.dtype() != DType::bf16) return t;
+  return convert(t, DType::f32, host_arena());
+}
+
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), compute_arena(t)); }
 
 }  // namespace
@@ -154,8 +160,7 @@ Tensor on_device_of(const Tensor& src, const Tensor& like) {
 
 Tensor to_host_f32(const Tensor& src) {
   FRUGAL_ON_GPU(src, to_host_f32(src));
-  FRUGAL_CHECK(src.dtype() == DType::f32, "host tensor of dtype ", dtype_name(src.dtype()));
-  return src;
+  return host_f32(src);
 }
 
 struct SideCopy::State {
@@ -470,9 +475,13 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 void add_inplace(Tensor& y, const Tensor& x) {
   FRUGAL_ON_GPU(y, add_inplace(y, x));
-  expect_cpu_f32(y, "sum");
   FRUGAL_CHECK(x.numel() == y.numel(), "add ", shape_string(x.shape()), " to ",
                shape_string(y.shape()));
+  if (y.dtype() == DType::bf16 && y.device() == Device::cpu) {  // a bf16 gradient shard
+    expect_cpu_f32(x, "addend of a bf16 sum");
+    return cpu::add_inplace(y.data<uint16_t>(), x.data<float>(), y.numel());
+  }
+  expect_cpu_f32(y, "sum");
   cpu::add_inplace(y.data<float>(), x.data<float>(), y.numel());
 }
 
@@ -493,8 +502,9 @@ double sum_squares(const std::vector<Tensor>& xs) {
   }
   double sum = 0;
   for (const Tensor& x : xs) {
-    expect_cpu_f32(x, "norm input");
-    sum += cpu::sum_squares(x.data<float>(), x.numel());
+    const Tensor wide = host_f32(x);  // bf16 gradient shards widen exactly
+    expect_cpu_f32(wide, "norm input");
+    sum += cpu::sum_squares(wide.data<float>(), wide.numel());
   }
   return sum;
 }
@@ -505,8 +515,10 @@ std::vector<GradHealth> grad_health(const std::vector<Tensor>& xs) {
   }
   std::vector<GradHealth> out;
   for (const Tensor& x : xs) {
-    expect_cpu_f32(x, "gradient");
-    const cpu::GradHealthCounts c = cpu::grad_health(x.data<float>(), x.numel());
+    const Tensor wide = host_f32(x);
+    expect_cpu_f32(wide, "gradient");
+    cpu::GradHealthCounts c = cpu::grad_health(wide.data<float>(), wide.numel());
+    if (x.dtype() == DType::bf16) c.bf16_underflow = c.bf16_overflow = 0;  // bf16 already (GPU's)
     out.push_back({c.sum_squares, c.nonfinite, c.bf16_underflow, c.bf16_overflow, x.numel()});
   }
   return out;
@@ -568,12 +580,26 @@ void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, cons
 namespace frugal::ops {
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-                  Tensor param_copy) {
+                  Tensor param_copy, const Bf16Store& store) {
   expect_shape(grad, param.shape(), "optimizer gradient");
   expect_shape(m, param.shape(), "AdamW first moment");
   expect_shape(v, param.shape(), "AdamW second moment");
   if (param_copy.defined()) expect_shape(param_copy, param.shape(), "parameter copy");
-  FRUGAL_ON_GPU(param, adamw_update(param, grad, m, v, s, param_copy));
+  FRUGAL_ON_GPU(param, adamw_update(param, grad, m, v, s, param_copy, store));
+  if (param.dtype() == DType::bf16) {  // a bf16 master (optim.master_dtype = bf16)
+    FRUGAL_CHECK(param.device() == Device::cpu && !param_copy.defined() &&
+                     grad.dtype() == DType::bf16 && grad.device() == Device::cpu &&
+                     m.dtype() == v.dtype() &&
+                     (m.dtype() == DType::f32 || m.dtype() == DType::bf16),
+                 "AdamW of a bf16 host master needs a bf16 gradient, no copy and moments both f32 "
+                 "or both bf16, not ",
+                 dtype_name(grad.dtype()), " ", dtype_name(m.dtype()), " ", dtype_name(v.dtype()));
+    if (m.dtype() == DType::f32)
+      return cpu::adamw_update_bf16(param.data<uint16_t>(), grad.data<uint16_t>(), m.data<float>(),
+                                    v.data<float>(), param.numel(), s, store);
+    return cpu::adamw_update_bf16(param.data<uint16_t>(), grad.data<uint16_t>(), m.data<uint16_t>(),
+                                  v.data<uint16_t>(), param.numel(), s, store);
+  }
   expect_cpu_f32(param, "optimizer parameter");
   // An offloaded master updated on the host: its bf16 copy, rounded on the host in the same
   // pass.
@@ -634,12 +660,18 @@ void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, f
                       eps);
 }
 
-void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor param_copy) {
+void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor param_copy,
+                  const Bf16Store& store) {
   expect_shape(delta, param.shape(), "GaLore step");
   if (param_copy.defined()) expect_shape(param_copy, param.shape(), "parameter copy");
   FRUGAL_CHECK(delta.dtype() == DType::f32 && delta.device() == param.device(),
                "GaLore step must be f32 beside its parameter");
-  FRUGAL_ON_GPU(param, galore_apply(param, delta, step, decay, param_copy));
+  FRUGAL_ON_GPU(param, galore_apply(param, delta, step, decay, param_copy, store));
+  if (param.dtype() == DType::bf16 && param.device() == Device::cpu) {  // a bf16 master
+    FRUGAL_CHECK(!param_copy.defined(), "a bf16 master is its own copy");
+    return cpu::galore_apply_bf16(param.data<uint16_t>(), delta.data<float>(), param.numel(), step,
+                                  decay, store);
+  }
   expect_cpu_f32(param, "GaLore parameter");
   if (param_copy.defined())
     FRUGAL_CHECK(param_copy.device() == Device::cpu && param_copy.dtype() == DType::bf16,

@@ -2,7 +2,9 @@
 // dispatches on the tensor's device to a kernel (kernels/cpu or kernels/cuda). Model code
 // never sees a kernel or a device API.
 //
-// Dtypes by device: on the CPU everything is f32. On a GPU activations and the gathered
+// Dtypes by device: on the CPU everything is f32 but the bf16 master weights and gradient
+// shards of optim.master_dtype = bf16 (and their bf16 moments), which the optimizer's
+// operations, add_inplace, sum_squares and grad_health take. On a GPU activations and the gathered
 // weights the layers read are bf16 (math in fp32 inside the kernels), while weight gradients,
 // master weights and optimizer state are f32 (bf16 with optim.state_dtype = bf16, where
 // linear_backward and rmsnorm_backward also add into bf16 weight gradients, one rounding per
@@ -242,9 +244,11 @@ void dequantize_hqq(Tensor& out, const Tensor& codes, const Tensor& scales, cons
 using AdamWStep = cpu::AdamWStep;
 // One AdamW update of param with grad, moments m and v (all the same shape, f32). When
 // param_copy is defined (bf16, same shape) it receives the updated values in its dtype: the
-// copy the forward reads on a GPU.
+// copy the forward reads on a GPU. A bf16 master (optim.master_dtype = bf16): param and grad
+// bf16, m and v bf16 or f32, each updated weight stored into param as `store` says
+// (stochastically or to nearest; kernels/stochastic_rounding.h), on either device.
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-                  Tensor param_copy = Tensor());
+                  Tensor param_copy = Tensor(), const Bf16Store& store = Bf16Store());
 
 // --- dense linear algebra (GaLore's projections) ---------------------------------------------
 // How a GPU multiplies f32 matrices: in fp32, or on the tensor cores in TF32 (each operand
@@ -265,9 +269,9 @@ void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool tran
 // normalized step m / (sqrt(v) + eps).
 void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps);
 // param = p + decay * p with p = param + step * delta (delta f32, param's shape); param_copy
-// (optional, bf16) receives the result in its dtype.
+// (optional, bf16) receives the result in its dtype. A bf16 param is stored as `store` says.
 void galore_apply(Tensor& param, const Tensor& delta, float step, float decay,
-                  Tensor param_copy = Tensor());
+                  Tensor param_copy = Tensor(), const Bf16Store& store = Bf16Store());
 // The randomized projector's sketch (f32, any shape, contiguous): standard normal entries, each
 // a function of the seed and its index alone (kernels/galore_sketch.h), drawn where omega lives.
 void galore_sketch(Tensor& omega, uint64_t seed);

@@ -11,11 +11,12 @@ bool decays(const std::string& name) { return name.find("norm") == std::string::
 
 AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Arena& state_arena)
     : shards_(std::move(shards)), config_(config) {
-  // The moments take the master's dtype: fp32, or bf16 in a bf16 run (as torch.optim.AdamW
-  // keeps them for bf16 parameters).
+  // The moments take optim.state_dtype, by default the master's dtype: fp32, or bf16 in a bf16
+  // run (as torch.optim.AdamW keeps them for bf16 parameters).
   for (const TrainableShard& s : shards_) {
-    m_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
-    v_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
+    const DType dtype = config_.moments.value_or(s.param.dtype());
+    m_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
+    v_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
   }
 }
 
@@ -31,6 +32,17 @@ StepReport AdamW::begin_step(double lr, int64_t step, const StepCollectives& col
   step_ = step;
   clip_scale_ = report.clip_scale;
   return report;
+}
+
+Bf16Store bf16_store(const AdamWConfig& config, const TrainableShard& s, int64_t step) {
+  Bf16Store store;
+  store.stochastic = config.bf16_stochastic;
+  store.key = stochastic_rounding_key(config.rounding_seed, step,
+                                      parameter_rounding_id(s.name.data(), s.name.size()));
+  const int64_t rows = s.rows.rows();
+  const int64_t row_len = rows > 0 ? shape_numel(s.rows.full_shape) / rows : 0;
+  store.first_element = s.rows.first_row * row_len;
+  return store;
 }
 
 ops::AdamWStep adamw_step(const AdamWConfig& config, const std::string& name, double lr,
@@ -51,7 +63,8 @@ void AdamW::update(size_t i) {
   FRUGAL_CHECK(step_ >= 1, "AdamW::update before begin_step");
   TrainableShard& s = shards_[i];
   ops::adamw_update(s.param, s.grad, m_[i], v_[i],
-                    adamw_step(config_, s.name, lr_, step_, clip_scale_), s.param_copy);
+                    adamw_step(config_, s.name, lr_, step_, clip_scale_), s.param_copy,
+                    bf16_store(config_, s, step_));
 }
 
 std::vector<StateTensor> AdamW::state_tensors() {

@@ -2,6 +2,7 @@
 // in the arena the caller names (host memory, or an offload arena).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -17,6 +18,13 @@ struct AdamWConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double grad_clip = 1.0;  // 0: no clipping
+  // The moments' dtype (optim.state_dtype); unset, the master's (fp32, or bf16 in a bf16 run).
+  std::optional<DType> moments = std::nullopt;
+  // How updates are stored into bf16 masters (optim.bf16_rounding): stochastically, with bits
+  // keyed by (rounding_seed, step, the parameter's name, the element's index in the whole
+  // parameter), or to nearest even. fp32 masters ignore both.
+  bool bf16_stochastic = true;
+  uint64_t rounding_seed = 0;
 };
 
 class AdamW : public Optimizer {
@@ -45,6 +53,11 @@ class AdamW : public Optimizer {
 
 // Whether weight decay applies to a parameter: matrices yes, norm weights no.
 bool decays(const std::string& name);
+
+// How optimizer step `step` stores its updates of shard s into a bf16 master (unused by fp32
+// ones): the rounding the config asks for, keyed by the parameter's name and the shard's first
+// element in the whole parameter, so any sharding rounds each element alike.
+Bf16Store bf16_store(const AdamWConfig& config, const TrainableShard& s, int64_t step);
 
 // The scalars of one AdamW update of parameter `name` (GaLore's optimizer updates the
 // parameters it does not project with them too).

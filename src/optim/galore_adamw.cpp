@@ -36,8 +36,9 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
     const Shape& full = s.rows.full_shape;
     if (!galore_projects(s.name, full)) {
       matrix_of_.push_back(-1);
-      m_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
-      v_.push_back(ops::zeros(s.param.shape(), s.param.dtype(), state_arena));
+      const DType dtype = adamw_.moments.value_or(s.param.dtype());
+      m_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
+      v_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
       continue;
     }
     Matrix x;
@@ -467,7 +468,8 @@ void GaloreAdamW::update(size_t k) {
   if (matrix_of_[k] >= 0) return update_projected(matrices_[size_t(matrix_of_[k])]);
   TrainableShard& s = shards_[k];
   ops::adamw_update(s.param, s.grad, m_[k], v_[k],
-                    adamw_step(adamw_, s.name, lr_, step_, clip_scale_), s.param_copy);
+                    adamw_step(adamw_, s.name, lr_, step_, clip_scale_), s.param_copy,
+                    bf16_store(adamw_, s, step_));
 }
 
 void GaloreAdamW::update_projected(Matrix& x) {
@@ -526,7 +528,7 @@ void GaloreAdamW::update_projected(Matrix& x) {
     timed(Work::projection, start);
     start = mark();
     ops::galore_apply(param, step_back, static_cast<float>(-step_size), static_cast<float>(decay),
-                      copy);
+                      copy, bf16_store(adamw_, s, step_));
   }
   timed(Work::moments, start);
 }

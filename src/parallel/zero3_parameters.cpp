@@ -276,6 +276,13 @@ Zero3Parameters::Gathered& Zero3Parameters::wait_gathered(int64_t unit) {
   for (ops::SideCopy& upload : g.uploads) upload.wait();
   for (Pending& op : g.ops) op->wait();
   g.ops.clear();
+  // bf16 masters on the CPU (optim.master_dtype = bf16): gathered in bf16 (half the traffic),
+  // widened once on arrival, exactly, for the layers' fp32 arithmetic. (On a GPU the gathered
+  // weights are bf16 copies already.)
+  const DType compute = ops::compute_dtype(arenas_.gathered->device());
+  for (Tensor& full : g.full)
+    if (full.defined() && full.dtype() == DType::bf16 && compute == DType::f32)
+      full = ops::convert(full, compute, *arenas_.gathered);
   ++g.users;
   return g;
 }

@@ -26,8 +26,12 @@ size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank) {
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s) {
   MemoryPlan plan;
   const size_t ranks = size_t(std::max(1, s.ranks));
-  const size_t master = s.state == StateDType::bf16 ? 2 : 4;  // bytes per element
-  const size_t compute = s.gpu ? 2 : 4;                       // gathered weights
+  const bool bf16 = bf16_master(s.master, s.state);
+  const size_t master = bf16 ? 2 : 4;                         // bytes per element
+  const size_t moment = s.state == StateDType::bf16 ? 2 : 4;  // AdamW's moments
+  // Gathered weights: bf16 on a GPU; on the CPU fp32, and bf16 masters are gathered as bf16
+  // and then widened (both at once).
+  const size_t compute = s.gpu ? 2 : bf16 ? 6 : 4;
   size_t largest_unit = 0;
   std::vector<GaloreMatrixRows> projected;  // GaLore's matrices, in the optimizer's order
   for (const UnitSpec& unit : units) {
@@ -46,12 +50,12 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
         const bool galore = s.galore && galore_projects(p.name, p.shape);
         const size_t optimizer =
             galore ? galore_state_bytes(p.shape, shard_rows, s.galore->projector.rank)
-                   : 2 * shard * master;
+                   : 2 * shard * moment;
         if (galore) projected.push_back({p.shape, int64_t(shard_rows)});
         plan.optimizer += optimizer;
         if (s.checkpoint_staging)
-          plan.checkpoint_staging += checkpoint_staging_bytes(shard, optimizer, master, galore);
-        if (s.gpu && s.state == StateDType::fp32) plan.copies += shard * 2;
+          plan.checkpoint_staging += checkpoint_staging_bytes(shard, optimizer, moment, galore);
+        if (s.gpu && !bf16) plan.copies += shard * 2;
         if (ranks == 1 && s.fp8_gathered && s.fp8_gathered(p)) plan.fp8_codes += shard;
       } else if (encoded) {
         // Two codes a byte and the block scales: NF4's absmax code per 64 (and the whole
@@ -62,8 +66,8 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
             (s.four_bit_hqq ? 8 * blocks : blocks + 4 * ((rows * row_len / 64 + 255) / 256));
         (s.gpu ? plan.copies : plan.params) += parts;
       } else {
-        // A frozen weight on a GPU keeps only its bf16 copy; on the CPU its fp32 master.
-        (s.gpu ? plan.copies : plan.params) += shard * (s.gpu ? 2 : 4);
+        // A frozen weight on a GPU keeps only its bf16 copy; on the CPU its master.
+        (s.gpu ? plan.copies : plan.params) += shard * (s.gpu ? 2 : master);
       }
       // A 4-bit weight is gathered as its codes and made whole one matrix at a time (QLoRA's
       // gather_compressed): its codes are what the unit holds for sure.
@@ -76,8 +80,8 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
   if (s.galore) {
     // The gradients GaLore reads are bf16 with bf16 state; the optimizer's products run on the
     // host on the CPU and with offload.
-    const GaloreWorkingBytes working = galore_working_bytes(
-        projected, *s.galore, s.state == StateDType::bf16, !s.gpu || s.offload != Offload::none);
+    const GaloreWorkingBytes working =
+        galore_working_bytes(projected, *s.galore, bf16, !s.gpu || s.offload != Offload::none);
     plan.galore_working = working.device;
     plan.galore_host = working.host;
   }
@@ -198,12 +202,13 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
   const bool full = c.train.type == TrainType::full;
   const bool four_bit = c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora;
   const bool galore = full && c.optim.type == OptimizerType::galore_adamw;
-  const size_t master = c.optim.state_dtype == StateDType::bf16 ? 2 : 4;
+  const size_t master = c.optim.bf16_master() ? 2 : 4;
+  const size_t moment = c.optim.state_dtype == StateDType::bf16 ? 2 : 4;
   // Where the state lives: a GPU's memory unless offloaded; frozen weights' copies stay on the
   // GPU unless the parameters are offloaded too.
   const bool state_on_device = gpu && c.parallel.offload == Offload::none;
   const bool frozen_on_device = gpu && c.parallel.offload != Offload::params;
-  const size_t frozen_half_bytes = gpu ? 4 : 8;  // a bf16 copy on a GPU, the fp32 master else
+  const size_t frozen_half_bytes = gpu ? 4 : 2 * master;  // a bf16 copy on a GPU, the master else
   const std::string over_ranks = " over " + std::to_string(ranks) + " shard rank(s)";
   std::vector<MemoryFloorPart> parts;
 
@@ -223,7 +228,7 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
       (m.head_dim > 0 ? ", model.head_dim = " : ", head dimension ") + std::to_string(d) + ")";
   if (full) {
     // Master and gradient, and AdamW's two moments (GaLore's projected ones are smaller).
-    const size_t per = galore ? 2 * master : 4 * master;
+    const size_t per = galore ? 2 * master : 2 * master + 2 * moment;
     parts.push_back({"the blocks' weights and their training state: " + block_keys + " x " +
                          std::to_string(per) +
                          (galore ? " bytes (master and gradient)"
@@ -233,9 +238,9 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
                      rank_bytes(blocks_params, 2 * per, ranks), state_on_device});
   } else {
     parts.push_back({"the frozen blocks' weights: " + block_keys +
-                         (four_bit ? " x half a byte (4-bit codes)"
-                          : gpu    ? " x 2 bytes (bf16)"
-                                   : " x 4 bytes (fp32)") +
+                         (four_bit             ? " x half a byte (4-bit codes)"
+                          : gpu || master == 2 ? " x 2 bytes (bf16)"
+                                               : " x 4 bytes (fp32)") +
                          over_ranks,
                      rank_bytes(blocks_params, four_bit ? 1 : frozen_half_bytes, ranks),
                      frozen_on_device});
@@ -247,9 +252,10 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
         {"LoRA's adapters and their training state: lora.rank = " + std::to_string(c.lora.rank) +
              " x " + std::to_string(targets) +
              " targets (lora.targets) x model.num_hidden_layers = " + std::to_string(layers) +
-             " x model.hidden_size = " + std::to_string(h) + " x " + std::to_string(4 * master) +
-             " bytes (master, gradient, two moments)" + over_ranks,
-         rank_bytes(adapters, 8 * master, ranks), state_on_device});
+             " x model.hidden_size = " + std::to_string(h) + " x " +
+             std::to_string(2 * master + 2 * moment) + " bytes (master, gradient, two moments)" +
+             over_ranks,
+         rank_bytes(adapters, 2 * (2 * master + 2 * moment), ranks), state_on_device});
   }
   const size_t tables = m.tie_word_embeddings ? 1 : 2;
   const size_t embedding = saturating_product({tables, vocab, h});
@@ -257,11 +263,11 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
       {std::string(m.tie_word_embeddings ? "the embedding" : "the embedding and the head") +
            ": model.vocab_size = " + std::to_string(vocab) +
            " x model.hidden_size = " + std::to_string(h) +
-           (full  ? " x " + std::to_string(4 * master) + " bytes"
+           (full  ? " x " + std::to_string(2 * master + 2 * moment) + " bytes"
             : gpu ? " x 2 bytes"
-                  : " x 4 bytes") +
+                  : " x " + std::to_string(master) + " bytes") +
            over_ranks,
-       rank_bytes(embedding, full ? 8 * master : frozen_half_bytes, ranks),
+       rank_bytes(embedding, full ? 2 * (2 * master + 2 * moment) : frozen_half_bytes, ranks),
        full ? state_on_device : frozen_on_device});
 
   // --- a micro-batch's activations -------------------------------------------------------------

@@ -41,7 +41,8 @@ struct PlanSettings {
   int ranks = 1;
   bool gpu = false;
   Offload offload = Offload::none;
-  StateDType state = StateDType::fp32;
+  StateDType state = StateDType::fp32;          // the moments' dtype (optim.state_dtype)
+  MasterDType master = MasterDType::automatic;  // the masters' and gradients' (optim.master_dtype)
   std::function<bool(const ParamSpec&)> four_bit;  // frozen weights stored in 4 bits (QLoRA)
   bool four_bit_hqq = false;  // their format: NF4 (false) or HQQ (scale and zero per 64)
   std::function<bool(const ParamSpec&)> fp8_gathered;  // trained weights gathered as E4M3 codes
@@ -78,9 +79,9 @@ size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank);
 // What an asynchronous save stages on the host for one trainable shard of `shard` elements: its
 // master and its optimizer state (`optimizer_bytes` as held, `master_bytes` per element), in
 // fp32 (GaLore's state is fp32 already).
-inline size_t checkpoint_staging_bytes(size_t shard, size_t optimizer_bytes, size_t master_bytes,
+inline size_t checkpoint_staging_bytes(size_t shard, size_t optimizer_bytes, size_t moment_bytes,
                                        bool galore) {
-  return shard * 4 + (galore ? optimizer_bytes : optimizer_bytes * 4 / master_bytes);
+  return shard * 4 + (galore ? optimizer_bytes : optimizer_bytes * 4 / moment_bytes);
 }
 
 // A floor under a run's memory on one rank, from the configuration's size keys alone, worked

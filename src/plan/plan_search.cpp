@@ -27,8 +27,7 @@ PlanOption evaluate(const TrainConfig& config, MeshKind kind, const Cluster& clu
   o.fits_gpu = cluster.gpu_mem_bytes == 0 || o.memory.device_in_use <= cluster.gpu_mem_bytes;
   o.fits_host = cluster.host_mem_bytes == 0 || o.host_per_node <= cluster.host_mem_bytes;
   o.arithmetic_changes =
-      (config.optim.state_dtype == StateDType::bf16) +
-      (config.optim.type == OptimizerType::galore_adamw) +
+      config.optim.bf16_master() + (config.optim.type == OptimizerType::galore_adamw) +
       (config.train.type == TrainType::qlora || config.train.type == TrainType::hqq_lora);
   if (!o.fits_gpu)
     o.verdict = "rejected: needs " + gib_text(o.memory.device_in_use) +

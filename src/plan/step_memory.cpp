@@ -189,7 +189,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
                                                                        : Encoding::none;
   const bool host_state = c.parallel.offload != Offload::none;
   const bool copies_on_host = c.parallel.offload == Offload::params;
-  const size_t master = c.optim.state_dtype == StateDType::bf16 ? 2 : 4;
+  const size_t master = c.optim.bf16_master() ? 2 : 4;  // masters and gradient shards
+  const size_t moment = c.optim.state_dtype == StateDType::bf16 ? 2 : 4;
   // One rank with fp32 state on the GPU: the backward adds into the gradient shards themselves.
   const bool direct_grads = ranks == 1 && !host_state && master == 4;
   const bool galore_on = c.optim.type == OptimizerType::galore_adamw;
@@ -240,7 +241,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
       if (p.trainable) {
         keep(host_state, p.shard * master, kMasters);
         keep(host_state, p.shard * master, kGradients);
-        size_t optimizer = 2 * p.shard * master;
+        size_t optimizer = 2 * p.shard * moment;
         const bool galore = galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape);
         if (galore) {
           optimizer = galore_state_bytes(p.shape, p.shard / (p.numel / p.rows), galore_rank);
@@ -250,7 +251,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
         if (master == 4) keep(copies_on_host, p.shard * 2, kCopies);  // the bf16 copy the layers read
         if (host_state && !copies_on_host) out.host_state += p.shard * 2;  // its host staging
         if (c.ckpt.stages_saves())
-          out.host_staging += checkpoint_staging_bytes(p.shard, optimizer, master, galore);
+          out.host_staging += checkpoint_staging_bytes(p.shard, optimizer, moment, galore);
       } else if (p.encoding != Encoding::none) {
         for (size_t part : encoded_parts(p, p.shard, true)) keep(copies_on_host, part, kCopies);
       } else {

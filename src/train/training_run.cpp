@@ -160,8 +160,6 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   check_same_config(*host_mesh.world, c.resolved);
   out_dir_lock = lock_out_dir(c.train.out_dir, *host_mesh.world);
   use_gpu = decide_gpu(c.parallel.device, *host_mesh.world, "config key 'parallel.device'");
-  if (c.optim.state_dtype == StateDType::bf16 && !use_gpu)
-    fail("config key 'optim.state_dtype': bf16 needs GPUs, and this run trains on the CPU");
 
   // --- data ----------------------------------------------------------------------------------
   const fs::path data_dir(c.data.dir);
@@ -277,7 +275,14 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
     };
   if (c.train.type == TrainType::qlora) init.nf4 = projection;
   if (c.train.type == TrainType::hqq_lora) init.hqq = projection;
-  const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
+  const bool bf16_master = c.optim.bf16_master();
+  // The replicas of hybrid sharding sum bf16 gradient shards through NCCL; MPI (the CPU's
+  // communicator) sums no bf16.
+  if (bf16_master && !use_gpu && mesh().dp_replicate > 1)
+    fail(
+        "config key 'optim.master_dtype': bf16 master weights on the CPU backend need one "
+        "replica (parallel.dp_shard = every data-parallel rank, here ",
+        mesh().dp_replicate, " replicas): MPI cannot sum their bf16 gradient shards");
   std::vector<UnitSpec> units = lora.enabled() ? lora_units(c.model, lora) : llama_units(c.model);
   // Hybrid sharding: ZeRO-3 within a replica; the replicas sum their gradient shards, GaLore's
   // projected matrices as their projections (the optimizer sums those).
@@ -307,7 +312,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   params = std::make_unique<Zero3Parameters>(
       std::move(units), *mesh().shard,
       Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
-                  memory->copies.get(), bf16_state ? DType::bf16 : DType::f32},
+                  memory->copies.get(), bf16_master ? DType::bf16 : DType::f32},
       c.train.seed, static_cast<float>(c.train.init_std), true, init, replicas);
 #ifdef FRUGAL_HAVE_CUDA
   // The frozen weights' fp32 masters were made on the GPU and dropped once copied to bf16; the
@@ -315,8 +320,15 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   // asks for: give them back (the memory plan counts the start-up's reservation apart).
   if (memory->gpu) memory->gpu->device_memory().trim();
 #endif
-  const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
-                                 c.optim.grad_clip};
+  AdamWConfig adamw_config;
+  adamw_config.beta1 = c.optim.beta1;
+  adamw_config.beta2 = c.optim.beta2;
+  adamw_config.eps = c.optim.eps;
+  adamw_config.weight_decay = c.optim.weight_decay;
+  adamw_config.grad_clip = c.optim.grad_clip;
+  adamw_config.moments = c.optim.state_dtype == StateDType::bf16 ? DType::bf16 : DType::f32;
+  adamw_config.bf16_stochastic = c.optim.bf16_rounding == Bf16Rounding::stochastic;
+  adamw_config.rounding_seed = c.train.seed;
   if (galore) {
     optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, *galore,
                                               *memory->optimizer);
@@ -369,6 +381,7 @@ void TrainingRun::check_memory_plan(const std::vector<UnitSpec>& units,
   settings.gpu = use_gpu;
   settings.offload = c.parallel.offload;
   settings.state = c.optim.state_dtype;
+  settings.master = c.optim.master_dtype;
   settings.galore = galore;
   if (c.train.type == TrainType::qlora || c.train.type == TrainType::hqq_lora)
     settings.four_bit = projection;
@@ -459,6 +472,11 @@ void TrainingRun::log_plan(int64_t start_step) const {
   const TrainConfig& c = config;
   const Mesh& m = use_gpu ? gpu_mesh : host_mesh;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
+  const std::string masters = c.optim.bf16_master()
+                                  ? std::string("bf16 master weights and gradients (rounded ") +
+                                        std::string(enum_name(c.optim.bf16_rounding)) + "), " +
+                                        (bf16_state ? "bf16" : "fp32") + " moments"
+                                  : std::string("fp32 master weights");
   log_info(
       "frugal train: model ", c.model.parameter_count(), " parameters (", c.model.num_hidden_layers,
       " layers, hidden ", c.model.hidden_size, ", heads ", c.model.num_attention_heads, "/",
@@ -470,9 +488,7 @@ void TrainingRun::log_plan(int64_t start_step) const {
                 " x cp " + std::to_string(m.cp_size) + ")"
           : std::string(),
       ", offload ", c.parallel.offload, ", ",
-      !use_gpu     ? "CPU (fp32)"
-      : bf16_state ? "GPU (bf16 compute, bf16 master weights, gradients and moments)"
-                   : "GPU (bf16 compute, fp32 master weights)");
+      use_gpu ? "GPU (bf16 compute, " : "CPU (fp32 compute, ", masters, ")");
   {
     std::string mesh_line = "mesh: " + m.describe() + "; weights gathered and gradients " +
                             "reduce-scattered over " + std::to_string(m.shard->size()) +

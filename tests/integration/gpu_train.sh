@@ -56,7 +56,7 @@ done
 # optim.state_dtype = bf16: learns like the fp32 run, needs less memory, resumes exactly (its
 # checkpoints hold the bf16 values widened to fp32, which narrow back unchanged).
 "${gpu[@]}" "${common[@]}" --optim.state_dtype=bf16 --ckpt.every=20 --train.out_dir="$work/bf16" > "$work/bf16.log"
-grep -q "bf16 master weights, gradients and moments" "$work/bf16.log" \
+grep -q "bf16 master weights and gradients (rounded stochastic), bf16 moments" "$work/bf16.log" \
   || { echo "FAIL: not a bf16 run"; cat "$work/bf16.log"; exit 1; }
 rel=$(max_rel "$work/bf16/metrics.jsonl" "$work/gpu/metrics.jsonl")
 awk -v r="$rel" 'BEGIN { exit !(r < 5e-2) }' || { echo "FAIL: bf16 state vs fp32 differs by $rel"; exit 1; }

@@ -154,7 +154,9 @@ printf '[train]\nsteps = 3\nbogus = 1\n' > "$work/bad.cfg"
 expect_error "unknown config key 'train.bogus'" "$work/bad.cfg" "${common[@]}"
 expect_error "config file '$work/missing.cfg' does not exist" "$work/missing.cfg"
 expect_error "smaller than the vocabulary" "${common[@]}" --model.vocab_size=100
-expect_error "'optim.state_dtype': bf16 needs" "${common[@]}" --optim.state_dtype=bf16
+expect_error "'optim.master_dtype': fp32 with optim.state_dtype = bf16 is not supported" "${common[@]}" \
+  --optim.state_dtype=bf16 --optim.master_dtype=fp32
+expect_error "'optim.master_dtype': value 'fp16'" "${common[@]}" --optim.master_dtype=fp16
 expect_error "'optim.state_dtype': value 'fp8'" "${common[@]}" --optim.state_dtype=fp8
 # A directory given as the config file, and a bad value in a config file that the command line
 # overrides, are both named (they used to be ignored).

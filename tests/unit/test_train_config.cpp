@@ -86,6 +86,8 @@ const std::map<std::string, std::string> kDefaults = {
     {"optim.weight_decay", "0.1"},
     {"optim.grad_clip", "1"},
     {"optim.state_dtype", "fp32"},
+    {"optim.master_dtype", "auto"},
+    {"optim.bf16_rounding", "stochastic"},
     {"optim.type", "adamw"},
     {"galore.rank", "128"},
     {"galore.update_proj_gap", "200"},
@@ -146,6 +148,8 @@ TEST_CASE("each mode's names round-trip, spelled as in the .cfg files", "[config
   check_round_trip<TrainType>();
   check_round_trip<Offload>();
   check_round_trip<StateDType>();
+  check_round_trip<MasterDType>();
+  check_round_trip<Bf16Rounding>();
   check_round_trip<DivergenceAction>();
   check_round_trip<DeviceChoice>();
   check_round_trip<CheckpointPolicy>();
@@ -158,6 +162,8 @@ TEST_CASE("each mode's names round-trip, spelled as in the .cfg files", "[config
   CHECK(enum_name_list<TrainType>() == "full, lora, qlora, hqq_lora");
   CHECK(enum_name_list<Offload>() == "none, optimizer, params");
   CHECK(enum_name_list<StateDType>() == "fp32, bf16");
+  CHECK(enum_name_list<MasterDType>() == "auto, fp32, bf16");
+  CHECK(enum_name_list<Bf16Rounding>() == "stochastic, nearest");
   CHECK(enum_name_list<DeviceChoice>() == "auto, cpu, cuda");
   CHECK(enum_name_list<CheckpointPolicy>() == "none, selective, full");
   CHECK(enum_name(DeviceChoice::automatic) == "auto");
@@ -350,17 +356,40 @@ TEST_CASE("the keys a run ignores, and why", "[config]") {
   CHECK(c.unused_because("lora.rank").empty());
 }
 
-TEST_CASE("optim.state_dtype = bf16 asks for GPUs without offload", "[config]") {
+TEST_CASE("bf16 master weights: on either device, without offload, named combinations",
+          "[config]") {
   TrainConfig c;
   c.optim.state_dtype = StateDType::bf16;
+  CHECK(c.optim.bf16_master());  // auto follows the state
   c.parallel.device = DeviceChoice::cpu;
-  CHECK(test::contains(test::error_of([&] { c.validate(); }), "bf16 needs parallel.device = cuda"));
+  CHECK(test::error_of([&] { c.validate(); }).empty());
   c.parallel.device = DeviceChoice::cuda;
   CHECK(test::error_of([&] { c.validate(); }).empty());
   c.parallel.offload = Offload::optimizer;
   CHECK(test::error_of([&] { c.validate(); }) ==
         "config key 'optim.state_dtype': bf16 works without offload (parallel.offload = "
         "optimizer): offload keeps the fp32 state on the host instead");
+  c.optim.state_dtype = StateDType::fp32;
+  CHECK_FALSE(c.optim.bf16_master());
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  c.optim.master_dtype = MasterDType::bf16;  // bf16 masters with fp32 moments
+  CHECK(c.optim.bf16_master());
+  CHECK(test::error_of([&] { c.validate(); }) ==
+        "config key 'optim.master_dtype': bf16 works without offload (parallel.offload = "
+        "optimizer): offload keeps fp32 master weights on the host instead");
+  c.parallel.offload = Offload::none;
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  c.optim.master_dtype = MasterDType::fp32;
+  c.optim.state_dtype = StateDType::bf16;
+  CHECK_FALSE(c.optim.bf16_master());
+  CHECK(
+      test::contains(test::error_of([&] { c.validate(); }),
+                     "'optim.master_dtype': fp32 with optim.state_dtype = bf16 is not supported"));
+  // The rounding is a setting of bf16 masters only.
+  c.optim.state_dtype = StateDType::fp32;
+  CHECK(c.unused_because("optim.bf16_rounding") == "the master weights are fp32");
+  c.optim.master_dtype = MasterDType::bf16;
+  CHECK(c.unused_because("optim.bf16_rounding").empty());
 }
 
 #ifdef FRUGAL_HAVE_CLI
