@@ -152,6 +152,13 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"optim.state_dtype", &c.optim.state_dtype, kAny,
        "dtype of master weights, gradient shards and AdamW moments (bf16: GPUs only, no "
        "offload)"},
+      {"optim.update", &c.optim.update, kAny,
+       "step: every update after the whole backward; per_layer: each unit's as soon as its "
+       "gradients are final in the backward of the step's last micro-batch"},
+      {"optim.per_layer_clip", &c.optim.per_layer_clip, kAny,
+       "optim.grad_clip under per_layer updates: unit (each unit's gradient clipped to "
+       "grad_clip / sqrt(units), so the global norm stays within grad_clip), previous_norm "
+       "(the global clip factor of the previous step's norm), or none"},
 
       {"galore.rank", &c.galore.rank, kPositive,
        "rank r of the subspace (at most the smaller side of every block matrix)"},

@@ -47,7 +47,9 @@ using KeyField =
                  Offload*, StateDType*, DeviceChoice*, OptimizerType*, GaloreProjectorKind*,
                  MomentsOnRefresh*, GaloreRefresh*, GaloreProjectionPrecision*, Fp8Recipe*,
                  RopeScalingType*, DivergenceAction*, ActivationOffload*, TrainOn*, Packing*,
-                 LongDocuments*>;
+                 LongDocuments*,
+                 // optim.update and optim.per_layer_clip (per-layer updates)
+                 UpdateTiming*, PerLayerClip*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

@@ -28,6 +28,8 @@ std::string TrainConfig::unused_because(const std::string& name) const {
   if (section == "galore" && optim.type != OptimizerType::galore_adamw)
     return detail::concat("optim.type is ", enum_name(optim.type));
   if (section == "fp8" && name != "fp8.enabled" && !fp8.enabled) return "fp8.enabled is false";
+  if (name == "optim.per_layer_clip" && optim.update == UpdateTiming::step)
+    return "optim.update is step";
   return "";
 }
 
@@ -57,10 +59,32 @@ void TrainConfig::validate() const {
   if (optim.state_dtype == StateDType::bf16 && parallel.offload != Offload::none)
     fail("config key 'optim.state_dtype': bf16 works without offload (parallel.offload = ",
          parallel.offload, "): offload keeps the fp32 state on the host instead");
+  validate_per_layer_updates();
   if (monitor.on_divergence == DivergenceAction::rollback && ckpt.every == 0)
     fail(
         "config key 'monitor.on_divergence': rollback reloads the last checkpoint, and "
         "ckpt.every = 0 saves none before the end (set ckpt.every)");
+}
+
+// What per-layer updates (train/per_layer_updates.h) cannot follow, by name.
+void TrainConfig::validate_per_layer_updates() const {
+  if (optim.update != UpdateTiming::per_layer) return;
+  if (parallel.offload != Offload::none)
+    fail("config key 'optim.update': per_layer works without offload (parallel.offload = ",
+         parallel.offload,
+         "): offload keeps the gradient shards and the optimizer on the host, whose updates "
+         "already run unit by unit beside the next forward, and per-layer updates would save no "
+         "device memory there");
+  if (monitor.on_divergence == DivergenceAction::skip_batch)
+    fail(
+        "config key 'monitor.on_divergence': skip_batch cannot undo per-layer updates "
+        "(optim.update = per_layer updates the units during the backward, before the step's "
+        "loss is known); use warn or rollback");
+  if (optim.type == OptimizerType::galore_adamw && galore.refresh == GaloreRefresh::pipelined)
+    fail(
+        "config key 'galore.refresh': pipelined advances every matrix's refresh at the step's "
+        "start, and optim.update = per_layer begins each unit's step in the backward; set "
+        "galore.refresh = inline");
 }
 
 size_t ParallelConfig::gpu_mem_limit_bytes() const {
