@@ -159,6 +159,13 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       {"optim.bf16_rounding", &c.optim.bf16_rounding, kAny,
        "how an update is rounded into bf16 master weights: stochastic (unbiased, so updates "
        "below half a bf16 step still count on average) or nearest (such updates are lost)"},
+      {"optim.update", &c.optim.update, kAny,
+       "step: every update after the whole backward; per_layer: each unit's as soon as its "
+       "gradients are final in the backward of the step's last micro-batch"},
+      {"optim.per_layer_clip", &c.optim.per_layer_clip, kAny,
+       "optim.grad_clip under per_layer updates: unit (each unit's gradient clipped to "
+       "grad_clip / sqrt(units), so the global norm stays within grad_clip), previous_norm "
+       "(the global clip factor of the previous step's norm), or none"},
 
       {"galore.rank", &c.galore.rank, kPositive,
        "rank r of the subspace (at most the smaller side of every block matrix)"},

@@ -47,7 +47,9 @@ using KeyField =
                  Offload*, StateDType*, MasterDType*, Bf16Rounding*, DeviceChoice*, OptimizerType*,
                  GaloreProjectorKind*, MomentsOnRefresh*, GaloreRefresh*,
                  GaloreProjectionPrecision*, Fp8Recipe*, RopeScalingType*, DivergenceAction*,
-                 ActivationOffload*, TrainOn*, Packing*, LongDocuments*>;
+                 ActivationOffload*, TrainOn*, Packing*, LongDocuments*,
+                 // optim.update and optim.per_layer_clip (per-layer updates)
+                 UpdateTiming*, PerLayerClip*>;
 
 struct ConfigKey {
   std::string name;  // "train.lr"

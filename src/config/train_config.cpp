@@ -29,6 +29,8 @@ std::string TrainConfig::unused_because(const std::string& name) const {
     return detail::concat("optim.type is ", enum_name(optim.type));
   if (section == "fp8" && name != "fp8.enabled" && !fp8.enabled) return "fp8.enabled is false";
   if (name == "optim.bf16_rounding" && !optim.bf16_master()) return "the master weights are fp32";
+  if (name == "optim.per_layer_clip" && optim.update == UpdateTiming::step)
+    return "optim.update is step";
   return "";
 }
 
@@ -63,6 +65,7 @@ void TrainConfig::validate() const {
   if (optim.bf16_master() && parallel.offload != Offload::none)
     fail("config key 'optim.master_dtype': bf16 works without offload (parallel.offload = ",
          parallel.offload, "): offload keeps fp32 master weights on the host instead");
+  validate_per_layer_updates();
   if (monitor.on_divergence == DivergenceAction::rollback && ckpt.every == 0)
     fail(
         "config key 'monitor.on_divergence': rollback reloads the last checkpoint, and "
@@ -70,6 +73,27 @@ void TrainConfig::validate() const {
 }
 
 bool OptimConfig::bf16_master() const { return frugal::bf16_master(master_dtype, state_dtype); }
+
+// What per-layer updates (train/per_layer_updates.h) cannot follow, by name.
+void TrainConfig::validate_per_layer_updates() const {
+  if (optim.update != UpdateTiming::per_layer) return;
+  if (parallel.offload != Offload::none)
+    fail("config key 'optim.update': per_layer works without offload (parallel.offload = ",
+         parallel.offload,
+         "): offload keeps the gradient shards and the optimizer on the host, whose updates "
+         "already run unit by unit beside the next forward, and per-layer updates would save no "
+         "device memory there");
+  if (monitor.on_divergence == DivergenceAction::skip_batch)
+    fail(
+        "config key 'monitor.on_divergence': skip_batch cannot undo per-layer updates "
+        "(optim.update = per_layer updates the units during the backward, before the step's "
+        "loss is known); use warn or rollback");
+  if (optim.type == OptimizerType::galore_adamw && galore.refresh == GaloreRefresh::pipelined)
+    fail(
+        "config key 'galore.refresh': pipelined advances every matrix's refresh at the step's "
+        "start, and optim.update = per_layer begins each unit's step in the backward; set "
+        "galore.refresh = inline");
+}
 
 size_t ParallelConfig::gpu_mem_limit_bytes() const {
   return parse_bytes(gpu_mem_limit, "parallel.gpu_mem_limit");

@@ -78,6 +78,27 @@ inline std::span<const EnumName<OptimizerType>> enum_names(OptimizerType) {
   return names;
 }
 
+// optim.update: when the optimizer's updates run. step: after the whole backward, from the
+// global gradient norm. per_layer: each unit's as soon as its gradients are final in the
+// backward of the step's last micro-batch (train/per_layer_updates.h).
+enum class UpdateTiming { step, per_layer };
+inline std::span<const EnumName<UpdateTiming>> enum_names(UpdateTiming) {
+  static constexpr EnumName<UpdateTiming> names[] = {{UpdateTiming::step, "step"},
+                                                     {UpdateTiming::per_layer, "per_layer"}};
+  return names;
+}
+
+// optim.per_layer_clip: what optim.grad_clip does under per-layer updates, where the global
+// norm is known only after the last unit has been updated (train/per_layer_updates.h).
+enum class PerLayerClip { none, unit, previous_norm };
+inline std::span<const EnumName<PerLayerClip>> enum_names(PerLayerClip) {
+  static constexpr EnumName<PerLayerClip> names[] = {
+      {PerLayerClip::none, "none"},
+      {PerLayerClip::unit, "unit"},
+      {PerLayerClip::previous_norm, "previous_norm"}};
+  return names;
+}
+
 // parallel.device: where the model runs (automatic: the GPUs when every rank has one).
 enum class DeviceChoice { automatic, cpu, cuda };
 inline std::span<const EnumName<DeviceChoice>> enum_names(DeviceChoice) {
@@ -152,6 +173,8 @@ struct OptimConfig {
   MasterDType master_dtype = MasterDType::automatic;
   Bf16Rounding bf16_rounding = Bf16Rounding::stochastic;
   bool bf16_master() const;  // frugal::bf16_master of the two keys
+  UpdateTiming update = UpdateTiming::step;
+  PerLayerClip per_layer_clip = PerLayerClip::unit;
 };
 
 struct GaloreSettings {
@@ -242,6 +265,7 @@ struct TrainConfig {
   // without FP8 reads only fp8.enabled of [fp8].
   std::string unused_because(const std::string& name) const;
   void validate_model_dependent() const;  // the checks that need the model's shape
+  void validate_per_layer_updates() const;  // optim.update = per_layer's refusals
 };
 
 }  // namespace frugal

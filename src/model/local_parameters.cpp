@@ -29,6 +29,10 @@ UnitGrads LocalParameters::grads(int64_t unit, GradSums) {
   return {grads_[unit]};
 }
 
+void LocalParameters::grads_done(int64_t unit) {
+  if (last_micro_batch_ && grads_final_) grads_final_(unit);
+}
+
 void LocalParameters::zero_grads() {
   for (auto& unit : grads_)
     for (Tensor& g : unit)
@@ -42,7 +46,7 @@ std::vector<TrainableShard> LocalParameters::trainable() {
       if (specs_[u].params[i].trainable)
         shards.push_back({specs_[u].params[i].name, units_[u][i],
                           grads_[u].empty() ? Tensor() : grads_[u][i], Tensor(),
-                          whole_rows(specs_[u].params[i].shape, false)});
+                          whole_rows(specs_[u].params[i].shape, false), int64_t(u)});
   return shards;
 }
 

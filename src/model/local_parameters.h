@@ -21,8 +21,13 @@ class LocalParameters : public ParameterProvider {
   std::vector<Tensor> gather(int64_t unit) override { return units_.at(unit); }
   void release(int64_t) override {}
   UnitGrads grads(int64_t unit, GradSums sums) override;
-  void grads_done(int64_t) override {}
+  // Per-layer updates: the unit's gradients are final at its grads_done of the last micro-batch.
+  void grads_done(int64_t unit) override;
   void zero_grads() override;
+  void begin_micro_batch(bool last) override { last_micro_batch_ = last; }
+  void set_grads_final(std::function<void(int64_t)> on_final) override {
+    grads_final_ = std::move(on_final);
+  }
   std::vector<TrainableShard> trainable() override;
 
   // Every parameter by its Hugging Face name, for checkpoints and export.
@@ -33,6 +38,8 @@ class LocalParameters : public ParameterProvider {
   std::vector<UnitSpec> specs_;
   std::vector<std::vector<Tensor>> units_;
   std::vector<std::vector<Tensor>> grads_;
+  bool last_micro_batch_ = true;
+  std::function<void(int64_t)> grads_final_;
 };
 
 }  // namespace frugal

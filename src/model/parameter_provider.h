@@ -25,6 +25,7 @@ struct TrainableShard {
   Tensor param_copy;  // on a GPU: the bf16 copy the forward gathers, refreshed by the optimizer
   RowShard rows;      // which rows of the full parameter `param` holds (state of the same
                       // layout, such as AdamW's moments, is checkpointed by it)
+  int64_t unit = -1;  // the unit it belongs to (per-layer updates update a unit's slices)
 };
 
 // How the backward adds into a unit's gradients during one micro-batch, which decides what
@@ -91,6 +92,14 @@ class ParameterProvider {
   // gradients are final (hybrid sharding sums each unit's across the replicas as they come in).
   // Without the call every micro-batch counts as the last.
   virtual void begin_micro_batch(bool /*last*/) {}
+  // Per-layer updates (train/per_layer_updates.h): in the step's last micro-batch, `on_final`
+  // hears each unit as soon as its gradient shards hold their final sums for the step (ZeRO-3:
+  // the unit's reduce-scatter is complete; one rank: at its grads_done), in the backward's order,
+  // on the calling thread, with the unit released by the model; it may update that unit's
+  // slices. A tied unit is heard at each of its grads_done. Empty: none (the default).
+  virtual void set_grads_final(std::function<void(int64_t unit)> on_final) {
+    if (on_final) fail("this parameter provider cannot tell when a unit's gradients are final");
+  }
   // The optimizer has changed the trainable shards (copies of them must be made again).
   virtual void weights_updated() {}
   // The optimizer's update: update_slice(k) for every trainable slice k < n_slices

@@ -45,6 +45,16 @@ Bf16Store bf16_store(const AdamWConfig& config, const TrainableShard& s, int64_t
   return store;
 }
 
+void AdamW::begin_per_layer_step(double lr, int64_t step) {
+  lr_ = lr;
+  step_ = step;
+  clip_scale_ = 1;
+}
+
+void AdamW::begin_slices(const std::vector<size_t>&, double clip_scale, const StepCollectives&) {
+  clip_scale_ = clip_scale;
+}
+
 ops::AdamWStep adamw_step(const AdamWConfig& config, const std::string& name, double lr,
                           int64_t step, double clip_scale) {
   ops::AdamWStep hyper;

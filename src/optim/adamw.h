@@ -37,6 +37,11 @@ class AdamW : public Optimizer {
   StepReport begin_step(double lr, int64_t step, const StepCollectives& collectives) override;
   void update(size_t k) override;
   size_t slices() const override { return shards_.size(); }
+  // Per-layer updates: AdamW's update of a slice needs no collective; the clipping factor is
+  // the caller's, per unit.
+  void begin_per_layer_step(double lr, int64_t step) override;
+  void begin_slices(const std::vector<size_t>& slices, double clip_scale,
+                    const StepCollectives& collectives) override;
   using Optimizer::step;
 
   // The moments, "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>", in their shard's rows.

@@ -189,16 +189,23 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   }
   submit_host_work();
   timed(Work::refresh, refresh_start);
+  std::vector<size_t> all(matrices_.size());
+  for (size_t j = 0; j < all.size(); ++j) all[j] = j;
+  project_left(all, collectives);
+  return report;
+}
 
+void GaloreAdamW::project_left(const std::vector<size_t>& js, const StepCollectives& collectives) {
   // The left side's projections P^T G: one sum over the ranks for all of them.
   int64_t total = 0;
-  for (const Matrix& x : matrices_)
-    if (x.side == GaloreSide::left) total += x.rank * x.cols;
-  if (total == 0) return report;
+  for (size_t j : js)
+    if (matrices_[j].side == GaloreSide::left) total += matrices_[j].rank * matrices_[j].cols;
+  if (total == 0) return;
   Tensor all;
   int64_t offset = 0;
   const ops::TimeMark projection_start = mark();
-  for (Matrix& x : matrices_) {
+  for (size_t j : js) {
+    Matrix& x = matrices_[j];
     if (x.side != GaloreSide::left) continue;
     if (!all.defined()) all = galore_scratch(x.projector, {total, 1}, *scratch_);
     const int64_t size = x.rank * x.cols;
@@ -208,7 +215,42 @@ StepReport GaloreAdamW::begin_step(double lr, int64_t step, const StepCollective
   }
   timed(Work::projection, projection_start);
   collectives.sum_in_place(all);
-  return report;
+}
+
+void GaloreAdamW::begin_per_layer_step(double lr, int64_t step) {
+  FRUGAL_CHECK(step >= 1, "GaloreAdamW step ", step, " (1-based)");
+  // A pipelined refresh advances all matrices at a step's start and installs projectors between
+  // steps; the sums across replicas of projected gradients need every matrix's at once. Config
+  // validation refuses both with per-layer updates (train_config.cpp).
+  FRUGAL_CHECK(galore_.refresh != GaloreRefresh::pipelined && !galore_.projected_replica_sums,
+               "GaLore's per-layer updates need galore.refresh = inline and no projected replica "
+               "sums");
+  for (Matrix& x : matrices_) x.projector_operand = Tensor();  // a step left unfinished
+  lr_ = lr;
+  step_ = step;
+  clip_scale_ = 1;
+  if (galore_.profile) ++profiled_steps_;
+}
+
+void GaloreAdamW::begin_slices(const std::vector<size_t>& slices, double clip_scale,
+                               const StepCollectives& collectives) {
+  FRUGAL_CHECK(step_ >= 1, "GaloreAdamW::begin_slices before begin_per_layer_step");
+  clip_scale_ = clip_scale;
+  StepCollectives summed = collectives;
+  summed.replica_sum_in_place = [](Tensor&) {};
+  const int64_t t = step_ - 1;
+  std::vector<size_t> js;
+  for (size_t k : slices) {
+    FRUGAL_CHECK(k < shards_.size(), "GaloreAdamW slice ", k, " of ", shards_.size());
+    if (matrix_of_[k] >= 0) js.push_back(size_t(matrix_of_[k]));
+  }
+  // The refreshes due among this unit's matrices, inline, then its left projections: the same
+  // products as begin_step's, summed over the ranks per unit.
+  const ops::TimeMark refresh_start = mark();
+  for (size_t j : js)
+    if (refresh_due(j, t)) refresh(matrices_[j], t, summed);
+  timed(Work::refresh, refresh_start);
+  project_left(js, collectives);
 }
 
 StepReport GaloreAdamW::begin_step_across_replicas(const StepCollectives& collectives) {

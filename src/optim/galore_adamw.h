@@ -78,6 +78,12 @@ class GaloreAdamW : public Optimizer {
   StepReport begin_step(double lr, int64_t step, const StepCollectives& collectives) override;
   void update(size_t k) override;
   size_t slices() const override { return shards_.size(); }
+  // Per-layer updates: the refreshes due among a unit's matrices and their left projections,
+  // as begin_step makes them for all (inline refreshes only: the config refuses pipelined ones
+  // and projected replica sums with per-layer updates).
+  void begin_per_layer_step(double lr, int64_t step) override;
+  void begin_slices(const std::vector<size_t>& slices, double clip_scale,
+                    const StepCollectives& collectives) override;
   using Optimizer::step;
 
   // "optim/galore/exp_avg/<name>", "optim/galore/exp_avg_sq/<name>" and
@@ -146,6 +152,9 @@ class GaloreAdamW : public Optimizer {
   Tensor operand(const Tensor& t);
   const Tensor& projector_operand(Matrix& x);  // converted once a step, kept till the update
   void project(Tensor& out, Matrix& x, float alpha);
+  // The left-side matrices among `js`: this step's P^T G, clipped, in one buffer summed over
+  // the ranks.
+  void project_left(const std::vector<size_t>& js, const StepCollectives& collectives);
   void refresh(Matrix& x, int64_t t, const StepCollectives& collectives);
   uint64_t sketch_seed(const Matrix& x, int64_t t) const;
   GaloreProjectorSettings settings_of(const Matrix& x) const;  // the projector's, at x's rank

@@ -2,8 +2,11 @@
 // begin_step, on the main thread, does every collective the step needs (the global gradient
 // norm, GaLore's refreshes and projections: MPI runs FUNNELED), then update(k) changes slice k
 // alone, so that ZeRO-3 with a host optimizer may run the updates on a thread
-// of its own beside the next forward. Its state (moments, projectors) is named tensors, each
-// row-sharded like its parameter or replicated, which checkpoints save without knowing them.
+// of its own beside the next forward. Per-layer updates (optim.update = per_layer) split the
+// step by unit instead: begin_per_layer_step, then for each unit as its gradients become final
+// in the backward, begin_slices (that unit's collectives) and update(k) of its slices. Its state
+// (moments, projectors) is named tensors, each row-sharded like its parameter or replicated, which
+// checkpoints save without knowing them.
 #pragma once
 
 #include <cstddef>
@@ -57,6 +60,17 @@ class Optimizer : public Stateful {
   // Where the optimizer's device time went since the last call, for the metrics (null when it
   // does not measure it).
   virtual nlohmann::json take_profile() { return nullptr; }
+
+  // Per-layer updates (train/per_layer_updates.h). The step's scalars (no norm: the caller
+  // knows the gradients a unit at a time), then, for each unit as its gradients become final,
+  // what begin_step does for those slices alone: the collectives they need (GaLore's refreshes
+  // and projections; every rank names the same units in the same order) with `clip_scale`
+  // applied to their gradients. update(k) of those slices follows. With clip_scale 1 the
+  // updates equal step()'s with clipping off (GaLore's sums over the ranks are then per unit
+  // instead of one for all units: the same terms, summed alike element by element).
+  virtual void begin_per_layer_step(double lr, int64_t step) = 0;
+  virtual void begin_slices(const std::vector<size_t>& slices, double clip_scale,
+                            const StepCollectives& collectives) = 0;
 
   // begin_step, then every update, in order.
   StepReport step(double lr, int64_t step, const StepCollectives& collectives) {

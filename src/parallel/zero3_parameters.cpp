@@ -438,6 +438,7 @@ void Zero3Parameters::complete_reduction() {
   }
   in_flight_.reset();
   if (has_replicas() && last_micro_batch_ && !summed) post_replica_sum(unit);
+  grads_final(unit);
 }
 
 bool Zero3Parameters::summed_elsewhere(int64_t unit, size_t i) const {
@@ -469,11 +470,17 @@ void Zero3Parameters::wait_replica_sums() {
   replica_ops_.clear();
 }
 
+void Zero3Parameters::set_grads_final(std::function<void(int64_t)> on_final) {
+  FRUGAL_CHECK(!on_final || (!has_replicas() && !placement_.host_state()),
+               "per-layer updates with hybrid sharding or gradient shards in host memory");
+  grads_final_ = std::move(on_final);
+}
+
 void Zero3Parameters::grads_done(int64_t unit) {
-  if (direct_grads()) return;
+  if (direct_grads()) return grads_final(unit);
   if (grad_shards_handed_out_.at(size_t(unit))) {  // the backward added into them itself
     grad_shards_handed_out_[size_t(unit)] = false;
-    return;
+    return grads_final(unit);
   }
   updates_.wait(unit);  // its gradient shards are about to be written
   auto it = full_grads_.find(unit);
@@ -484,7 +491,7 @@ void Zero3Parameters::grads_done(int64_t unit) {
     // One rank with bf16 shards: the unit's fp32 sums go in, rounded once per micro-batch.
     for (size_t i = 0; i < full.size(); ++i)
       if (full[i].defined()) ops::add_inplace(grad_shards_[unit][i], full[i]);
-    return;
+    return grads_final(unit);
   }
   // One unit's gradients in flight at a time: the previous unit's reduce-scatter (or download)
   // ran beside this unit's backward; finishing it now bounds whole-size gradients to two units.
@@ -529,7 +536,8 @@ std::vector<TrainableShard> Zero3Parameters::trainable() {
       if (units_[u].params[i].trainable)
         out.push_back({layouts_[u][i].name, shards_[u][i],
                        grad_shards_[u].empty() ? Tensor() : grad_shards_[u][i],
-                       placement_.copy_for_optimizer(u, i), layouts_[u][i].rows_of(comm_.rank())});
+                       placement_.copy_for_optimizer(u, i), layouts_[u][i].rows_of(comm_.rank()),
+                       int64_t(u)});
   return out;
 }
 

@@ -98,6 +98,10 @@ class Zero3Parameters : public ParameterProvider {
   void finish_backward() override;
   void zero_grads() override;
   void begin_micro_batch(bool last) override { last_micro_batch_ = last; }
+  // Per-layer updates: heard when a unit's gradient shards are final (its reduce-scatter
+  // complete; at grads_done where nothing is reduced). Not with hybrid sharding or gradient
+  // shards in host memory (offload): the run refuses those (train_config.cpp, training_run.cpp).
+  void set_grads_final(std::function<void(int64_t)> on_final) override;
   void weights_updated() override;
   // With the optimizer on the host (offload), in the background unit by unit (see
   // ParameterProvider); otherwise at once.
@@ -207,6 +211,11 @@ class Zero3Parameters : public ParameterProvider {
   // shards are summed across the replicas (or their sums posted) this step, and those in flight.
   Zero3Replicas replicas_;
   bool last_micro_batch_ = true;
+  // Per-layer updates' listener, and the call that tells it (on the last micro-batch).
+  std::function<void(int64_t)> grads_final_;
+  void grads_final(int64_t unit) {
+    if (grads_final_ && last_micro_batch_) grads_final_(unit);
+  }
   std::vector<bool> replica_summed_;
   std::vector<Pending> replica_ops_;
   // apply_update's host optimizer, unit by unit (host_state()); declared last, so destroyed

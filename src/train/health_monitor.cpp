@@ -2,6 +2,7 @@
 // guards, the validations of every N steps, and the run's summary table.
 #include "train/health_monitor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -121,15 +122,22 @@ StepHooks HealthMonitor::hooks(int64_t step, bool first_pass) {
   if (log_step(step))
     hooks.gradient_pass = [this](const std::vector<Tensor>& grads) { return gradient_pass(grads); };
   if (first_pass && fault_.at(Kind::nan, rank_, step)) {
-    hooks.after_backward = [this, step] {
-      for (TrainableShard& s : run_.params->trainable())
-        if (s.name.find("layers.0.") != std::string::npos && s.grad.numel() > 0) {
-          std::fprintf(stderr, "frugal: rank %d: injected fault 'nan' at step %lld (%s)\n", rank_,
-                       static_cast<long long>(step), s.name.c_str());
-          ops::scale_inplace(s.grad, std::numeric_limits<float>::quiet_NaN());
-          return;
-        }
+    // NaNs in layers.0's first trainable tensor: after the backward, or under per-layer updates
+    // when layers.0's gradients are final (after the units above it were updated).
+    const auto damage = [this, step](const std::vector<size_t>* slices) {
+      std::vector<TrainableShard> shards = run_.params->trainable();
+      for (size_t k = 0; k < shards.size(); ++k) {
+        TrainableShard& s = shards[k];
+        if (s.name.find("layers.0.") == std::string::npos || s.grad.numel() == 0) continue;
+        if (slices && std::find(slices->begin(), slices->end(), k) == slices->end()) return;
+        std::fprintf(stderr, "frugal: rank %d: injected fault 'nan' at step %lld (%s)\n", rank_,
+                     static_cast<long long>(step), s.name.c_str());
+        ops::scale_inplace(s.grad, std::numeric_limits<float>::quiet_NaN());
+        return;
+      }
     };
+    hooks.after_backward = [damage] { damage(nullptr); };
+    hooks.before_unit_update = [damage](const std::vector<size_t>& slices) { damage(&slices); };
   }
   hooks.accept = [this, step](const StepResult& r) { return accept(step, r); };
   return hooks;

@@ -55,7 +55,8 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& o
 
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, const StepComms& comms, double lr,
-                      int64_t step, CheckpointPolicy policy, const StepHooks& hooks) {
+                      int64_t step, CheckpointPolicy policy, const StepHooks& hooks,
+                      PerLayerUpdates* per_layer) {
   StepCollectives collectives = step_collectives(comms);
   collectives.gradient_pass = hooks.gradient_pass;
   // The token count and the loss: over every rank.
@@ -79,17 +80,54 @@ StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& o
   const float grad_scale = 1.0f / float(result.tokens);
 
   const double start = now_seconds();
+  if (per_layer) params.wait_for_updates();  // (none: per-layer updates run without offload)
   params.zero_grads();
   double loss_sum = 0;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     model.set_noise(uint64_t(step) * 4096 + m + 1);  // a dropout mask per micro-batch
-    params.begin_micro_batch(m + 1 == micro_batches.size());
-    loss_sum += model.forward_backward(micro_batches[m], params, grad_scale, policy);
+    const bool last = m + 1 == micro_batches.size();
+    params.begin_micro_batch(last);
+    if (per_layer && last) {
+      // The units' updates run inside this backward, as each unit's gradients become final; a
+      // tied embedding's come in twice (the head's, then its own at the end): it waits for both.
+      std::vector<int64_t> final_at_end;
+      if (model.config().tie_word_embeddings) final_at_end.push_back(embed_unit());
+      per_layer->begin_step(params, optimizer, lr, step, collectives, std::move(final_at_end),
+                            hooks.before_unit_update);
+      try {
+        loss_sum += model.forward_backward(micro_batches[m], params, grad_scale, policy);
+      } catch (...) {
+        per_layer->abandon_step();
+        throw;
+      }
+    } else {
+      loss_sum += model.forward_backward(micro_batches[m], params, grad_scale, policy);
+    }
   }
   model.set_noise(0);
   const double backward_end = now_seconds();
   result.forward_backward_seconds = backward_end - start;
   result.loss = global_sum(loss_sum) / double(result.tokens);
+  if (per_layer) {
+    const PerLayerReport report = per_layer->finish_step();
+    result.grad_norm = report.grad_norm;
+    result.units_updated = report.units_updated;
+    result.units = report.units;
+    result.first_nonfinite_unit = report.first_nonfinite_unit;
+    // The health record's pass over the gradients (a log step's), which the norm did not take:
+    // the shards still hold the step's gradients.
+    if (hooks.gradient_pass) {
+      std::vector<Tensor> grads;
+      for (const TrainableShard& s : params.trainable()) grads.push_back(s.grad);
+      hooks.gradient_pass(grads);
+    }
+    const bool accepted = !hooks.accept || hooks.accept(result);
+    result.applied = accepted && report.units_updated == report.units;
+    result.partly_applied = report.units_updated > 0 && report.units_updated < report.units;
+    result.optimizer_seconds = 0;  // inside the backward
+    return result;
+  }
+  // optim.update = step.
   // The previous step's updates are done by now (the forward gathered every unit); waiting
   // makes it certain before the optimizer's step state changes.
   params.wait_for_updates();

@@ -10,6 +10,7 @@
 #include "model/llama_model.h"
 #include "optim/optimizer.h"
 #include "parallel/comm.h"
+#include "train/per_layer_updates.h"
 
 namespace frugal {
 
@@ -25,6 +26,11 @@ struct StepResult {
   double forward_backward_seconds = 0;
   double optimizer_seconds = 0;
   bool applied = true;  // false when StepHooks::accept refused the step (no update was made)
+  // Per-layer updates: some units were updated before a unit with non-finite gradients stopped
+  // the rest (applied is then false: the step counts as skipped, though not wholly).
+  bool partly_applied = false;
+  int64_t units_updated = 0, units = 0;  // per-layer updates: of the units with trainable slices
+  int64_t first_nonfinite_unit = -1;     // per-layer updates: the unit that stopped them
 };
 
 // What the health monitor (health_monitor.h) and the fault injection add to a step; every
@@ -34,9 +40,13 @@ struct StepHooks {
   std::function<double(const std::vector<Tensor>&)> gradient_pass;
   // After the backward, before the norm: a testing aid that damages the gradients.
   std::function<void()> after_backward;
+  // The same under per-layer updates, for a unit's slices (trainable()'s numbering) as their
+  // gradients become final, before the unit's norm and update.
+  std::function<void(const std::vector<size_t>& slices)> before_unit_update;
   // With the step's loss and norm, before any update: false skips the step's updates (the
   // optimizer's state and the weights stay as they were). Called on every rank, with the same
-  // loss and norm, so every rank decides alike.
+  // loss and norm, so every rank decides alike. Under per-layer updates it comes after them:
+  // its verdict counts the step (non-finite, spike) but undoes nothing.
   std::function<bool(const StepResult&)> accept;
 };
 
@@ -72,10 +82,12 @@ class NothingToTrain : public Error {
 // The loss is the sum of the token losses of every rank's micro-batches over the GLOBAL count
 // of trained targets (StepComms::world), and each rank scales its gradients by 1 / that count,
 // so that the sums over the shard group and the replicas give the gradient of that mean.
-// Throws NothingToTrain when that count is 0.
+// Throws NothingToTrain when that count is 0. With `per_layer` (optim.update = per_layer) the
+// updates run unit by unit in the backward of the last micro-batch (per_layer_updates.h).
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,
                       const std::vector<Batch>& micro_batches, const StepComms& comms, double lr,
-                      int64_t step, CheckpointPolicy policy, const StepHooks& hooks = {});
+                      int64_t step, CheckpointPolicy policy, const StepHooks& hooks = {},
+                      PerLayerUpdates* per_layer = nullptr);
 // `comm` sums across data-parallel ranks (ZeRO-3 over all of them); nullptr means this rank
 // alone. `host_comm`: as for step_collectives.
 StepResult train_step(LlamaModel& model, ParameterProvider& params, Optimizer& optimizer,

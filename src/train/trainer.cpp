@@ -264,7 +264,8 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     StepResult result;
     try {
       result = train_step(model, params, *run.optimizer, micro, comms, lr, step,
-                          c.train.activation_checkpointing, health.hooks(step, first_pass));
+                          c.train.activation_checkpointing, health.hooks(step, first_pass),
+                          run.per_layer.get());
     } catch (const NothingToTrain& e) {
       // Every window the step drew lies in prompts (data.train_on leaves them no target).
       fail(e.what(), ": the windows it drew from '", (fs::path(c.data.dir) / "train.tok").string(),
@@ -310,6 +311,15 @@ TrainSummary run_training(const TrainConfig& config, const FaultInjection& fault
     if (!std::isfinite(result.loss)) record["loss"] = nullptr;
     if (!std::isfinite(result.grad_norm)) record["grad_norm"] = nullptr;
     if (!result.applied) record["skipped"] = true;
+    if (result.partly_applied) {
+      // Per-layer updates: the units above the non-finite one were updated before it was seen.
+      record["partly_applied"] = {{"units_updated", result.units_updated}, {"units", result.units}};
+      if (rank == 0)
+        log_warn("step ", step, ": per-layer updates: ", result.units_updated, " of ", result.units,
+                 " units were updated before unit ", result.first_nonfinite_unit,
+                 "'s gradients were found non-finite; it and the units after it kept their "
+                 "weights and state");
+    }
     if (record["memory"].contains("device_peak_bytes"))  // a GPU run
       record["device_peak_bytes"] = record["memory"]["device_peak_bytes"];
     // Host memory as the operating system saw it: every rank's peak resident set, summed (the

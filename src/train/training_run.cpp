@@ -335,6 +335,16 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   } else {
     optimizer = std::make_unique<AdamW>(params->trainable(), adamw_config, *memory->optimizer);
   }
+  if (c.optim.update == UpdateTiming::per_layer) {
+    // Hybrid sharding sums each unit's gradient shards across the replicas after its
+    // reduce-scatter, and GaLore's projected sums cross them in begin_step: neither follows the
+    // units one by one yet.
+    if (mesh().dp_replicate > 1)
+      fail("config key 'optim.update': per_layer works within one replica (", mesh().dp_replicate,
+           " replicas here: parallel.dp_shard = ", c.parallel.dp_shard,
+           "); set parallel.dp_shard = 0 or to every data-parallel rank");
+    per_layer = std::make_unique<PerLayerUpdates>(c.optim.per_layer_clip, c.optim.grad_clip);
+  }
   schedule = {c.train.lr, c.train.warmup_steps, c.train.steps, c.train.min_lr_ratio};
 
   // --- checkpoints: every stateful part, by name ------------------------------------------------
@@ -347,6 +357,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
                                                 {"sampler", sampler.get()},
                                                 {"config", states[2].get()}};
   if (fp8) parts.push_back({"fp8", fp8.get()});
+  if (per_layer) parts.push_back({"per_layer", per_layer.get()});
   // The rank files are one replica's (a checkpoint of ZeRO-3 over its ranks, which any mesh
   // resumes); the other replicas hold the same rows and write nothing.
   Comm& shard = *mesh().shard;

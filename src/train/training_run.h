@@ -23,6 +23,7 @@
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
 #include "parallel/zero3_parameters.h"
+#include "train/per_layer_updates.h"
 #include "train/run_dir_lock.h"
 #include "train/run_memory.h"
 #include "train/training_data.h"
@@ -70,6 +71,7 @@ struct TrainingRun {
   std::unique_ptr<Fp8Scaling> fp8;  // [fp8] enabled: the block linears' scales
   std::unique_ptr<Zero3Parameters> params;
   std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<PerLayerUpdates> per_layer;  // optim.update = per_layer; null otherwise
   LrSchedule schedule;
   std::vector<std::unique_ptr<Stateful>> states;  // the parts only checkpoints know of
   std::unique_ptr<CheckpointManager> checkpoints;

@@ -88,6 +88,8 @@ const std::map<std::string, std::string> kDefaults = {
     {"optim.state_dtype", "fp32"},
     {"optim.master_dtype", "auto"},
     {"optim.bf16_rounding", "stochastic"},
+    {"optim.update", "step"},
+    {"optim.per_layer_clip", "unit"},
     {"optim.type", "adamw"},
     {"galore.rank", "128"},
     {"galore.update_proj_gap", "200"},
@@ -156,6 +158,10 @@ TEST_CASE("each mode's names round-trip, spelled as in the .cfg files", "[config
   check_round_trip<OptimizerType>();
   check_round_trip<GaloreProjectorKind>();
   check_round_trip<MomentsOnRefresh>();
+  check_round_trip<UpdateTiming>();
+  check_round_trip<PerLayerClip>();
+  CHECK(enum_name_list<UpdateTiming>() == "step, per_layer");
+  CHECK(enum_name_list<PerLayerClip>() == "none, unit, previous_norm");
   CHECK(enum_name_list<OptimizerType>() == "adamw, galore_adamw");
   CHECK(enum_name_list<GaloreProjectorKind>() == "svd, randomized");
   CHECK(enum_name_list<MomentsOnRefresh>() == "keep, project, reset");
@@ -390,6 +396,36 @@ TEST_CASE("bf16 master weights: on either device, without offload, named combina
   CHECK(c.unused_because("optim.bf16_rounding") == "the master weights are fp32");
   c.optim.master_dtype = MasterDType::bf16;
   CHECK(c.unused_because("optim.bf16_rounding").empty());
+}
+
+TEST_CASE("optim.update = per_layer refuses what it cannot follow, by name", "[config]") {
+  TrainConfig c;
+  CHECK(c.unused_because("optim.per_layer_clip") == "optim.update is step");
+  c.optim.update = UpdateTiming::per_layer;
+  CHECK(c.unused_because("optim.per_layer_clip").empty());
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  c.parallel.offload = Offload::optimizer;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }),
+                       "config key 'optim.update': per_layer works without offload "
+                       "(parallel.offload = optimizer)"));
+  c.parallel.offload = Offload::none;
+  c.monitor.on_divergence = DivergenceAction::skip_batch;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }),
+                       "config key 'monitor.on_divergence': skip_batch cannot undo per-layer "
+                       "updates"));
+  c.monitor.on_divergence = DivergenceAction::warn;
+  c.optim.type = OptimizerType::galore_adamw;
+  c.galore.refresh = GaloreRefresh::pipelined;
+  CHECK(test::contains(test::error_of([&] { c.validate(); }),
+                       "config key 'galore.refresh': pipelined"));
+  c.galore.refresh = GaloreRefresh::immediate;
+  CHECK(test::error_of([&] { c.validate(); }).empty());
+  // The ordinary step takes all of them.
+  c.optim.update = UpdateTiming::step;
+  c.galore.refresh = GaloreRefresh::pipelined;
+  c.parallel.offload = Offload::optimizer;
+  c.monitor.on_divergence = DivergenceAction::skip_batch;
+  CHECK(test::error_of([&] { c.validate(); }).empty());
 }
 
 #ifdef FRUGAL_HAVE_CLI
