@@ -151,7 +151,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "clip the global gradient norm to this (0: off)"},
       {"optim.state_dtype", &c.optim.state_dtype, kAny,
        "dtype of master weights, gradient shards and AdamW moments (bf16: GPUs only, no "
-       "offload)"},
+       "offload; int8: fp32 weights, the moments of matrices of 4096 values or more 8-bit in "
+       "blocks of 256 as bitsandbytes' AdamW8bit, GaLore's projected moments too)"},
 
       {"galore.rank", &c.galore.rank, kPositive,
        "rank r of the subspace (at most the smaller side of every block matrix)"},

@@ -309,8 +309,9 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
       Zero3Arenas{memory->params.get(), memory->grads.get(), memory->gathered.get(),
                   memory->copies.get(), bf16_state ? DType::bf16 : DType::f32},
       c.train.seed, static_cast<float>(c.train.init_std), true, init, replicas);
-  const AdamWConfig adamw_config{c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.weight_decay,
-                                 c.optim.grad_clip};
+  const AdamWConfig adamw_config{c.optim.beta1,     c.optim.beta2,
+                                 c.optim.eps,       c.optim.weight_decay,
+                                 c.optim.grad_clip, c.optim.state_dtype == StateDType::int8};
   if (galore) {
     optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, *galore,
                                               *memory->optimizer);
@@ -466,7 +467,8 @@ void TrainingRun::log_plan(int64_t start_step) const {
       ", offload ", c.parallel.offload, ", ",
       !use_gpu     ? "CPU (fp32)"
       : bf16_state ? "GPU (bf16 compute, bf16 master weights, gradients and moments)"
-                   : "GPU (bf16 compute, fp32 master weights)");
+                   : "GPU (bf16 compute, fp32 master weights)",
+      c.optim.state_dtype == StateDType::int8 ? ", 8-bit moments (optim.state_dtype = int8)" : "");
   {
     std::string mesh_line = "mesh: " + m.describe() + "; weights gathered and gradients " +
                             "reduce-scattered over " + std::to_string(m.shard->size()) +
