@@ -99,12 +99,14 @@ FRUGAL_HOST_DEVICE inline bool int8_finite(float x) {
 FRUGAL_HOST_DEVICE inline bool int8_signbit(float x) { return (int8_bits(x) >> 31) != 0; }
 
 // The index of the code nearest to x (in [-1, 1]), given the 255 midpoints (code[i] +
-// code[i + 1]) * 0.5f of the sorted map: the number of midpoints below x (a value exactly on a
-// midpoint takes the lower code). Eight steps of a binary search.
+// code[i + 1]) * 0.5f of the sorted map: the number of midpoints below x, by an eight-step
+// binary search; a value exactly on a midpoint takes the code of even index, as bitsandbytes'
+// search (quantize_2D) does, whose last probe is always an even index.
 FRUGAL_HOST_DEVICE inline int int8_nearest_code(const float* midpoints, float x) {
   int lo = 0;  // midpoints[0, lo) are < x
   for (int step = 128; step > 0; step >>= 1)
     if (lo + step <= kInt8Codes - 1 && midpoints[lo + step - 1] < x) lo += step;
+  if (lo < kInt8Codes - 1 && (lo & 1) && midpoints[lo] == x) ++lo;
   return lo;
 }
 

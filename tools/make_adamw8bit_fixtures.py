@@ -119,8 +119,13 @@ def reference(case, signed_map, unsigned_map):
             p = (p * decay).astype(F32)
         x1 = np.where(a1[blk] > 0, s1 / np.where(a1[blk] > 0, a1[blk], F32(1)), F32(0)).astype(F32)
         x2 = np.where(a2[blk] > 0, s2 / np.where(a2[blk] > 0, a2[blk], F32(1)), F32(0)).astype(F32)
-        k1 = np.searchsorted(mid1, x1, side="left")  # midpoints below x: a tie takes the lower
+        # The nearest code: the midpoints below x; exactly on a midpoint, the even index (as
+        # bitsandbytes' quantize_2D search ends).
+        k1 = np.searchsorted(mid1, x1, side="left")
         k2 = np.searchsorted(mid2, x2, side="left")
+        for k, x, mid in ((k1, x1, mid1), (k2, x2, mid2)):
+            tie = (k < 255) & (mid[np.minimum(k, 254)] == x) & (k % 2 == 1)
+            k[tie] += 1
         flip = np.signbit(signed_map[k1]) != np.signbit(s1)
         k1 = np.where(flip, np.where(s1 > 0, k1 + 1, k1 - 1), k1)
         q1 = k1.astype(np.uint8)
