@@ -151,7 +151,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
        "clip the global gradient norm to this (0: off)"},
       {"optim.state_dtype", &c.optim.state_dtype, kAny,
        "dtype of AdamW's moments (and, with optim.master_dtype = auto, of the master weights "
-       "and gradient shards; bf16: no offload)"},
+       "and gradient shards; bf16: no offload; int8: the moments of matrices of 4096 values or "
+       "more 8-bit in blocks of 256 as bitsandbytes' AdamW8bit, GaLore's projected moments too)"},
       {"optim.master_dtype", &c.optim.master_dtype, kAny,
        "dtype of the master weights and gradient shards: auto (bf16 when state_dtype = bf16, "
        "else fp32), fp32, or bf16 (2 bytes each instead of 4; with either state_dtype, no "

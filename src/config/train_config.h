@@ -37,11 +37,13 @@ inline std::span<const EnumName<Offload>> enum_names(Offload) {
   return names;
 }
 
-// optim.state_dtype: the dtype of master weights, gradient shards and AdamW moments.
-enum class StateDType { fp32, bf16 };
+// optim.state_dtype: the dtype of master weights, gradient shards and AdamW moments; int8:
+// fp32 master weights and gradient shards, the matrices' moments 8-bit (bitsandbytes'
+// block-wise AdamW8bit, optim/quantized_moments.h).
+enum class StateDType { fp32, bf16, int8 };
 inline std::span<const EnumName<StateDType>> enum_names(StateDType) {
-  static constexpr EnumName<StateDType> names[] = {{StateDType::fp32, "fp32"},
-                                                   {StateDType::bf16, "bf16"}};
+  static constexpr EnumName<StateDType> names[] = {
+      {StateDType::fp32, "fp32"}, {StateDType::bf16, "bf16"}, {StateDType::int8, "int8"}};
   return names;
 }
 

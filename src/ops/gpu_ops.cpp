@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/normal_init.h"
 #include "kernels/cuda/adamw.h"
+#include "kernels/cuda/adamw_int8.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_merge.h"
 #include "kernels/cuda/bias.h"
@@ -655,6 +656,48 @@ void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool tran
   expect(b, DType::f32, "matmul operand b");
   cuda::matmul_f32(gemm(), f32(c), f32(a), trans_a, f32(b), trans_b, m, n, k, alpha, beta, stream(),
                    precision == MatmulPrecision::tf32);
+}
+
+namespace {
+
+// A quantized moment's device pointers and the layout of a [rows, cols] tensor (ops.cpp has
+// checked the shapes and dtypes).
+cuda::Int8Moment int8_moment(const QuantizedMoment& q) {
+  return {static_cast<uint8_t*>(q.codes.raw()), f32(q.absmax)};
+}
+cuda::Int8Layout int8_layout(const Tensor& like, const QuantizedMoment& q) {
+  return {like.size(0), like.size(1), q.block};
+}
+
+}  // namespace
+
+void adamw_int8_update(Tensor& param, const Tensor& grad, QuantizedMoment& m, QuantizedMoment& v,
+                       const AdamWStep& s, Tensor& param_copy, const Bf16Store& store) {
+  // (Offloaded state is updated on the host: ops::adamw_int8_update dispatches on the weight.)
+  const cuda::Int8Layout layout = int8_layout(param, m);
+  if (param.dtype() == DType::bf16) {  // bf16 master weights: the weight is its own copy
+    FRUGAL_CHECK(!param_copy.defined(), "a bf16 parameter is its own copy");
+    cuda::adamw_int8_update(bf(param), bf(grad), int8_moment(m), int8_moment(v), layout, s, store,
+                            stream());
+    return;
+  }
+  if (param_copy.defined()) expect(param_copy, DType::bf16, "bf16 parameter copy");
+  cuda::adamw_int8_update(f32(param), f32(grad), int8_moment(m), int8_moment(v), layout, s,
+                          param_copy.defined() ? bf(param_copy) : nullptr, stream());
+}
+
+void galore_moments_int8(QuantizedMoment& m, QuantizedMoment& v, Tensor& r, float beta1,
+                         float beta2, float eps) {
+  cuda::galore_moments_int8(int8_moment(m), int8_moment(v), f32(r), int8_layout(r, m), beta1, beta2,
+                            eps, stream());
+}
+
+void quantize_moment(QuantizedMoment& q, const Tensor& x, bool is_signed) {
+  cuda::quantize_blockwise(int8_moment(q), f32(x), int8_layout(x, q), is_signed, stream());
+}
+
+void dequantize_moment(Tensor& x, const QuantizedMoment& q, bool is_signed) {
+  cuda::dequantize_blockwise(f32(x), int8_moment(q), int8_layout(x, q), is_signed, stream());
 }
 
 void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps) {

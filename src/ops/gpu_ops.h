@@ -100,6 +100,12 @@ void fp8_delayed_update(Tensor& history, Tensor& scale, Tensor& scale_inv, const
 void matmul(Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, int64_t m,
             int64_t n, int64_t k, float alpha, float beta, MatmulPrecision precision);
 void galore_moments(Tensor& m, Tensor& v, Tensor& r, float beta1, float beta2, float eps);
+void adamw_int8_update(Tensor& param, const Tensor& grad, QuantizedMoment& m, QuantizedMoment& v,
+                       const AdamWStep& s, Tensor& param_copy, const Bf16Store& store);
+void galore_moments_int8(QuantizedMoment& m, QuantizedMoment& v, Tensor& r, float beta1,
+                         float beta2, float eps);
+void quantize_moment(QuantizedMoment& q, const Tensor& x, bool is_signed);
+void dequantize_moment(Tensor& x, const QuantizedMoment& q, bool is_signed);
 void galore_apply(Tensor& param, const Tensor& delta, float step, float decay, Tensor& param_copy,
                   const Bf16Store& store);
 void galore_sketch(Tensor& omega, uint64_t seed);

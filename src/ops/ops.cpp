@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cpu/adamw.h"
+#include "kernels/cpu/adamw_int8.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/bias.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -108,6 +109,41 @@ Tensor zeros(const Shape& shape, DType dtype, Arena& arena) {
   return Tensor::zeros(shape, dtype, arena);
 }
 
+namespace {
+
+Tensor host_bytes_as_f32(const Tensor& src) {
+  Tensor bytes = src;
+  if (src.device() != Device::cpu) {
+    bytes = Tensor::empty(src.shape(), DType::u8);
+    copy(bytes, src);
+  }
+  Tensor out = Tensor::empty(src.shape(), DType::f32);
+  const uint8_t* in = bytes.data<uint8_t>();
+  float* o = out.data<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) o[i] = static_cast<float>(in[i]);
+  return out;
+}
+
+// An f32 host tensor of codes (whole numbers 0..255: a checkpoint's) as bytes; anything else is
+// not a code, and the checkpoint is refused.
+Tensor host_f32_as_bytes(const Tensor& src) {
+  FRUGAL_CHECK(src.dtype() == DType::f32, "8-bit codes from dtype ", dtype_name(src.dtype()));
+  Tensor out = Tensor::empty(src.shape(), DType::u8);
+  const float* in = src.data<float>();
+  uint8_t* o = out.data<uint8_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const float x = in[i];
+    if (!(x >= 0.0f && x <= 255.0f && x == std::floor(x)))
+      fail("8-bit optimizer state: value ", x, " at index ", i,
+           " is not a code (a whole number 0..255); the checkpoint is damaged or not one of "
+           "optim.state_dtype = int8");
+    o[i] = static_cast<uint8_t>(x);
+  }
+  return out;
+}
+
+}  // namespace
+
 void copy(Tensor& dst, const Tensor& src) {
   FRUGAL_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(), "copy ",
                shape_string(src.shape()), " ", dtype_name(src.dtype()), " into ",
@@ -144,6 +180,9 @@ void convert_into(Tensor& dst, const Tensor& src) {
 
 void assign(Tensor& dst, const Tensor& src) {
   if (src.dtype() == dst.dtype()) return copy(dst, src);
+  // Codes of 8-bit optimizer state loaded from a checkpoint's f32: narrowed on the host.
+  if (dst.dtype() == DType::u8 && src.device() == Device::cpu)
+    return copy(dst, host_f32_as_bytes(src));
   if (src.device() == dst.device()) return convert_into(dst, src);  // one pass, no temporary
   // Converted where dst lives (a GPU converts only its own memory), then copied in.
   const Tensor there = on_device_of(src, dst);
@@ -159,6 +198,9 @@ Tensor on_device_of(const Tensor& src, const Tensor& like) {
 }
 
 Tensor to_host_f32(const Tensor& src) {
+  // 8-bit optimizer state's codes come down as bytes and widen on the host (0..255 are exact in
+  // f32, and checkpoints store every tensor as f32).
+  if (src.dtype() == DType::u8) return host_bytes_as_f32(src);
   FRUGAL_ON_GPU(src, to_host_f32(src));
   return host_f32(src);
 }
@@ -608,6 +650,95 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                  "the copy of a host parameter must be a bf16 host tensor");
   cpu::adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
                     param.numel(), s, param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
+}
+
+namespace {
+
+// The layout of a quantized moment of a 2-D tensor of `shape`, its tensors checked against it.
+cpu::Int8Layout moment_layout(const QuantizedMoment& q, const Shape& shape, const char* what) {
+  FRUGAL_CHECK(shape.size() == 2, what, ": 8-bit state is for 2-D tensors, not ",
+               shape_string(shape));
+  FRUGAL_CHECK(q.block >= 1, what, ": block of ", q.block);
+  const cpu::Int8Layout layout{shape[0], shape[1], q.block};
+  FRUGAL_CHECK(q.codes.defined() && q.codes.dtype() == DType::u8, what, ": codes must be u8");
+  FRUGAL_CHECK(q.absmax.defined() && q.absmax.dtype() == DType::f32, what, ": absmax must be f32");
+  expect_shape(q.codes, shape, what);
+  expect_shape(q.absmax, {shape[0], layout.blocks_per_row()}, what);
+  return layout;
+}
+
+cpu::Int8Moment host_moment(const QuantizedMoment& q) {
+  return {const_cast<uint8_t*>(q.codes.data<uint8_t>()),
+          const_cast<float*>(q.absmax.data<float>())};
+}
+
+}  // namespace
+
+QuantizedMoment quantized_moment_zeros(int64_t rows, int64_t cols, int64_t block, Arena& arena) {
+  FRUGAL_CHECK(rows >= 0 && cols >= 0 && block >= 1, "8-bit moment of ", rows, " x ", cols,
+               " in blocks of ", block);
+  QuantizedMoment q;
+  q.block = block;
+  q.codes = zeros({rows, cols}, DType::u8, arena);
+  q.absmax = zeros({rows, (cols + block - 1) / block}, DType::f32, arena);
+  return q;
+}
+
+void adamw_int8_update(Tensor& param, const Tensor& grad, QuantizedMoment& m, QuantizedMoment& v,
+                       const AdamWStep& s, Tensor param_copy, const Bf16Store& store) {
+  expect_shape(grad, param.shape(), "optimizer gradient");
+  const cpu::Int8Layout layout = moment_layout(m, param.shape(), "8-bit first moment");
+  moment_layout(v, param.shape(), "8-bit second moment");
+  FRUGAL_CHECK(m.block == v.block, "8-bit moments in blocks of ", m.block, " and ", v.block);
+  if (param_copy.defined()) expect_shape(param_copy, param.shape(), "parameter copy");
+  FRUGAL_CHECK(grad.dtype() == param.dtype() &&
+                   (param.dtype() == DType::f32 || param.dtype() == DType::bf16),
+               "8-bit AdamW needs an f32 or bf16 weight with a gradient of its dtype, not ",
+               dtype_name(param.dtype()), " and ", dtype_name(grad.dtype()));
+  FRUGAL_CHECK(grad.device() == param.device() && m.codes.device() == param.device() &&
+                   v.codes.device() == param.device(),
+               "8-bit AdamW: weight, gradient and moments on different devices");
+  FRUGAL_ON_GPU(param, adamw_int8_update(param, grad, m, v, s, param_copy, store));
+  if (param.dtype() == DType::bf16) {
+    FRUGAL_CHECK(!param_copy.defined(), "a bf16 weight is its own copy");
+    cpu::adamw_int8_update(param.data<uint16_t>(), grad.data<uint16_t>(), host_moment(m),
+                           host_moment(v), layout, s, store);
+    return;
+  }
+  if (param_copy.defined())
+    FRUGAL_CHECK(param_copy.device() == Device::cpu && param_copy.dtype() == DType::bf16,
+                 "the copy of a host parameter must be a bf16 host tensor");
+  cpu::adamw_int8_update(param.data<float>(), grad.data<float>(), host_moment(m), host_moment(v),
+                         layout, s, param_copy.defined() ? param_copy.data<uint16_t>() : nullptr);
+}
+
+void galore_moments_int8(QuantizedMoment& m, QuantizedMoment& v, Tensor& r, float beta1,
+                         float beta2, float eps) {
+  const cpu::Int8Layout layout = moment_layout(m, r.shape(), "GaLore 8-bit first moment");
+  moment_layout(v, r.shape(), "GaLore 8-bit second moment");
+  FRUGAL_CHECK(m.block == v.block, "8-bit moments in blocks of ", m.block, " and ", v.block);
+  FRUGAL_CHECK(
+      r.dtype() == DType::f32 && m.codes.device() == r.device() && v.codes.device() == r.device(),
+      "GaLore's 8-bit moments need an f32 projected gradient on their device");
+  FRUGAL_ON_GPU(r, galore_moments_int8(m, v, r, beta1, beta2, eps));
+  cpu::galore_moments_int8(host_moment(m), host_moment(v), r.data<float>(), layout, beta1, beta2,
+                           eps);
+}
+
+void quantize_moment(QuantizedMoment& q, const Tensor& x, bool is_signed) {
+  const cpu::Int8Layout layout = moment_layout(q, x.shape(), "8-bit moment");
+  FRUGAL_CHECK(x.dtype() == DType::f32 && x.device() == q.codes.device(),
+               "an 8-bit moment is quantized from f32 on its device");
+  FRUGAL_ON_GPU(x, quantize_moment(q, x, is_signed));
+  cpu::quantize_blockwise(host_moment(q), x.data<float>(), layout, is_signed);
+}
+
+void dequantize_moment(Tensor& x, const QuantizedMoment& q, bool is_signed) {
+  const cpu::Int8Layout layout = moment_layout(q, x.shape(), "8-bit moment");
+  FRUGAL_CHECK(x.dtype() == DType::f32 && x.device() == q.codes.device(),
+               "an 8-bit moment is dequantized into f32 on its device");
+  FRUGAL_ON_GPU(x, dequantize_moment(x, q, is_signed));
+  cpu::dequantize_blockwise(x.data<float>(), host_moment(q), layout, is_signed);
 }
 
 }  // namespace frugal::ops

@@ -250,6 +250,33 @@ using AdamWStep = cpu::AdamWStep;
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
                   Tensor param_copy = Tensor(), const Bf16Store& store = Bf16Store());
 
+// 8-bit optimizer state (optim.state_dtype = int8; kernels/blockwise_int8.h): one moment of a
+// 2-D tensor [rows, cols] as codes (u8, that shape), indices into bitsandbytes' dynamic map
+// (signed for the first moment, unsigned for the second), and absmax (f32 [rows, ceil(cols /
+// block)]), the scale of each block of `block` consecutive values within a row. Blocks never
+// cross rows, so a ZeRO-3 row shard holds whole blocks: where cols is a multiple of the block
+// they are bitsandbytes' flat blocks.
+struct QuantizedMoment {
+  Tensor codes, absmax;
+  int64_t block = 256;
+};
+// A zero moment (codes 0, absmax 0: every value 0) of a [rows, cols] tensor in `arena`.
+QuantizedMoment quantized_moment_zeros(int64_t rows, int64_t cols, int64_t block, Arena& arena);
+// One AdamW step with 8-bit moments in one pass over each block (dequantize, update the
+// moments and the weight, requantize): bitsandbytes' AdamW8bit. param and grad are f32 (a bf16
+// param_copy optional, as adamw_update) or both bf16 (bf16 master weights).
+void adamw_int8_update(Tensor& param, const Tensor& grad, QuantizedMoment& m, QuantizedMoment& v,
+                       const AdamWStep& s, Tensor param_copy = Tensor(),
+                       const Bf16Store& store = Bf16Store());
+// galore_moments with 8-bit moments: r (f32, [rows, cols]) moves them and becomes
+// m / (sqrt(v) + eps).
+void galore_moments_int8(QuantizedMoment& m, QuantizedMoment& v, Tensor& r, float beta1,
+                         float beta2, float eps);
+// x (f32, [rows, cols]) into q, and q back into x (the first moment's signed map, or the
+// second's unsigned one).
+void quantize_moment(QuantizedMoment& q, const Tensor& x, bool is_signed);
+void dequantize_moment(Tensor& x, const QuantizedMoment& q, bool is_signed);
+
 // --- dense linear algebra (GaLore's projections) ---------------------------------------------
 // How a GPU multiplies f32 matrices: in fp32, or on the tensor cores in TF32 (each operand
 // rounded to 10 mantissa bits, the sums in fp32; several times faster). The CPU always

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "optim/quantized_moments.h"
 
 namespace frugal {
 
@@ -15,8 +16,12 @@ AdamW::AdamW(std::vector<TrainableShard> shards, const AdamWConfig& config, Aren
   // run (as torch.optim.AdamW keeps them for bf16 parameters).
   for (const TrainableShard& s : shards_) {
     const DType dtype = config_.moments.value_or(s.param.dtype());
-    m_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
-    v_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
+    const bool int8 =
+        config_.int8_state && int8_moments_apply(s.rows.full_shape, config_.int8_min_elements);
+    m_.push_back(int8 ? Tensor() : ops::zeros(s.param.shape(), dtype, state_arena));
+    v_.push_back(int8 ? Tensor() : ops::zeros(s.param.shape(), dtype, state_arena));
+    qm_.push_back(int8 ? int8_moment_zeros(s.param.shape(), state_arena) : ops::QuantizedMoment());
+    qv_.push_back(int8 ? int8_moment_zeros(s.param.shape(), state_arena) : ops::QuantizedMoment());
   }
 }
 
@@ -72,16 +77,25 @@ void AdamW::update(size_t i) {
   FRUGAL_CHECK(i < shards_.size(), "AdamW shard ", i, " of ", shards_.size());
   FRUGAL_CHECK(step_ >= 1, "AdamW::update before begin_step");
   TrainableShard& s = shards_[i];
-  ops::adamw_update(s.param, s.grad, m_[i], v_[i],
-                    adamw_step(config_, s.name, lr_, step_, clip_scale_), s.param_copy,
-                    bf16_store(config_, s, step_));
+  const ops::AdamWStep hyper = adamw_step(config_, s.name, lr_, step_, clip_scale_);
+  const Bf16Store store = bf16_store(config_, s, step_);
+  if (qm_[i].codes.defined())
+    ops::adamw_int8_update(s.param, s.grad, qm_[i], qv_[i], hyper, s.param_copy, store);
+  else
+    ops::adamw_update(s.param, s.grad, m_[i], v_[i], hyper, s.param_copy, store);
 }
 
 std::vector<StateTensor> AdamW::state_tensors() {
   std::vector<StateTensor> state;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    state.push_back({"optim/exp_avg/" + shards_[i].name, m_[i], shards_[i].rows});
-    state.push_back({"optim/exp_avg_sq/" + shards_[i].name, v_[i], shards_[i].rows});
+    const TrainableShard& s = shards_[i];
+    if (qm_[i].codes.defined()) {
+      append_quantized_state(state, "optim/exp_avg/" + s.name, qm_[i], s.rows);
+      append_quantized_state(state, "optim/exp_avg_sq/" + s.name, qv_[i], s.rows);
+      continue;
+    }
+    state.push_back({"optim/exp_avg/" + s.name, m_[i], s.rows});
+    state.push_back({"optim/exp_avg_sq/" + s.name, v_[i], s.rows});
   }
   return state;
 }

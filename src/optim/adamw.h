@@ -25,6 +25,12 @@ struct AdamWConfig {
   // parameter), or to nearest even. fp32 masters ignore both.
   bool bf16_stochastic = true;
   uint64_t rounding_seed = 0;
+  // optim.state_dtype = int8: the moments of the matrices int8_moments_apply() names are 8-bit
+  // (optim/quantized_moments.h: bitsandbytes' AdamW8bit); the rest keep `moments`.
+  bool int8_state = false;
+  // bitsandbytes' min_8bit_size: a tensor of fewer values keeps 32-bit moments (tests lower it
+  // to quantize small matrices).
+  int64_t int8_min_elements = 4096;
 };
 
 class AdamW : public Optimizer {
@@ -44,13 +50,15 @@ class AdamW : public Optimizer {
                     const StepCollectives& collectives) override;
   using Optimizer::step;
 
-  // The moments, "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>", in their shard's rows.
+  // The moments, "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>", in their shard's rows
+  // (8-bit ones as "<that name>.codes" and "<that name>.absmax", quantized_moments.h).
   std::vector<StateTensor> state_tensors() override;
 
  private:
   std::vector<TrainableShard> shards_;
   AdamWConfig config_;
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> m_, v_;                  // undefined where 8-bit
+  std::vector<ops::QuantizedMoment> qm_, qv_;  // the 8-bit ones (codes undefined elsewhere)
   // What begin_step decided for this step's updates.
   double lr_ = 0, clip_scale_ = 1;
   int64_t step_ = 0;

@@ -16,6 +16,7 @@
 #include "core/progress.h"
 #include "model/lora.h"
 #include "ops/ops.h"
+#include "optim/quantized_moments.h"
 
 namespace frugal {
 
@@ -37,8 +38,13 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
     if (!galore_projects(s.name, full)) {
       matrix_of_.push_back(-1);
       const DType dtype = adamw_.moments.value_or(s.param.dtype());
-      m_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
-      v_.push_back(ops::zeros(s.param.shape(), dtype, state_arena));
+      const bool int8 = adamw_.int8_state && int8_moments_apply(full, adamw_.int8_min_elements);
+      m_.push_back(int8 ? Tensor() : ops::zeros(s.param.shape(), dtype, state_arena));
+      v_.push_back(int8 ? Tensor() : ops::zeros(s.param.shape(), dtype, state_arena));
+      qm_.push_back(int8 ? int8_moment_zeros(s.param.shape(), state_arena)
+                         : ops::QuantizedMoment());
+      qv_.push_back(int8 ? int8_moment_zeros(s.param.shape(), state_arena)
+                         : ops::QuantizedMoment());
       continue;
     }
     Matrix x;
@@ -52,18 +58,26 @@ GaloreAdamW::GaloreAdamW(std::vector<TrainableShard> shards, const AdamWConfig& 
     const int64_t buffer_rows = s.param.size(0);
     // The projected moments and projectors are fp32 whatever optim.state_dtype says: they are
     // small, and a subspace in bf16 would not stay orthonormal.
-    if (x.side == GaloreSide::right) {
-      x.exp_avg = ops::zeros({buffer_rows, r}, DType::f32, state_arena);
-      x.exp_avg_sq = ops::zeros({buffer_rows, r}, DType::f32, state_arena);
-      x.projector = ops::zeros({r, x.cols}, DType::f32, state_arena);
+    // With optim.state_dtype = int8 the moments are 8-bit as AdamW's (GaLoreAdamW8bit runs
+    // bitsandbytes' 8-bit Adam on the projected gradient): right, in blocks within each of this
+    // rank's rows (the weight's row shard); left, replicated [r, n].
+    const bool right = x.side == GaloreSide::right;
+    const Shape moment_shape = right ? Shape{buffer_rows, r} : Shape{r, x.cols};
+    if (adamw_.int8_state &&
+        int8_moments_apply(right ? Shape{x.rows, r} : moment_shape, adamw_.int8_min_elements)) {
+      x.exp_avg_int8 = int8_moment_zeros(moment_shape, state_arena);
+      x.exp_avg_sq_int8 = int8_moment_zeros(moment_shape, state_arena);
     } else {
-      x.exp_avg = ops::zeros({r, x.cols}, DType::f32, state_arena);
-      x.exp_avg_sq = ops::zeros({r, x.cols}, DType::f32, state_arena);
-      x.projector = ops::zeros({buffer_rows, r}, DType::f32, state_arena);
+      x.exp_avg = ops::zeros(moment_shape, DType::f32, state_arena);
+      x.exp_avg_sq = ops::zeros(moment_shape, DType::f32, state_arena);
     }
+    x.projector =
+        ops::zeros(right ? Shape{r, x.cols} : Shape{buffer_rows, r}, DType::f32, state_arena);
     matrix_of_.push_back(static_cast<int>(matrices_.size()));
     m_.emplace_back();
     v_.emplace_back();
+    qm_.emplace_back();
+    qv_.emplace_back();
     matrices_.push_back(std::move(x));
   }
   // On a GPU the host buffers of the refreshes (the downloads of their small products, the
@@ -464,8 +478,9 @@ void GaloreAdamW::refresh(Matrix& x, int64_t t, const StepCollectives& collectiv
                                        sketch_seed(x, t), collectives, *scratch_);
                     });
   if (t > 0 && galore_.moments_on_refresh == MomentsOnRefresh::reset) {
-    ops::zero(x.exp_avg);
-    ops::zero(x.exp_avg_sq);
+    for (Tensor* t8 : {&x.exp_avg, &x.exp_avg_sq, &x.exp_avg_int8.codes, &x.exp_avg_int8.absmax,
+                       &x.exp_avg_sq_int8.codes, &x.exp_avg_sq_int8.absmax})
+      if (t8->defined()) ops::zero(*t8);
   }
 }
 
@@ -498,10 +513,31 @@ void GaloreAdamW::rotate_moments(Matrix& x, const Tensor& old_projector,
       ops::matmul(rotated, by, false, moment, false);
     ops::copy(moment, rotated);
   };
+  if (x.exp_avg_int8.codes.defined()) {
+    // 8-bit moments: rotated in f32, then quantized again (one more rounding at a refresh).
+    const auto rotate_int8 = [&](ops::QuantizedMoment& q, const Tensor& by, bool is_signed) {
+      ops::QuantizedMoment rows = moment_rows(x, q);
+      Tensor wide = galore_scratch(x.projector, rows.codes.shape(), *scratch_);
+      ops::dequantize_moment(wide, rows, is_signed);
+      rotate(wide, by);
+      ops::quantize_moment(rows, wide, is_signed);
+    };
+    rotate_int8(x.exp_avg_int8, c, true);
+    rotate_int8(x.exp_avg_sq_int8, c_squared, false);
+    return;
+  }
   Tensor m = right ? x.exp_avg.rows(0, x.local_rows) : x.exp_avg;
   Tensor v = right ? x.exp_avg_sq.rows(0, x.local_rows) : x.exp_avg_sq;
   rotate(m, c);
   rotate(v, c_squared);
+}
+
+ops::QuantizedMoment GaloreAdamW::moment_rows(const Matrix& x, const ops::QuantizedMoment& q) {
+  if (x.side != GaloreSide::right) return q;
+  ops::QuantizedMoment rows = q;
+  rows.codes = q.codes.rows(0, x.local_rows);
+  rows.absmax = q.absmax.rows(0, x.local_rows);
+  return rows;
 }
 
 void GaloreAdamW::update(size_t k) {
@@ -509,9 +545,12 @@ void GaloreAdamW::update(size_t k) {
   FRUGAL_CHECK(step_ >= 1, "GaloreAdamW::update before begin_step");
   if (matrix_of_[k] >= 0) return update_projected(matrices_[size_t(matrix_of_[k])]);
   TrainableShard& s = shards_[k];
-  ops::adamw_update(s.param, s.grad, m_[k], v_[k],
-                    adamw_step(adamw_, s.name, lr_, step_, clip_scale_), s.param_copy,
-                    bf16_store(adamw_, s, step_));
+  const ops::AdamWStep hyper = adamw_step(adamw_, s.name, lr_, step_, clip_scale_);
+  const Bf16Store store = bf16_store(adamw_, s, step_);
+  if (qm_[k].codes.defined())
+    ops::adamw_int8_update(s.param, s.grad, qm_[k], qv_[k], hyper, s.param_copy, store);
+  else
+    ops::adamw_update(s.param, s.grad, m_[k], v_[k], hyper, s.param_copy, store);
 }
 
 void GaloreAdamW::update_projected(Matrix& x) {
@@ -530,10 +569,17 @@ void GaloreAdamW::update_projected(Matrix& x) {
     projected = x.projected_grad;
   }
   x.projected_grad = Tensor();
-  Tensor m = right ? x.exp_avg.rows(0, rows) : x.exp_avg;
-  Tensor v = right ? x.exp_avg_sq.rows(0, rows) : x.exp_avg_sq;
-  ops::galore_moments(m, v, projected, static_cast<float>(adamw_.beta1),
-                      static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps));
+  if (x.exp_avg_int8.codes.defined()) {
+    ops::QuantizedMoment m = moment_rows(x, x.exp_avg_int8);
+    ops::QuantizedMoment v = moment_rows(x, x.exp_avg_sq_int8);
+    ops::galore_moments_int8(m, v, projected, static_cast<float>(adamw_.beta1),
+                             static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps));
+  } else {
+    Tensor m = right ? x.exp_avg.rows(0, rows) : x.exp_avg;
+    Tensor v = right ? x.exp_avg_sq.rows(0, rows) : x.exp_avg_sq;
+    ops::galore_moments(m, v, projected, static_cast<float>(adamw_.beta1),
+                        static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps));
+  }
   timed(Work::moments, start);
 
   // Bias corrections count the moments' updates: every step, or since the last reset.
@@ -618,6 +664,11 @@ std::vector<StateTensor> GaloreAdamW::state_tensors() {
   for (size_t k = 0; k < shards_.size(); ++k) {
     const TrainableShard& s = shards_[k];
     if (matrix_of_[k] < 0) {
+      if (qm_[k].codes.defined()) {
+        append_quantized_state(state, "optim/exp_avg/" + s.name, qm_[k], s.rows);
+        append_quantized_state(state, "optim/exp_avg_sq/" + s.name, qv_[k], s.rows);
+        continue;
+      }
       state.push_back({"optim/exp_avg/" + s.name, m_[k], s.rows});
       state.push_back({"optim/exp_avg_sq/" + s.name, v_[k], s.rows});
       continue;
@@ -631,8 +682,14 @@ std::vector<StateTensor> GaloreAdamW::state_tensors() {
         x.side == GaloreSide::right ? weight_rows : whole_rows({r, x.cols}, true);
     const RowShard projector_rows =
         x.side == GaloreSide::right ? whole_rows({r, x.cols}, true) : weight_rows;
-    state.push_back({"optim/galore/exp_avg/" + s.name, x.exp_avg, moment_rows});
-    state.push_back({"optim/galore/exp_avg_sq/" + s.name, x.exp_avg_sq, moment_rows});
+    if (x.exp_avg_int8.codes.defined()) {
+      append_quantized_state(state, "optim/galore/exp_avg/" + s.name, x.exp_avg_int8, moment_rows);
+      append_quantized_state(state, "optim/galore/exp_avg_sq/" + s.name, x.exp_avg_sq_int8,
+                             moment_rows);
+    } else {
+      state.push_back({"optim/galore/exp_avg/" + s.name, x.exp_avg, moment_rows});
+      state.push_back({"optim/galore/exp_avg_sq/" + s.name, x.exp_avg_sq, moment_rows});
+    }
     state.push_back({"optim/galore/projector/" + s.name, x.projector, projector_rows});
   }
   return state;
@@ -655,12 +712,17 @@ GaloreAdamW::StateBytes GaloreAdamW::state_bytes() const {
   StateBytes b;
   for (size_t k = 0; k < shards_.size(); ++k) {
     b.adamw_equivalent += 2 * shards_[k].param.bytes();
+    const auto bytes = [](const Tensor& t) { return t.defined() ? t.bytes() : size_t{0}; };
+    const auto int8_bytes = [&](const ops::QuantizedMoment& q) {
+      return bytes(q.codes) + bytes(q.absmax);
+    };
     if (matrix_of_[k] < 0) {
-      b.adamw_moments += m_[k].bytes() + v_[k].bytes();
+      b.adamw_moments += bytes(m_[k]) + bytes(v_[k]) + int8_bytes(qm_[k]) + int8_bytes(qv_[k]);
       continue;
     }
     const Matrix& x = matrices_[size_t(matrix_of_[k])];
-    b.projected_moments += x.exp_avg.bytes() + x.exp_avg_sq.bytes();
+    b.projected_moments += bytes(x.exp_avg) + bytes(x.exp_avg_sq) + int8_bytes(x.exp_avg_int8) +
+                           int8_bytes(x.exp_avg_sq_int8);
     b.projectors += x.projector.bytes();
   }
   return b;

@@ -90,6 +90,8 @@ class GaloreAdamW : public Optimizer {
   // "optim/galore/projector/<name>" of the projected matrices (row-sharded like the weight on
   // the right side, replicated on the left side but for P), "optim/exp_avg/<name>" and
   // "optim/exp_avg_sq/<name>" of the rest, as AdamW names them.
+  // With optim.state_dtype = int8 an 8-bit moment is "<its name>.codes" and "<its name>.absmax"
+  // (optim/quantized_moments.h).
   std::vector<StateTensor> state_tensors() override;
   nlohmann::json state_values() const override;
   // pipelined: the refreshes in flight are completed and installed now, so that a checkpoint
@@ -126,6 +128,9 @@ class GaloreAdamW : public Optimizer {
     int64_t local_rows = 0;      // rows this rank holds (the rest of the buffer is padding)
     int64_t phase = 0;           // refreshes when t % gap == phase
     Tensor exp_avg, exp_avg_sq;  // right: [buffer rows, r] like the weight; left: [r, n]
+    // optim.state_dtype = int8 (where int8_moments_apply to the moments' whole shape): the
+    // moments in 8 bits instead, exp_avg and exp_avg_sq undefined.
+    ops::QuantizedMoment exp_avg_int8, exp_avg_sq_int8;
     Tensor projector;            // right: Q [r, n]; left: P [buffer rows, r]
     Tensor projected_grad;       // left: this step's P^T G [r, n], made by begin_step (right:
                                  // G Q^T, made there too under projected_replica_sums)
@@ -180,6 +185,8 @@ class GaloreAdamW : public Optimizer {
   // begin_step when the projected matrices' gradients are not summed over the replicas.
   StepReport begin_step_across_replicas(const StepCollectives& collectives);
   void rotate_moments(Matrix& x, const Tensor& old_projector, const StepCollectives& collectives);
+  // An 8-bit moment of x as this rank's rows of it (right side) or the whole (left side).
+  static ops::QuantizedMoment moment_rows(const Matrix& x, const ops::QuantizedMoment& q);
   void update_projected(Matrix& x);
 
   // galore.profile's spans of device work, by kind.
@@ -196,6 +203,7 @@ class GaloreAdamW : public Optimizer {
   AdamWConfig adamw_;
   GaloreConfig galore_;
   std::vector<Tensor> m_, v_;   // AdamW's moments of the shards not projected (else empty)
+  std::vector<ops::QuantizedMoment> qm_, qv_;  // or their 8-bit moments (optim.state_dtype)
   std::vector<int> matrix_of_;  // shard -> index in matrices_, or -1
   std::vector<Matrix> matrices_;
   std::vector<std::unique_ptr<InFlight>> in_flight_;  // by matrix; null when none

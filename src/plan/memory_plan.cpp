@@ -11,16 +11,53 @@
 #include "model/lora.h"
 #include "optim/galore_adamw.h"
 #include "optim/galore_memory.h"
+#include "optim/quantized_moments.h"
 
 namespace frugal {
 
 // GaLore's fp32 state of one matrix [m, n] on a rank holding shard_rows of its rows: right side
 // (m >= n) moments [shard_rows, r] and a replicated Q [r, n]; left side replicated moments
 // [r, n] and P's rows [shard_rows, r].
-size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank) {
+namespace {
+
+// One moment of [rows, cols] values: 8-bit codes and an f32 absmax per block of 256 values within
+// a row (ops::QuantizedMoment), or f32 (f32_bytes: 4 a value); staged, every tensor as f32.
+OptimizerStateBytes moment_bytes(size_t rows, size_t cols, bool int8, size_t value_bytes) {
+  const size_t values = rows * cols;
+  if (!int8) return {values * value_bytes, values * 4};
+  const size_t scales = rows * ((cols + 255) / 256) * 4;
+  return {values + scales, values * 4 + scales};
+}
+
+OptimizerStateBytes galore_bytes(const Shape& shape, size_t shard_rows, int64_t rank,
+                                 bool int8_state) {
   const size_t r = size_t(galore_rank_of(shape, rank)), n = size_t(shape[1]);
-  if (galore_side(shape) == GaloreSide::right) return 4 * (2 * shard_rows * r + r * n);
-  return 4 * (2 * r * n + shard_rows * r);
+  const bool right = galore_side(shape) == GaloreSide::right;
+  const Shape moment = right ? Shape{shape[0], int64_t(r)} : Shape{int64_t(r), int64_t(n)};
+  const bool int8 = int8_state && int8_moments_apply(moment, AdamWConfig().int8_min_elements);
+  const OptimizerStateBytes m =
+      right ? moment_bytes(shard_rows, r, int8, 4) : moment_bytes(r, n, int8, 4);
+  const size_t projector = 4 * (right ? r * n : shard_rows * r);
+  return {2 * m.held + projector, 2 * m.staged + projector};
+}
+
+}  // namespace
+
+size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank, bool int8_state) {
+  return galore_bytes(shape, shard_rows, rank, int8_state).held;
+}
+
+OptimizerStateBytes optimizer_state_bytes(const std::string& name, const Shape& shape,
+                                          size_t shard_rows, size_t moment, StateDType state,
+                                          int64_t galore_rank) {
+  const bool int8 = state == StateDType::int8;
+  if (galore_rank > 0 && galore_projects(name, shape))
+    return galore_bytes(shape, shard_rows, galore_rank, int8);
+  const size_t rows = shape.empty() ? 1 : size_t(shape[0]);
+  const size_t cols = rows ? size_t(shape_numel(shape)) / rows : 0;
+  const bool quantized = int8 && int8_moments_apply(shape, AdamWConfig().int8_min_elements);
+  const OptimizerStateBytes m = moment_bytes(shard_rows, cols, quantized, moment);
+  return {2 * m.held, 2 * m.staged};
 }
 
 MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s) {
@@ -48,13 +85,12 @@ MemoryPlan plan_memory(const std::vector<UnitSpec>& units, const PlanSettings& s
         plan.params += checked_mul(shard, master, "the parameter shards' bytes");
         plan.grads += shard * master;
         const bool galore = s.galore && galore_projects(p.name, p.shape);
-        const size_t optimizer =
-            galore ? galore_state_bytes(p.shape, shard_rows, s.galore->projector.rank)
-                   : 2 * shard * moment;
+        const OptimizerStateBytes optimizer = optimizer_state_bytes(
+            p.name, p.shape, shard_rows, moment, s.state, s.galore ? s.galore->projector.rank : 0);
         if (galore) projected.push_back({p.shape, int64_t(shard_rows)});
-        plan.optimizer += optimizer;
+        plan.optimizer += optimizer.held;
         if (s.checkpoint_staging)
-          plan.checkpoint_staging += checkpoint_staging_bytes(shard, optimizer, moment, galore);
+          plan.checkpoint_staging += checkpoint_staging_bytes(shard, optimizer.staged);
         if (s.gpu && !bf16) plan.copies += shard * 2;
         if (ranks == 1 && s.fp8_gathered && s.fp8_gathered(p)) plan.fp8_codes += shard;
       } else if (encoded) {
@@ -226,9 +262,12 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
       ", model.num_attention_heads = " + std::to_string(heads) +
       ", model.num_key_value_heads = " + std::to_string(kv_heads) +
       (m.head_dim > 0 ? ", model.head_dim = " : ", head dimension ") + std::to_string(d) + ")";
+  // AdamW's two moments of a weight: 8-bit ones a byte each (their block scales, 1/64 more,
+  // and the fp32 moments of small tensors are left out of a floor).
+  const size_t moments = c.optim.state_dtype == StateDType::int8 ? 2 : 2 * moment;
   if (full) {
     // Master and gradient, and AdamW's two moments (GaLore's projected ones are smaller).
-    const size_t per = galore ? 2 * master : 2 * master + 2 * moment;
+    const size_t per = galore ? 2 * master : 2 * master + moments;
     parts.push_back({"the blocks' weights and their training state: " + block_keys + " x " +
                          std::to_string(per) +
                          (galore ? " bytes (master and gradient)"
@@ -253,9 +292,9 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
              " x " + std::to_string(targets) +
              " targets (lora.targets) x model.num_hidden_layers = " + std::to_string(layers) +
              " x model.hidden_size = " + std::to_string(h) + " x " +
-             std::to_string(2 * master + 2 * moment) + " bytes (master, gradient, two moments)" +
+             std::to_string(2 * master + moments) + " bytes (master, gradient, two moments)" +
              over_ranks,
-         rank_bytes(adapters, 2 * (2 * master + 2 * moment), ranks), state_on_device});
+         rank_bytes(adapters, 2 * (2 * master + moments), ranks), state_on_device});
   }
   const size_t tables = m.tie_word_embeddings ? 1 : 2;
   const size_t embedding = saturating_product({tables, vocab, h});
@@ -263,11 +302,11 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
       {std::string(m.tie_word_embeddings ? "the embedding" : "the embedding and the head") +
            ": model.vocab_size = " + std::to_string(vocab) +
            " x model.hidden_size = " + std::to_string(h) +
-           (full  ? " x " + std::to_string(2 * master + 2 * moment) + " bytes"
+           (full  ? " x " + std::to_string(2 * master + moments) + " bytes"
             : gpu ? " x 2 bytes"
                   : " x " + std::to_string(master) + " bytes") +
            over_ranks,
-       rank_bytes(embedding, full ? 2 * (2 * master + 2 * moment) : frozen_half_bytes, ranks),
+       rank_bytes(embedding, full ? 2 * (2 * master + moments) : frozen_half_bytes, ranks),
        full ? state_on_device : frozen_on_device});
 
   // --- a micro-batch's activations -------------------------------------------------------------
@@ -306,10 +345,10 @@ std::vector<MemoryFloorPart> memory_floor(const TrainConfig& c, int64_t shard_ra
   // Packed documents: each token's document bounds (i32 start and end) beside the ids. auto
   // packs instruction and chat data, which the plan does not read: counted as if it does.
   if (c.data.packing != Packing::windows)
-    parts.push_back({"the packed documents' bounds (data.packing = " +
-                         std::string(enum_name(c.data.packing)) + "): " + token_keys +
-                         " x 2 x 4 bytes",
-                     saturating_product({tokens, 2, 4}), gpu});
+    parts.push_back(
+        {"the packed documents' bounds (data.packing = " + std::string(enum_name(c.data.packing)) +
+             "): " + token_keys + " x 2 x 4 bytes",
+         saturating_product({tokens, 2, 4}), gpu});
   parts.push_back({"the attention's queries: " + token_keys +
                        " x model.num_attention_heads = " + std::to_string(heads) +
                        (m.head_dim > 0 ? " x model.head_dim = " : " x head dimension ") +

@@ -74,15 +74,27 @@ std::function<bool(const ParamSpec&)> fp8_gathered_weights(const TrainConfig& co
 
 // GaLore's fp32 state of one projected matrix on a rank holding shard_rows of its rows (its
 // moments and its projector; see optim/galore_adamw.h for the sides).
-size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank);
+size_t galore_state_bytes(const Shape& shape, size_t shard_rows, int64_t rank,
+                          bool int8_state = false);
 
 // What an asynchronous save stages on the host for one trainable shard of `shard` elements: its
 // master and its optimizer state (`optimizer_bytes` as held, `master_bytes` per element), in
 // fp32 (GaLore's state is fp32 already).
-inline size_t checkpoint_staging_bytes(size_t shard, size_t optimizer_bytes, size_t moment_bytes,
-                                       bool galore) {
-  return shard * 4 + (galore ? optimizer_bytes : optimizer_bytes * 4 / moment_bytes);
+inline size_t checkpoint_staging_bytes(size_t shard, size_t staged_optimizer_bytes) {
+  return shard * 4 + staged_optimizer_bytes;
 }
+
+// The optimizer state of one trained parameter of (whole) `shape` on a rank holding shard_rows
+// of its rows: AdamW's two moments of `moment` bytes a value (optim.state_dtype fp32 or bf16), or with optim.state_dtype = int8
+// (where int8_moments_apply) a byte a value and an f32 absmax per block of 256 values within a
+// row; GaLore's projected moments (8-bit the same way) and projector where galore_rank > 0 and
+// GaLore projects it. `staged`: what a checkpoint stages of it (every tensor as f32).
+struct OptimizerStateBytes {
+  size_t held = 0, staged = 0;
+};
+OptimizerStateBytes optimizer_state_bytes(const std::string& name, const Shape& shape,
+                                          size_t shard_rows, size_t moment, StateDType state,
+                                          int64_t galore_rank);
 
 // A floor under a run's memory on one rank, from the configuration's size keys alone, worked
 // out before the parameter table exists (the table of a billion layers would fill the host by

@@ -27,7 +27,8 @@ PlanOption evaluate(const TrainConfig& config, MeshKind kind, const Cluster& clu
   o.fits_gpu = cluster.gpu_mem_bytes == 0 || o.memory.device_in_use <= cluster.gpu_mem_bytes;
   o.fits_host = cluster.host_mem_bytes == 0 || o.host_per_node <= cluster.host_mem_bytes;
   o.arithmetic_changes =
-      config.optim.bf16_master() + (config.optim.type == OptimizerType::galore_adamw) +
+      config.optim.bf16_master() + (config.optim.state_dtype == StateDType::int8) +
+      (config.optim.type == OptimizerType::galore_adamw) +
       (config.train.type == TrainType::qlora || config.train.type == TrainType::hqq_lora);
   if (!o.fits_gpu)
     o.verdict = "rejected: needs " + gib_text(o.memory.device_in_use) +
@@ -68,7 +69,7 @@ Plan make_plan(const TrainConfig& base, const Cluster& cluster) {
   for (TrainType type : types)
     for (OptimizerType optimizer : {OptimizerType::adamw, OptimizerType::galore_adamw}) {
       if (optimizer == OptimizerType::galore_adamw && type != TrainType::full) continue;
-      for (StateDType state : {StateDType::fp32, StateDType::bf16})
+      for (StateDType state : {StateDType::fp32, StateDType::bf16, StateDType::int8})
         for (Offload offload : {Offload::none, Offload::optimizer, Offload::params}) {
           if (state == StateDType::bf16 && offload != Offload::none) continue;  // not supported
           for (CheckpointPolicy policy :
@@ -116,6 +117,7 @@ Plan make_plan(const TrainConfig& base, const Cluster& cluster) {
     else if (p.arithmetic_changes > chosen.arithmetic_changes)
       std::snprintf(buf, sizeof buf, "fits as fast; changes the arithmetic more (%s)",
                     p.config.optim.state_dtype == StateDType::bf16       ? "bf16 state"
+                    : p.config.optim.state_dtype == StateDType::int8     ? "8-bit state"
                     : p.config.optim.type == OptimizerType::galore_adamw ? "GaLore"
                                                                          : "4-bit base");
     else

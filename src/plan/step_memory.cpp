@@ -241,17 +241,17 @@ MemoryEstimate estimate_memory(const TrainConfig& c, const MeshShape& mesh) {
       if (p.trainable) {
         keep(host_state, p.shard * master, kMasters);
         keep(host_state, p.shard * master, kGradients);
-        size_t optimizer = 2 * p.shard * moment;
-        const bool galore = galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape);
-        if (galore) {
-          optimizer = galore_state_bytes(p.shape, p.shard / (p.numel / p.rows), galore_rank);
-          projected.push_back({p.shape, int64_t(p.shard / (p.numel / p.rows))});
-        }
-        for (int k = 0; k < 2; ++k) keep(host_state, optimizer / 2, kMoments);
-        if (master == 4) keep(copies_on_host, p.shard * 2, kCopies);  // the bf16 copy the layers read
+        const size_t shard_rows = p.shard / (p.numel / p.rows);
+        const OptimizerStateBytes optimizer = optimizer_state_bytes(
+            units[u].params[i].name, p.shape, shard_rows, moment, c.optim.state_dtype, galore_rank);
+        if (galore_rank > 0 && galore_projects(units[u].params[i].name, p.shape))
+          projected.push_back({p.shape, int64_t(shard_rows)});
+        for (int k = 0; k < 2; ++k) keep(host_state, optimizer.held / 2, kMoments);
+        if (master == 4)
+          keep(copies_on_host, p.shard * 2, kCopies);  // the bf16 copy the layers read
         if (host_state && !copies_on_host) out.host_state += p.shard * 2;  // its host staging
         if (c.ckpt.stages_saves())
-          out.host_staging += checkpoint_staging_bytes(p.shard, optimizer, moment, galore);
+          out.host_staging += checkpoint_staging_bytes(p.shard, optimizer.staged);
       } else if (p.encoding != Encoding::none) {
         for (size_t part : encoded_parts(p, p.shard, true)) keep(copies_on_host, part, kCopies);
       } else {

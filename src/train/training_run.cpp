@@ -190,8 +190,8 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   sampler_config.rank = host_mesh.dp_rank;
   sampler_config.world = host_mesh.dp_size;
   data = training_data(c, *train_tokens, *val_tokens, host_mesh.world->rank());
-  sampler = std::make_unique<BatchSampler>(train_tokens->view(), sampler_config,
-                                           data.train_targets, data.train_windows.get());
+  sampler = std::make_unique<BatchSampler>(train_tokens->view(), sampler_config, data.train_targets,
+                                           data.train_windows.get());
 
   // --- device, model, shards, optimizer --------------------------------------------------------
   check_writable_checkpoints(fs::path(c.train.out_dir) / "ckpt", host_mesh.world->rank());
@@ -329,6 +329,7 @@ TrainingRun::TrainingRun(const TrainConfig& config_in) : config(config_in) {
   adamw_config.moments = c.optim.state_dtype == StateDType::bf16 ? DType::bf16 : DType::f32;
   adamw_config.bf16_stochastic = c.optim.bf16_rounding == Bf16Rounding::stochastic;
   adamw_config.rounding_seed = c.train.seed;
+  adamw_config.int8_state = c.optim.state_dtype == StateDType::int8;
   if (galore) {
     optimizer = std::make_unique<GaloreAdamW>(params->trainable(), adamw_config, *galore,
                                               *memory->optimizer);
@@ -483,11 +484,14 @@ void TrainingRun::log_plan(int64_t start_step) const {
   const TrainConfig& c = config;
   const Mesh& m = use_gpu ? gpu_mesh : host_mesh;
   const bool bf16_state = c.optim.state_dtype == StateDType::bf16;
-  const std::string masters = c.optim.bf16_master()
-                                  ? std::string("bf16 master weights and gradients (rounded ") +
-                                        std::string(enum_name(c.optim.bf16_rounding)) + "), " +
-                                        (bf16_state ? "bf16" : "fp32") + " moments"
-                                  : std::string("fp32 master weights");
+  const bool int8_state = c.optim.state_dtype == StateDType::int8;
+  const std::string moments = int8_state ? "8-bit" : bf16_state ? "bf16" : "fp32";
+  const std::string masters =
+      c.optim.bf16_master()
+          ? "bf16 master weights and gradients (rounded " +
+                std::string(enum_name(c.optim.bf16_rounding)) + "), " + moments + " moments"
+          : std::string("fp32 master weights") +
+                (int8_state ? ", 8-bit moments (optim.state_dtype = int8)" : "");
   log_info(
       "frugal train: model ", c.model.parameter_count(), " parameters (", c.model.num_hidden_layers,
       " layers, hidden ", c.model.hidden_size, ", heads ", c.model.num_attention_heads, "/",

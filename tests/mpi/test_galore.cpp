@@ -15,6 +15,7 @@
 #include "ckpt/checkpoint_manager.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "ops/ops.h"
 #include "optim/galore_adamw.h"
 #include "parallel/comm.h"
 #include "test_support.h"
@@ -123,7 +124,20 @@ GaloreConfig config(GaloreProjectorKind kind, MomentsOnRefresh moments,
   return g;
 }
 
-AdamWConfig adamw() { return AdamWConfig{0.9, 0.95, 1e-8, 0.1, 2.0}; }
+// int8: optim.state_dtype = int8 with every matrix's moments 8-bit (min_8bit_size lowered to
+// one value for these small matrices).
+AdamWConfig adamw(bool int8 = false) {
+  AdamWConfig c{0.9, 0.95, 1e-8, 0.1, 2.0};
+  c.int8_state = int8;
+  c.int8_min_elements = 1;
+  return c;
+}
+
+// A state tensor's values as floats (8-bit codes widened).
+std::vector<float> floats(const Tensor& t) {
+  const Tensor host = ops::to_host_f32(t);
+  return std::vector<float>(host.data<float>(), host.data<float>() + host.numel());
+}
 
 void run_steps(GaloreAdamW& optimizer, Shards& shards, int64_t first, int64_t last,
                const StepCollectives& collectives) {
@@ -138,8 +152,7 @@ std::vector<std::vector<float>> state_rows(GaloreAdamW& optimizer, Shards& shard
   std::vector<std::vector<float>> out;
   auto add = [&](const StateTensor& s) {
     const int64_t rows = s.rows.replicated ? s.tensor.size(0) : s.rows.last_row - s.rows.first_row;
-    const Tensor live = s.tensor.rows(0, rows);
-    out.emplace_back(live.data<float>(), live.data<float>() + live.numel());
+    out.push_back(floats(s.tensor.rows(0, rows)));
   };
   for (const StateTensor& s : optimizer.state_tensors()) add(s);
   for (const StateTensor& s : Weights(shards.shards).state_tensors()) add(s);
@@ -239,90 +252,93 @@ TEST_CASE("GaLore's checkpoint: resume bit for bit, and onto another number of r
   }
   root = comm->broadcast_string(root, 0);
 
-  for (GaloreRefresh refresh : {GaloreRefresh::immediate, GaloreRefresh::pipelined})
-    for (GaloreProjectorKind kind : {GaloreProjectorKind::svd, GaloreProjectorKind::randomized}) {
-      INFO(enum_name(kind) << ", refresh " << enum_name(refresh) << ", " << ranks << " ranks");
-      const GaloreConfig g = config(kind, MomentsOnRefresh::project, refresh);
-      const std::string dir =
-          root + "/" + std::string(enum_name(kind)) + "-" + std::string(enum_name(refresh));
+  // 8-bit state (optim.state_dtype = int8): its codes and block scales resharded by rows too.
+  for (const bool int8 : {false, true})
+    for (GaloreRefresh refresh : {GaloreRefresh::immediate, GaloreRefresh::pipelined})
+      for (GaloreProjectorKind kind : {GaloreProjectorKind::svd, GaloreProjectorKind::randomized}) {
+        if (int8 && refresh == GaloreRefresh::pipelined) continue;
+        INFO(enum_name(kind) << ", refresh " << enum_name(refresh) << ", " << ranks << " ranks"
+                             << (int8 ? ", int8 state" : ""));
+        const GaloreConfig g = config(kind, MomentsOnRefresh::project, refresh);
+        const std::string dir = root + "/" + std::string(enum_name(kind)) + "-" +
+                                std::string(enum_name(refresh)) + (int8 ? "-int8" : "");
+        const auto adamw = [int8] { return ::adamw(int8); };
 
-      // Straight through, and saved at step 5 then resumed into fresh objects. A pipelined run
-      // completes its refreshes in flight when it saves: the straight run does what a save does.
-      Shards straight(rank, ranks);
-      GaloreAdamW straight_opt(straight.shards, adamw(), g);
-      run_steps(straight_opt, straight, 1, 5, collectives);
-      if (refresh == GaloreRefresh::pipelined) straight_opt.before_save();
-      run_steps(straight_opt, straight, 6, 10, collectives);
+        // Straight through, and saved at step 5 then resumed into fresh objects. A pipelined run
+        // completes its refreshes in flight when it saves: the straight run does what a save does.
+        Shards straight(rank, ranks);
+        GaloreAdamW straight_opt(straight.shards, adamw(), g);
+        run_steps(straight_opt, straight, 1, 5, collectives);
+        if (refresh == GaloreRefresh::pipelined) straight_opt.before_save();
+        run_steps(straight_opt, straight, 6, 10, collectives);
 
-      Shards first(rank, ranks);
-      GaloreAdamW first_opt(first.shards, adamw(), g);
-      Weights first_weights(first.shards);
-      run_steps(first_opt, first, 1, 5, collectives);
-      manager(dir + "/many", {{"optim", &first_opt}, {"weights", &first_weights}})->save(5);
+        Shards first(rank, ranks);
+        GaloreAdamW first_opt(first.shards, adamw(), g);
+        Weights first_weights(first.shards);
+        run_steps(first_opt, first, 1, 5, collectives);
+        manager(dir + "/many", {{"optim", &first_opt}, {"weights", &first_weights}})->save(5);
 
-      Shards resumed(rank, ranks);
-      GaloreAdamW resumed_opt(resumed.shards, adamw(), g);
-      Weights resumed_weights(resumed.shards);
-      manager(dir + "/many", {{"optim", &resumed_opt}, {"weights", &resumed_weights}})->load(5);
-      CHECK(state_rows(resumed_opt, resumed) == state_rows(first_opt, first));
-      run_steps(resumed_opt, resumed, 6, 10, collectives);
-      CHECK(state_rows(resumed_opt, resumed) == state_rows(straight_opt, straight));
+        Shards resumed(rank, ranks);
+        GaloreAdamW resumed_opt(resumed.shards, adamw(), g);
+        Weights resumed_weights(resumed.shards);
+        manager(dir + "/many", {{"optim", &resumed_opt}, {"weights", &resumed_weights}})->load(5);
+        CHECK(state_rows(resumed_opt, resumed) == state_rows(first_opt, first));
+        run_steps(resumed_opt, resumed, 6, 10, collectives);
+        CHECK(state_rows(resumed_opt, resumed) == state_rows(straight_opt, straight));
 
-      // These ranks' checkpoint on one rank: the whole state, whose rows are each rank's exactly.
-      Shards on_one(0, 1);
-      GaloreAdamW on_one_opt(on_one.shards, adamw(), g);
-      Weights on_one_weights(on_one.shards);
-      CheckpointManager(CheckpointDir(dir + "/many"), 0, 1, alone,
-                        {{"optim", &on_one_opt}, {"weights", &on_one_weights}}, 2)
-          .load(5);
-      const std::vector<StateTensor> whole_state = on_one_opt.state_tensors();
-      const std::vector<StateTensor> my_state = first_opt.state_tensors();
-      REQUIRE(whole_state.size() == my_state.size());
-      for (size_t i = 0; i < my_state.size(); ++i) {
-        const StateTensor& mine = my_state[i];
-        INFO(mine.name);
-        CHECK(whole_state[i].name == mine.name);
-        const int64_t first_row = mine.rows.replicated ? 0 : mine.rows.first_row;
-        const int64_t last_row = mine.rows.replicated ? mine.tensor.size(0) : mine.rows.last_row;
-        const Tensor expected = whole_state[i].tensor.rows(first_row, last_row);
-        const Tensor live = mine.tensor.rows(0, last_row - first_row);
-        CHECK(std::equal(live.data<float>(), live.data<float>() + live.numel(),
-                         expected.data<float>()));
+        // These ranks' checkpoint on one rank: the whole state, whose rows are each rank's exactly.
+        Shards on_one(0, 1);
+        GaloreAdamW on_one_opt(on_one.shards, adamw(), g);
+        Weights on_one_weights(on_one.shards);
+        CheckpointManager(CheckpointDir(dir + "/many"), 0, 1, alone,
+                          {{"optim", &on_one_opt}, {"weights", &on_one_weights}}, 2)
+            .load(5);
+        const std::vector<StateTensor> whole_state = on_one_opt.state_tensors();
+        const std::vector<StateTensor> my_state = first_opt.state_tensors();
+        REQUIRE(whole_state.size() == my_state.size());
+        for (size_t i = 0; i < my_state.size(); ++i) {
+          const StateTensor& mine = my_state[i];
+          INFO(mine.name);
+          CHECK(whole_state[i].name == mine.name);
+          const int64_t first_row = mine.rows.replicated ? 0 : mine.rows.first_row;
+          const int64_t last_row = mine.rows.replicated ? mine.tensor.size(0) : mine.rows.last_row;
+          CHECK(floats(mine.tensor.rows(0, last_row - first_row)) ==
+                floats(whole_state[i].tensor.rows(first_row, last_row)));
+        }
+
+        // One rank's checkpoint (rank 0 saves its whole run at step 5) on these ranks.
+        if (rank == 0) {
+          Shards alone_shards(0, 1);
+          GaloreAdamW alone_opt(alone_shards.shards, adamw(), g);
+          Weights alone_weights(alone_shards.shards);
+          run_steps(alone_opt, alone_shards, 1, 5, local_collectives());
+          CheckpointManager(CheckpointDir(dir + "/one"), 0, 1, alone,
+                            {{"optim", &alone_opt}, {"weights", &alone_weights}}, 2)
+              .save(5);
+        }
+        comm->barrier();
+        Shards from_one(rank, ranks);
+        GaloreAdamW from_one_opt(from_one.shards, adamw(), g);
+        Weights from_one_weights(from_one.shards);
+        manager(dir + "/one", {{"optim", &from_one_opt}, {"weights", &from_one_weights}})->load(5);
+        // ... and trains on as the ranks that never stopped, to the rounding of the sums.
+        run_steps(from_one_opt, from_one, 6, 10, collectives);
+        double worst = 0;
+        for (size_t k = 0; k < kParams.size(); ++k) {
+          const Tensor& a = from_one.shards[k].param;
+          const Tensor& b = straight.shards[k].param;
+          for (int64_t i = 0; i < a.numel(); ++i)
+            worst = std::max(worst, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
+        }
+        worst = comm->all_reduce_max(int64_t(worst * 1e12)) * 1e-12;
+        if (rank == 0)
+          std::printf(
+              "galore %s%s: resumed from a one-rank checkpoint on %d rank(s), off the ranks "
+              "that never stopped by at most %.3g after 5 more steps\n",
+              std::string(enum_name(kind)).c_str(), int8 ? " (int8 state)" : "", ranks, worst);
+        CHECK(worst < 5e-6);
+        comm->barrier();  // every rank has read the checkpoints before the next case
       }
-
-      // One rank's checkpoint (rank 0 saves its whole run at step 5) on these ranks.
-      if (rank == 0) {
-        Shards alone_shards(0, 1);
-        GaloreAdamW alone_opt(alone_shards.shards, adamw(), g);
-        Weights alone_weights(alone_shards.shards);
-        run_steps(alone_opt, alone_shards, 1, 5, local_collectives());
-        CheckpointManager(CheckpointDir(dir + "/one"), 0, 1, alone,
-                          {{"optim", &alone_opt}, {"weights", &alone_weights}}, 2)
-            .save(5);
-      }
-      comm->barrier();
-      Shards from_one(rank, ranks);
-      GaloreAdamW from_one_opt(from_one.shards, adamw(), g);
-      Weights from_one_weights(from_one.shards);
-      manager(dir + "/one", {{"optim", &from_one_opt}, {"weights", &from_one_weights}})->load(5);
-      // ... and trains on as the ranks that never stopped, to the rounding of the sums.
-      run_steps(from_one_opt, from_one, 6, 10, collectives);
-      double worst = 0;
-      for (size_t k = 0; k < kParams.size(); ++k) {
-        const Tensor& a = from_one.shards[k].param;
-        const Tensor& b = straight.shards[k].param;
-        for (int64_t i = 0; i < a.numel(); ++i)
-          worst = std::max(worst, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
-      }
-      worst = comm->all_reduce_max(int64_t(worst * 1e12)) * 1e-12;
-      if (rank == 0)
-        std::printf(
-            "galore %s: resumed from a one-rank checkpoint on %d rank(s), off the ranks "
-            "that never stopped by at most %.3g after 5 more steps\n",
-            std::string(enum_name(kind)).c_str(), ranks, worst);
-      CHECK(worst < 5e-6);
-      comm->barrier();  // every rank has read the checkpoints before the next case
-    }
   comm->barrier();
   if (rank == 0) fs::remove_all(root);
 }

@@ -3,6 +3,7 @@
 // full, LoRA and QLoRA training (padded row shards on 1, 2, 4 and 8 ranks; NF4's and HQQ's
 // codes and block scales).
 #include <algorithm>
+#include <memory>
 
 #include "catch_compat.h"
 #include "ckpt/checkpoint_manager.h"
@@ -116,6 +117,41 @@ TEST_CASE("memory plan: the bytes ZeRO-3 and AdamW allocate, before they do", "[
     const size_t adamw_one = plan_memory(units, one_rank).optimizer;
     one_rank.galore = settings.galore;
     CHECK(plan_memory(units, one_rank).optimizer < adamw_one);
+  }
+  SECTION("8-bit state: codes and block scales, staged as f32; GaLore's too") {
+    const std::vector<UnitSpec> units = llama_units(config);
+    settings.state = StateDType::int8;
+    settings.checkpoint_staging = true;
+    AdamWConfig int8;
+    int8.int8_state = true;
+    for (const bool galore_on : {false, true}) {
+      INFO((galore_on ? "GaLore" : "AdamW"));
+      GaloreConfig galore;
+      galore.projector.rank = 24;  // gate/up's [192, 24] and down's [24, 192] moments are 8-bit
+      if (galore_on) settings.galore = galore;
+      const MemoryPlan plan = plan_memory(units, settings);
+      Arena params("plan params", Device::cpu), grads("plan grads", Device::cpu),
+          gathered("plan gathered", Device::cpu), optim("plan optim", Device::cpu);
+      Zero3Parameters sharded(units, *comm, {&params, &grads, &gathered}, 5, 0.05f, true, {});
+      std::unique_ptr<Optimizer> optimizer;
+      if (galore_on)
+        optimizer = std::make_unique<GaloreAdamW>(sharded.trainable(), int8, galore, optim);
+      else
+        optimizer = std::make_unique<AdamW>(sharded.trainable(), int8, optim);
+      CHECK(plan.optimizer == optim.stats().in_use_bytes);
+      Zero3State weights(sharded);
+      const std::vector<CheckpointManager::Part> parts = {{"weights", &weights},
+                                                          {"optim", optimizer.get()}};
+      // (The plan stages GaLore's replicated tensors on every rank, a save on rank 0 only.)
+      if (!galore_on || comm->rank() == 0)
+        CHECK(plan.checkpoint_staging == CheckpointManager::state_bytes(parts, comm->rank()));
+      // Less than the fp32 state, more than a quarter of it (the block scales, fp32 vectors).
+      PlanSettings fp32 = settings;
+      fp32.state = StateDType::fp32;
+      const size_t full = plan_memory(units, fp32).optimizer;
+      CHECK(plan.optimizer < full);
+      if (!galore_on) CHECK(plan.optimizer > full / 4);
+    }
   }
   SECTION("LoRA: a frozen fp32 base, adapters with gradients and moments") {
     LoraConfig lora;

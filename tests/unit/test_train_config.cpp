@@ -167,7 +167,7 @@ TEST_CASE("each mode's names round-trip, spelled as in the .cfg files", "[config
   CHECK(enum_name_list<MomentsOnRefresh>() == "keep, project, reset");
   CHECK(enum_name_list<TrainType>() == "full, lora, qlora, hqq_lora");
   CHECK(enum_name_list<Offload>() == "none, optimizer, params");
-  CHECK(enum_name_list<StateDType>() == "fp32, bf16");
+  CHECK(enum_name_list<StateDType>() == "fp32, bf16, int8");
   CHECK(enum_name_list<MasterDType>() == "auto, fp32, bf16");
   CHECK(enum_name_list<Bf16Rounding>() == "stochastic, nearest");
   CHECK(enum_name_list<DeviceChoice>() == "auto, cpu, cuda");
@@ -186,7 +186,7 @@ TEST_CASE("an unknown mode is refused naming the key and the allowed values", "[
   CHECK(test::error_of([&] { key_of(c, "parallel.offload").set("disk"); }) ==
         "config key 'parallel.offload': value 'disk' is not one of none, optimizer, params");
   CHECK(test::error_of([&] { key_of(c, "optim.state_dtype").set("fp16"); }) ==
-        "config key 'optim.state_dtype': value 'fp16' is not one of fp32, bf16");
+        "config key 'optim.state_dtype': value 'fp16' is not one of fp32, bf16, int8");
   CHECK(test::error_of([&] { key_of(c, "parallel.device").set("gpu"); }) ==
         "config key 'parallel.device': value 'gpu' is not one of auto, cpu, cuda");
   CHECK(test::error_of([&] { key_of(c, "train.activation_checkpointing").set("some"); }) ==
