@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "kernels/host_device.h"
+#include "kernels/stochastic_rounding.h"  // float_bits, bf16_round_nearest
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
@@ -75,15 +76,6 @@ FRUGAL_HOST_DEVICE inline float int8_sqrt(float a) {
   return __builtin_sqrtf(a);
 #endif
 }
-FRUGAL_HOST_DEVICE inline uint32_t int8_bits(float x) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(x);
-#else
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-#endif
-}
 FRUGAL_HOST_DEVICE inline float int8_float(uint32_t u) {
 #ifdef __CUDA_ARCH__
   return __uint_as_float(u);
@@ -94,9 +86,9 @@ FRUGAL_HOST_DEVICE inline float int8_float(uint32_t u) {
 #endif
 }
 FRUGAL_HOST_DEVICE inline bool int8_finite(float x) {
-  return (int8_bits(x) & 0x7F800000u) != 0x7F800000u;
+  return (float_bits(x) & 0x7F800000u) != 0x7F800000u;
 }
-FRUGAL_HOST_DEVICE inline bool int8_signbit(float x) { return (int8_bits(x) >> 31) != 0; }
+FRUGAL_HOST_DEVICE inline bool int8_signbit(float x) { return (float_bits(x) >> 31) != 0; }
 
 // The index of the code nearest to x (in [-1, 1]), given the 255 midpoints (code[i] +
 // code[i + 1]) * 0.5f of the sorted map: the number of midpoints below x, by an eight-step
@@ -149,15 +141,8 @@ FRUGAL_HOST_DEVICE inline float int8_adam_weight(float p, float s1, float s2, fl
   return p;
 }
 
-// An updated fp32 master's bf16 copy: round to nearest even. (A bf16 master itself is stored
-// through kernels/stochastic_rounding.h's bf16_store, as optim.bf16_rounding says.)
-FRUGAL_HOST_DEVICE inline uint16_t int8_store_bf16(float x) {
-  uint32_t u = int8_bits(x);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0)
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN stays a (quiet) NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+// A bf16 master's value (an fp32 master's bf16 copy is bf16_round_nearest of it; a bf16 master is
+// stored through stochastic_rounding.h's bf16_store, as optim.bf16_rounding says).
 FRUGAL_HOST_DEVICE inline float int8_load_bf16(uint16_t b) {
   return int8_float(static_cast<uint32_t>(b) << 16);
 }

@@ -139,7 +139,7 @@ void adamw_int8_update(float* param, const float* grad, Int8Moment m, Int8Moment
     for (int64_t i = 0; i < count; ++i) {
       const float p = int8_adam_weight(param[first + i], s1[i], s2[i], g(first + i), c);
       param[first + i] = p;
-      if (param_bf16) param_bf16[first + i] = int8_store_bf16(p);
+      if (param_bf16) param_bf16[first + i] = bf16_round_nearest(p);
     }
     store_codes(m, v, first, count, b, s1, s2, a1, a2);
   });

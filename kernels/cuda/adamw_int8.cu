@@ -78,7 +78,7 @@ __device__ void store(__nv_bfloat16* p, int64_t i, float x, const Bf16Store& rou
   reinterpret_cast<uint16_t*>(p)[i] = bf16_store(x, rounding, i);
 }
 __device__ void store_copy(__nv_bfloat16* p, int64_t i, float x) {
-  reinterpret_cast<uint16_t*>(p)[i] = int8_store_bf16(x);
+  reinterpret_cast<uint16_t*>(p)[i] = bf16_round_nearest(x);
 }
 
 struct Block {
