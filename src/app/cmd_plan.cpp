@@ -202,6 +202,7 @@ nlohmann::json option_json(const PlanOption& o) {
            {{"train.type", std::string(enum_name(o.config.train.type))},
             {"optim.type", std::string(enum_name(o.config.optim.type))},
             {"optim.state_dtype", std::string(enum_name(o.config.optim.state_dtype))},
+            {"optim.master_dtype", o.config.optim.bf16_master() ? "bf16" : "fp32"},
             {"train.activation_checkpointing",
              std::string(enum_name(o.config.train.activation_checkpointing))},
             {"parallel.offload", std::string(enum_name(o.config.parallel.offload))},
@@ -265,11 +266,12 @@ void print_table(const TrainConfig& c, const Cluster& cl, const Plan& plan) {
     if (pick.memory.parts[k])
       std::printf(" %s %.2f GiB;", memory_part_name(MemoryPart(k)), gib(pick.memory.parts[k]));
   std::printf(
-      "\n  keys: --train.type=%s --optim.type=%s --optim.state_dtype=%s "
+      "\n  keys: --train.type=%s --optim.type=%s --optim.state_dtype=%s --optim.master_dtype=%s "
       "--train.activation_checkpointing=%s --parallel.offload=%s",
       std::string(enum_name(pick.config.train.type)).c_str(),
       std::string(enum_name(pick.config.optim.type)).c_str(),
       std::string(enum_name(pick.config.optim.state_dtype)).c_str(),
+      pick.config.optim.bf16_master() ? "bf16" : "fp32",
       std::string(enum_name(pick.config.train.activation_checkpointing)).c_str(),
       std::string(enum_name(pick.config.parallel.offload)).c_str());
   if (pick.mesh_kind == MeshKind::hybrid)

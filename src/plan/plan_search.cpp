@@ -47,6 +47,10 @@ std::string PlanOption::techniques() const {
   out += config.optim.type == OptimizerType::galore_adamw ? "galore" : "adamw";
   out += " ";
   out += enum_name(config.optim.state_dtype);
+  // optim.master_dtype is not searched over: the base configuration's, named where it is not
+  // what the moments' dtype implies.
+  if (config.optim.bf16_master() && config.optim.state_dtype != StateDType::bf16)
+    out += " (bf16 masters)";
   out += ", ";
   out += enum_name(config.train.activation_checkpointing);
   out += ", offload ";
@@ -71,7 +75,15 @@ Plan make_plan(const TrainConfig& base, const Cluster& cluster) {
       if (optimizer == OptimizerType::galore_adamw && type != TrainType::full) continue;
       for (StateDType state : {StateDType::fp32, StateDType::bf16, StateDType::int8})
         for (Offload offload : {Offload::none, Offload::optimizer, Offload::params}) {
-          if (state == StateDType::bf16 && offload != Offload::none) continue;  // not supported
+          // What the run refuses (TrainConfig::validate): bf16 moments or masters, or per-layer
+          // updates, with offload; bf16 moments with fp32 masters.
+          OptimConfig optim = base.optim;
+          optim.state_dtype = state;
+          if ((state == StateDType::bf16 || optim.bf16_master() ||
+               optim.update == UpdateTiming::per_layer) &&
+              offload != Offload::none)
+            continue;
+          if (optim.master_dtype == MasterDType::fp32 && state == StateDType::bf16) continue;
           for (CheckpointPolicy policy :
                {CheckpointPolicy::none, CheckpointPolicy::selective, CheckpointPolicy::full})
             for (MeshKind mesh : meshes) {

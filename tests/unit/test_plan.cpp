@@ -342,3 +342,27 @@ TEST_CASE("plan: GaLore with offload says its step time leaves out the host's pr
   CHECK(noted > 0);
   CHECK(fitting_offloaded > noted);  // AdamW's offloaded options fit too, without the note
 }
+
+TEST_CASE("plan: every option is one the run accepts (TrainConfig::validate)", "[plan]") {
+  // The search varies the moments' dtype and the offload over the base's other keys: with bf16
+  // masters or per-layer updates in the base, the offloaded options are ones the run refuses,
+  // and the plan must not offer them.
+  for (const auto& [master, update] :
+       {std::pair{MasterDType::automatic, UpdateTiming::step},
+        std::pair{MasterDType::bf16, UpdateTiming::step},
+        std::pair{MasterDType::fp32, UpdateTiming::step},
+        std::pair{MasterDType::automatic, UpdateTiming::per_layer}}) {
+    TrainConfig c = tinyllama(CheckpointPolicy::full, StateDType::fp32);
+    c.optim.master_dtype = master;
+    c.optim.update = update;
+    c.galore.refresh = GaloreRefresh::immediate;
+    Cluster cluster;
+    cluster.gpu_mem_bytes = size_t(24) << 30;
+    const Plan plan = make_plan(c, cluster);
+    REQUIRE(!plan.options.empty());
+    for (const PlanOption& o : plan.options) {
+      INFO(o.techniques());
+      CHECK_NOTHROW(o.config.validate());
+    }
+  }
+}
