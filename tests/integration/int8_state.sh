@@ -96,4 +96,15 @@ grep -q "resumed from step 8" "$dir.log" || { echo "FAIL: no resume"; cat "$dir.
 cmp <(losses "$straight/metrics.jsonl") <(losses "$dir/metrics.jsonl") \
   || { echo "FAIL: the combined run resumed differs from the run that never stopped"; exit 1; }
 echo "bf16 masters + int8 + GaLore + per-layer, 2 ranks: loss $first -> $last, resumed with the same losses"
+# A checkpoint of fp32 moments resumed with optim.state_dtype = int8 (and the reverse) is refused,
+# naming the key, not read as a damaged checkpoint.
+rc=0
+"$frugal" train "${common[@]}" --optim.state_dtype=fp32 --train.micro_batch_size=4 --train.steps=8 \
+  --train.out_dir="$work/fp32-ckpt" >/dev/null
+"$frugal" train "${common[@]}" --train.micro_batch_size=4 --train.resume=true \
+  --train.out_dir="$work/fp32-ckpt" > "$work/mixed.log" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: an fp32 checkpoint resumed with int8 moments"; exit 1; }
+grep -q "holds fp32 optimizer moments (optim.state_dtype = fp32) and this run asks for optim.state_dtype = int8" \
+  "$work/mixed.log" || { echo "FAIL: the refusal does not name the key"; cat "$work/mixed.log"; exit 1; }
+echo "an fp32 checkpoint resumed with optim.state_dtype = int8: refused, naming the key"
 echo "integration int8_state: ok"
